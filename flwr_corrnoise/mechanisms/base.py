@@ -1,0 +1,127 @@
+"""The common interface of every factorization ``A = B·C`` of the prefix-sum matrix.
+
+Notation (fixed once, as in paper 000 and ``docs/notation.md``): ``A`` is the ``N×N``
+lower-triangular all-ones matrix, ``N = R·τ`` the horizon (number of local steps),
+``C`` (``W×N``) the *encoder* whose output receives i.i.d. Gaussian noise, ``B``
+(``N×W``) the *decoder* that turns the noisy encoding into noisy prefix sums.
+A learner releases ``A·G + B·ξ = B(C·G + ξ)``; the privacy cost depends only on the
+column norms of ``C`` (the sensitivity) and the utility cost on the row norms of ``B``.
+
+Single-letter matrix names are used on purpose: they are the papers' names.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+
+def prefix_sum_matrix(n: int) -> np.ndarray:
+    """Return ``A``, the ``n×n`` lower-triangular matrix of ones (the prefix-sum workload)."""
+    check_horizon(n)
+    return np.tril(np.ones((n, n)))
+
+
+def check_horizon(n: int) -> int:
+    """Validate a horizon: a positive integer number of steps.
+
+    Why: every mechanism is defined for a fixed horizon; a zero or negative horizon is a
+    configuration error that would otherwise surface later as an empty matrix.
+    """
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or int(n) < 1:
+        raise ValueError(f"the horizon N must be a positive integer, got {n!r}")
+    return int(n)
+
+
+class Factorization(ABC):
+    """A factorization ``A = B·C`` of the ``N×N`` prefix-sum matrix.
+
+    Subclasses compute the quantities a user needs to pick a mechanism *without*
+    materializing ``B`` and ``C`` where a closed form exists (the trees at N = 10⁵ would
+    need gigabytes otherwise); :meth:`matrices` materializes them for checks at small N.
+    """
+
+    #: registry name, e.g. ``"toeplitz"``
+    name: str = ""
+    #: which streaming generator produces this mechanism's increments
+    stream_kind: str = ""
+
+    def __init__(self, n: int) -> None:
+        self.n = check_horizon(n)
+
+    # -- privacy side -------------------------------------------------------------------
+    @abstractmethod
+    def column_norms(self) -> np.ndarray:
+        """``‖c_j‖`` for every column ``j`` of ``C`` (length ``N``)."""
+
+    @property
+    def sensitivity(self) -> float:
+        """``max_j ‖c_j‖``: the L2 sensitivity of ``C·G`` to a change of one row of ``G``
+        of norm at most 1. The Gaussian mechanism's noise is calibrated to this."""
+        return float(np.max(self.column_norms()))
+
+    def prefix_sensitivity(self, k: int) -> float:
+        """Sensitivity of what has been released after the first ``k`` steps.
+
+        The encoder rows released by step ``k`` are those a causal stream has drawn by
+        then; their column norms bound the privacy loss spent so far. The default reads
+        the materialized ``C`` (rows of a square lower-triangular ``C``); subclasses
+        override it with closed forms.
+        """
+        k = self._check_prefix(k)
+        _, C = self.matrices()
+        return float(np.max(np.linalg.norm(C[:k], axis=0)))
+
+    def _check_prefix(self, k: int) -> int:
+        if not 0 < int(k) <= self.n:
+            raise ValueError(f"prefix length must be in [1, {self.n}], got {k}")
+        return int(k)
+
+    # -- utility side -------------------------------------------------------------------
+    @abstractmethod
+    def row_errors(self) -> np.ndarray:
+        """``‖b_k‖²`` for every step ``k``: the variance of the noise in prefix sum ``k``
+        per coordinate, for unit noise std (length ``N``)."""
+
+    @property
+    def total_error(self) -> float:
+        """``‖B‖_F²``, the objective the optimized factorization minimizes."""
+        return float(np.sum(self.row_errors()))
+
+    @property
+    def rmse(self) -> float:
+        """Per-query RMSE of the prefix-sum noise at *unit sensitivity*.
+
+        The noise std is proportional to the sensitivity, so the comparable figure of merit
+        is ``sensitivity · sqrt(mean_k ‖b_k‖²)``.
+        """
+        return float(self.sensitivity * np.sqrt(np.mean(self.row_errors())))
+
+    @property
+    def max_error(self) -> float:
+        """Largest per-query noise std at unit sensitivity: ``sensitivity · max_k ‖b_k‖``."""
+        return float(self.sensitivity * np.sqrt(np.max(self.row_errors())))
+
+    @abstractmethod
+    def matrices(self) -> tuple[np.ndarray, np.ndarray]:
+        """Materialize ``(B, C)`` as dense arrays (for checks; O(N·W) memory)."""
+
+    def noising_matrix(self) -> np.ndarray:
+        """Dense ``N×W`` matrix ``M`` with ``e = M·ξ`` the per-step noise increments.
+
+        ``M = A⁻¹·B``: row ``k`` is ``b_k − b_{k−1}``. Used by tests and by dense streams.
+        """
+        B, _ = self.matrices()
+        return np.diff(B, axis=0, prepend=np.zeros((1, B.shape[1])))
+
+    def summary(self) -> dict[str, float | int | str]:
+        """The figures the CLI prints and ``docs/mechanisms.md`` tabulates."""
+        return {
+            "name": self.name,
+            "steps": self.n,
+            "sensitivity": self.sensitivity,
+            "rmse": self.rmse,
+            "max_error": self.max_error,
+            "total_error": self.total_error,
+        }

@@ -1,0 +1,250 @@
+"""The optimized factorization (paper 000, Example ii; Denisov et al. 2022).
+
+Problem: ``min ‖B‖_F²`` over ``A = B·C`` with ``max_j ‖c_j‖ ≤ 1``. Writing ``X = CᵀC`` and
+``S = AᵀA`` it is the convex program ``min tr(S·X⁻¹)  s.t.  X ≻ 0, diag(X) ≤ 1``.
+
+Dual. The Lagrangian with multipliers ``v > 0`` (``Λ = diag(v)``) is minimized by
+``X(v) = Λ^{−1/2} (Λ^{1/2} S Λ^{1/2})^{1/2} Λ^{−1/2}`` and gives the dual function
+``g(v) = 2·tr((Λ^{1/2} S Λ^{1/2})^{1/2}) − Σ v``. Optimizing the scale of ``v`` in closed
+form turns any ``v > 0`` into the **certified lower bound** ``T(v)² / Σ v`` with
+``T(v) = tr((Λ^{1/2} S Λ^{1/2})^{1/2})`` (weak duality). ``∂g/∂v_i = X(v)_ii − 1``.
+
+Algorithm: Denisov et al.'s fixed point ``v_i ← v_i · X(v)_ii`` (which is
+``v_i ← [(Λ^{1/2} S Λ^{1/2})^{1/2}]_ii``), one symmetric eigendecomposition per
+iteration. Each iterate gives a feasible primal point (``X(v)`` rescaled to unit diagonal)
+and a lower bound, so we stop at a *certified* relative gap. Measured on 2 cores: N = 1024
+reaches a 0.01 % gap in ≈ 4 s, N = 4000 in ≈ 2 min (see ``docs/mechanisms.md``).
+
+``C`` is chosen lower triangular (``X = CᵀC`` by a reversed Cholesky), so ``C⁻¹`` is lower
+triangular too and the noise increment ``e[k] = (C⁻¹ξ)[k]`` only uses ``ξ_0..ξ_k``: the
+mechanism is causal and can be streamed. The dual vector ``v`` is cached on disk
+(``$FLWR_CORRNOISE_CACHE`` or ``~/.cache/flwr_corrnoise``); loading rebuilds ``C`` with one
+eigendecomposition.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.linalg as sla
+
+from .base import Factorization, check_horizon
+
+log = logging.getLogger(__name__)
+
+#: default stopping rule: relative gap of ‖B‖_F² to the certified lower bound
+DEFAULT_GAP = 1e-4
+CACHE_VERSION = 1
+
+
+def workload_gram(n: int) -> np.ndarray:
+    """``S = AᵀA`` for the prefix-sum matrix: ``S_ij = N − max(i, j)``."""
+    i = np.arange(n)
+    return (n - np.maximum.outer(i, i)).astype(float)
+
+
+@dataclass
+class DualPoint:
+    """What one evaluation of the dual at ``v`` yields."""
+
+    v: np.ndarray
+    X: np.ndarray  # X(v), before rescaling
+    lower_bound: float  # certified lower bound on min ‖B‖_F²
+
+
+def evaluate_dual(S: np.ndarray, v: np.ndarray) -> DualPoint:
+    """``X(v)`` and the certified lower bound ``T(v)²/Σv`` (one eigendecomposition)."""
+    r = np.sqrt(v)
+    K = r[:, None] * S * r[None, :]
+    w, U = sla.eigh(K, driver="evd", overwrite_a=True, check_finite=False)
+    sw = np.sqrt(np.clip(w, 0.0, None))
+    M = (U * sw) @ U.T
+    X = M / (r[:, None] * r[None, :])
+    T = float(np.sum(sw))
+    return DualPoint(v=v, X=X, lower_bound=T * T / float(np.sum(v)))
+
+
+def lower_triangular_root(X: np.ndarray) -> np.ndarray:
+    """Lower-triangular ``C`` with ``CᵀC = X`` (a Cholesky of the reversed matrix).
+
+    ``J X J = L Lᵀ`` (``J`` the reversal) gives ``X = (J L J)(J L J)ᵀ`` with ``J L J`` upper
+    triangular, so ``C = (J L J)ᵀ`` is lower triangular.
+    """
+    L = np.linalg.cholesky(X[::-1, ::-1])
+    return np.ascontiguousarray(L[::-1, ::-1].T)
+
+
+def primal_from_dual(X: np.ndarray) -> np.ndarray:
+    """Rescale ``X(v)`` to unit diagonal (feasible, sensitivity exactly 1) and factor it."""
+    d = np.sqrt(np.diag(X))
+    Xn = X / (d[:, None] * d[None, :])
+    return lower_triangular_root(Xn)
+
+
+def solve_dual(
+    n: int,
+    gap: float = DEFAULT_GAP,
+    max_iter: int = 500,
+    progress: Callable[[int, float, float], None] | None = None,
+) -> tuple[np.ndarray, dict[str, float], np.ndarray, float]:
+    """Run the fixed point until the certified relative gap is below ``gap``.
+
+    Returns the dual vector, a report (iterations, seconds, objective, lower bound, gap),
+    the last feasible ``C`` and its certified lower bound.
+    ``progress(iteration, objective, lower_bound)`` is called after each iteration.
+    """
+    n = check_horizon(n)
+    start = time.perf_counter()
+    S = workload_gram(n)
+    A = np.tril(np.ones((n, n)))
+    v = np.ones(n)
+    best: dict[str, float] = {}
+    C = np.eye(n)
+    lb = 0.0
+    for it in range(1, max_iter + 1):
+        point = evaluate_dual(S, v)
+        C = primal_from_dual(point.X)
+        objective = frobenius_error(A, C)
+        lb = point.lower_bound
+        rel_gap = objective / lb - 1.0
+        best = {
+            "iterations": it,
+            "objective": objective,
+            "lower_bound": lb,
+            "gap": rel_gap,
+        }
+        if progress is not None:
+            progress(it, objective, lb)
+        if rel_gap <= gap:
+            break
+        v = v * np.diag(point.X)
+    best["seconds"] = time.perf_counter() - start
+    return v, best, C, lb
+
+
+def frobenius_error(A: np.ndarray, C: np.ndarray) -> float:
+    """``‖A·C⁻¹‖_F²`` for lower-triangular ``C`` (a triangular solve, no inverse)."""
+    Y = sla.solve_triangular(C, A.T, trans="T", lower=True, check_finite=False)
+    return float(np.sum(Y * Y))
+
+
+def cache_dir() -> Path:
+    """Where solved dual vectors live (``$FLWR_CORRNOISE_CACHE`` overrides)."""
+    env = os.environ.get("FLWR_CORRNOISE_CACHE")
+    base = Path(env) if env else Path.home() / ".cache" / "flwr_corrnoise"
+    return base
+
+
+class Optimized(Factorization):
+    """Dense optimized factorization with certified optimality gap.
+
+    ``report`` holds ``iterations``, ``seconds`` (of the solve, or 0 when loaded),
+    ``objective`` (= ``‖B‖_F²``), ``lower_bound`` and ``gap``.
+    """
+
+    name = "optimized"
+    stream_kind = "dense"
+
+    def __init__(
+        self,
+        n: int,
+        gap: float = DEFAULT_GAP,
+        use_cache: bool = True,
+        progress: Callable[[int, float, float], None] | None = None,
+    ) -> None:
+        super().__init__(n)
+        v, report = self._load(gap) if use_cache else (None, None)
+        if v is None or report is None:
+            v, report, C, lb = solve_dual(self.n, gap=gap, progress=progress)
+            if use_cache:
+                self._store(v, report, gap)
+        else:
+            point = evaluate_dual(workload_gram(self.n), v)
+            C, lb = primal_from_dual(point.X), point.lower_bound
+        self.dual = v
+        self.report = report
+        self.C = C
+        self.lower_bound = lb
+        self._Cinv: np.ndarray | None = None
+        self._row_errors: np.ndarray | None = None
+        self._prefix_sens: np.ndarray | None = None
+
+    # -- cache ----------------------------------------------------------------------------
+    def _cache_path(self) -> Path:
+        return cache_dir() / f"optimized-v{CACHE_VERSION}-N{self.n}.npz"
+
+    def _load(self, gap: float) -> tuple[np.ndarray | None, dict[str, float] | None]:
+        path = self._cache_path()
+        if not path.exists():
+            return None, None
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                v = np.array(f["v"], dtype=float)
+                report = json.loads(str(f["report"]))
+        except (OSError, ValueError, KeyError) as err:  # a corrupt cache is recomputed
+            log.warning("ignoring unreadable cache %s: %s", path, err)
+            return None, None
+        if v.shape != (self.n,) or not np.all(np.isfinite(v)) or np.any(v <= 0):
+            return None, None
+        if report.get("gap", np.inf) > gap:
+            return None, None
+        report["loaded_from"] = str(path)
+        return v, report
+
+    def _store(self, v: np.ndarray, report: dict[str, float], gap: float) -> None:
+        path = self._cache_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
+            np.savez(tmp, v=v, report=json.dumps(report))
+            os.replace(tmp, path)
+        except OSError as err:  # caching is an optimization, never a failure
+            log.warning("could not cache the optimized factorization at %s: %s", path, err)
+
+    # -- factorization interface ----------------------------------------------------------
+    @property
+    def Cinv(self) -> np.ndarray:
+        """``C⁻¹`` (lower triangular): row ``k`` is the noising vector of step ``k``."""
+        if self._Cinv is None:
+            self._Cinv = sla.solve_triangular(
+                self.C, np.eye(self.n), lower=True, check_finite=False
+            )
+        return self._Cinv
+
+    def column_norms(self) -> np.ndarray:
+        return np.sqrt(np.sum(self.C * self.C, axis=0))
+
+    def prefix_sensitivity(self, k: int) -> float:
+        k = self._check_prefix(k)
+        if self._prefix_sens is None:
+            out = np.empty(self.n)
+            running = np.zeros(self.n)
+            for i in range(self.n):
+                running += self.C[i] * self.C[i]
+                out[i] = running.max()
+            self._prefix_sens = np.sqrt(out)
+        return float(self._prefix_sens[k - 1])
+
+    def row_errors(self) -> np.ndarray:
+        if self._row_errors is None:
+            B = np.cumsum(self.Cinv, axis=0)
+            self._row_errors = np.sum(B * B, axis=1)
+        return self._row_errors
+
+    def matrices(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.cumsum(self.Cinv, axis=0), self.C.copy()
+
+    def noising_matrix(self) -> np.ndarray:
+        return self.Cinv.copy()
+
+    @property
+    def lower_bound_rmse(self) -> float:
+        """Certified lower bound on the RMSE of *any* factorization at unit sensitivity."""
+        return float(np.sqrt(self.lower_bound / self.n))

@@ -1,0 +1,136 @@
+"""Binary-tree factorizations (paper 000, Example i and Fig. 2) and Honaker's efficient tree.
+
+The tree's nodes are the dyadic intervals ``[m·2^h, (m+1)·2^h)`` that lie inside
+``[0, N)``; node ``(h, m)`` holds the sum of the inputs in its interval plus its own
+Gaussian noise. ``C`` (``W×N``) maps inputs to node sums; each input is in at most
+``⌊log₂N⌋ + 1`` nodes, which is the sensitivity² (paper eq. (6)).
+
+Nodes are numbered in *completion order*: at step ``k`` the leaf ``k`` completes first,
+then every ancestor whose interval ends at ``k``, from the bottom up. A stream draws one
+noise vector per node in exactly this order, so ``ξ`` row ``w`` always belongs to node ``w``.
+
+* **vanilla** (Dwork et al.; Chan et al.): prefix sum ``k`` is the sum of the noisy nodes of
+  the dyadic cover of ``[0, k+1)`` (one node per set bit of ``k+1``), so
+  ``‖b_k‖² = popcount(k+1)``.
+* **efficient** (Honaker 2015, tensorflow_privacy's ``EfficientTreeAggregator``): every
+  completed node is re-estimated as the inverse-variance weighted mean of its own noisy sum
+  and the sum of its two children's estimates. A level-``h`` estimate has variance
+  ``v_h = 1 / (1 + 1/(2·v_{h−1}))``, ``v_0 = 1`` (unit noise std); prefix ``k``'s variance is
+  the sum of ``v_h`` over its cover. Same ``C``, same sensitivity, smaller error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Factorization
+
+
+def node_list(n: int) -> list[tuple[int, int]]:
+    """All tree nodes ``(level, end_step)`` in completion order for horizon ``n``.
+
+    ``end_step`` is the last leaf of the node's interval; node ``(h, k)`` covers
+    ``[k + 1 − 2^h, k]``.
+    """
+    nodes: list[tuple[int, int]] = []
+    for k in range(n):
+        h = 0
+        while True:
+            nodes.append((h, k))
+            if (k + 1) % (2 ** (h + 1)) != 0:
+                break
+            h += 1
+    return nodes
+
+
+def num_nodes(n: int) -> int:
+    """``W = Σ_h ⌊N / 2^h⌋``: the number of noise vectors a tree stream draws in total."""
+    total, size = 0, 1
+    while size <= n:
+        total += n // size
+        size *= 2
+    return total
+
+
+def cover_levels(m: int) -> list[int]:
+    """Levels of the dyadic cover of the prefix ``[0, m)``, from the largest node down."""
+    return [h for h in range(m.bit_length() - 1, -1, -1) if (m >> h) & 1]
+
+
+def efficient_weights(max_level: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(alpha, var)`` per level for Honaker's estimator at unit noise std.
+
+    ``alpha[h]`` is the weight of a level-``h`` node's own noisy value in its estimate
+    (``1 − alpha[h]`` goes to the sum of the children's estimates); ``var[h]`` the
+    estimate's variance. Inverse-variance weighting of two independent unbiased estimates
+    (own: variance 1; children: ``2·var[h−1]``) gives ``var[h] = 1/(1 + 1/(2·var[h−1]))`` and
+    ``alpha[h] = var[h]``.
+    """
+    var = np.ones(max_level + 1)
+    for h in range(1, max_level + 1):
+        var[h] = 1.0 / (1.0 + 1.0 / (2.0 * var[h - 1]))
+    return var.copy(), var
+
+
+class BinaryTree(Factorization):
+    """The binary tree, vanilla or efficient (Honaker)."""
+
+    stream_kind = "tree"
+
+    def __init__(self, n: int, efficient: bool = False) -> None:
+        super().__init__(n)
+        self.efficient = efficient
+        self.name = "efficient-tree" if efficient else "tree"
+        self.max_level = self.n.bit_length() - 1
+        if efficient:
+            self.alpha, self.level_var = efficient_weights(self.max_level)
+        else:
+            self.alpha = np.ones(self.max_level + 1)
+            self.level_var = np.ones(self.max_level + 1)
+
+    def column_norms(self) -> np.ndarray:
+        return self._column_norms(self.n)
+
+    def _column_norms(self, k: int) -> np.ndarray:
+        # leaf j lies in node (h, m = j >> h), which has completed by step k − 1 (and fits
+        # inside the horizon) iff (m + 1)·2^h ≤ k
+        j = np.arange(k)
+        count = np.zeros(k)
+        for h in range(k.bit_length()):
+            count += (((j >> h) + 1) << h) <= k
+        return np.sqrt(count)
+
+    def prefix_sensitivity(self, k: int) -> float:
+        return float(np.max(self._column_norms(self._check_prefix(k))))
+
+    def row_errors(self) -> np.ndarray:
+        return np.array(
+            [sum(self.level_var[h] for h in cover_levels(k + 1)) for k in range(self.n)]
+        )
+
+    def node_index(self) -> dict[tuple[int, int], int]:
+        """Map ``(level, end_step)`` to the node's row in ``C`` / ``ξ``."""
+        return {node: w for w, node in enumerate(node_list(self.n))}
+
+    def matrices(self) -> tuple[np.ndarray, np.ndarray]:
+        nodes = node_list(self.n)
+        index = {node: w for w, node in enumerate(nodes)}
+        W = len(nodes)
+        C = np.zeros((W, self.n))
+        # coefficient of every node's own noise in that node's estimate
+        est = np.zeros((W, W))
+        for w, (h, k) in enumerate(nodes):
+            C[w, k + 1 - 2**h : k + 1] = 1.0
+            est[w, w] = self.alpha[h]
+            if h > 0:
+                left = index[(h - 1, k - 2 ** (h - 1))]
+                right = index[(h - 1, k)]
+                est[w] += (1.0 - self.alpha[h]) * (est[left] + est[right])
+        B = np.zeros((self.n, W))
+        for k in range(self.n):
+            start = 0
+            for h in cover_levels(k + 1):
+                end = start + 2**h - 1
+                B[k] += est[index[(h, end)]]
+                start = end + 1
+        return B, C

@@ -1,0 +1,298 @@
+"""Per-learner noise streams: one correlated-noise increment per local step.
+
+A learner's released prefix sums are ``A·G + V·B·ξ``; what it adds at step ``k`` is the
+*increment* ``e[k] = V·(b_k − b_{k−1})·ξ`` (paper 000, Algorithm 1 lines 9–10), with ``ξ``
+a ``W×d`` matrix of i.i.d. standard normals and ``V`` the calibrated noise std.
+
+``ξ`` is drawn row by row from one PCG64 generator, in the order the mechanism needs the
+rows; drawing row ``w`` is ``standard_normal(d)`` for the ``w``-th time, so the rows are
+exactly those of ``standard_normal((W, d))`` from the same seed (a test checks this). The
+stream's whole state is that generator's 128-bit state, the step index, and what the
+mechanism must remember of past rows:
+
+============== ======================================== =================================
+kind           state besides the generator (floats)     why
+============== ======================================== =================================
+independent    0                                        ``e[k] = ξ_k``
+tree           ≤ (⌊log₂N⌋ + 1)·d                         the dyadic cover's node estimates
+toeplitz       k·d (grows to N·d)                       ``e[k] = Σ_j g(k−j)·ξ_j``: ``C⁻¹``
+                                                        is dense, every past row is needed
+dense          k·d (grows to N·d)                       ``C⁻¹`` of the optimized
+                                                        factorization is dense
+============== ======================================== =================================
+
+The state serializes to a small ``.npz`` byte string (no pickle) for Flower's
+``context.state`` or a file, and a stream restored from it continues bit for bit.
+Asking for step ``N`` raises :class:`HorizonExhaustedError`: reusing noise would leak data.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from .mechanisms import build_factorization, check_horizon, check_mechanism
+from .mechanisms.tree import BinaryTree
+
+_MASK64 = (1 << 64) - 1
+STATE_FORMAT = 1
+
+
+class HorizonExhaustedError(RuntimeError):
+    """The stream has handed out all ``N`` increments its privacy calibration covers."""
+
+
+Shapes = tuple[tuple[int, ...], ...]
+
+
+def normalize_shapes(dim_or_shapes: int | Sequence[Sequence[int]] | Sequence[int]) -> Shapes:
+    """Accept a dimension ``d`` or a list of array shapes; return a tuple of shapes.
+
+    Why both: a NumPy logistic model is one vector, a neural network a list of tensors; the
+    stream draws one flat vector and the caller splits it.
+    """
+    if isinstance(dim_or_shapes, int | np.integer) and not isinstance(dim_or_shapes, bool):
+        shapes: Shapes = ((int(dim_or_shapes),),)
+    else:
+        shapes = tuple(tuple(int(s) for s in np.atleast_1d(shape)) for shape in dim_or_shapes)
+    if not shapes or any(s < 0 for shape in shapes for s in shape):
+        raise ValueError(f"invalid model dimension / shapes: {dim_or_shapes!r}")
+    if sum(math.prod(shape) for shape in shapes) < 1:
+        raise ValueError("the model must have at least one parameter")
+    return shapes
+
+
+def _pack_rng(gen: np.random.Generator) -> np.ndarray:
+    st = gen.bit_generator.state
+    s, inc = st["state"]["state"], st["state"]["inc"]
+    return np.array(
+        [s >> 64, s & _MASK64, inc >> 64, inc & _MASK64, st["has_uint32"], st["uinteger"]],
+        dtype=np.uint64,
+    )
+
+
+def _unpack_rng(words: np.ndarray) -> np.random.Generator:
+    w = [int(x) for x in words]
+    bitgen = np.random.PCG64()
+    bitgen.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
+        "has_uint32": w[4],
+        "uinteger": w[5],
+    }
+    return np.random.Generator(bitgen)
+
+
+def new_seed() -> int:
+    """128 bits of OS entropy: the seed for a deployed learner (never sent anywhere)."""
+    return int(np.random.SeedSequence().entropy)
+
+
+class NoiseStream:
+    """Hands out ``e[0], e[1], …, e[N−1]`` for one learner, one call at a time.
+
+    >>> s = NoiseStream.create("tree", horizon=8, dim=3, std=1.0, seed=1)
+    >>> e0 = s.next()
+    >>> restored = NoiseStream.from_bytes(s.to_bytes())
+    >>> bool(np.array_equal(s.next(), restored.next()))
+    True
+    """
+
+    def __init__(
+        self,
+        mechanism: str,
+        horizon: int,
+        shapes: Shapes,
+        std: float,
+        rng: np.random.Generator,
+        step: int = 0,
+        levels: list[int] | None = None,
+        rows: list[np.ndarray] | None = None,
+    ) -> None:
+        self.mechanism = check_mechanism(mechanism)
+        self.horizon = check_horizon(horizon)
+        self.shapes = shapes
+        self.dim = sum(math.prod(s) for s in shapes)
+        if not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"noise std must be finite and >= 0, got {std!r}")
+        self.std = float(std)
+        self.step = int(step)
+        self._rng = rng
+        self._factorization = build_factorization(self.mechanism, self.horizon)
+        self.kind = self._factorization.stream_kind
+        # tree: levels and estimates of the current dyadic cover (stack, largest first);
+        # toeplitz/dense: every past ξ row.
+        self._levels: list[int] = list(levels or [])
+        self._rows: list[np.ndarray] = list(rows or [])
+
+    # -- construction -----------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        mechanism: str,
+        horizon: int,
+        dim: int | Sequence[Sequence[int]],
+        std: float,
+        seed: int | None = None,
+    ) -> NoiseStream:
+        """A fresh stream at step 0. ``seed=None`` draws one from OS entropy."""
+        seed = new_seed() if seed is None else int(seed)
+        if seed < 0:
+            raise ValueError("the seed must be a non-negative integer")
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
+        return cls(mechanism, horizon, normalize_shapes(dim), std, rng)
+
+    # -- the increments ---------------------------------------------------------------
+    @property
+    def remaining(self) -> int:
+        """Increments left before the horizon."""
+        return self.horizon - self.step
+
+    def next(self) -> np.ndarray:
+        """The flat increment ``e[step]`` (length ``d``, float64); advances the step."""
+        if self.step >= self.horizon:
+            raise HorizonExhaustedError(
+                f"the {self.mechanism} noise stream is calibrated for {self.horizon} steps and "
+                f"all of them have been used; adding more noisy steps would exceed the privacy "
+                f"budget (or reuse noise)"
+            )
+        if self.kind == "independent":
+            unit = self._draw()
+        elif self.kind == "tree":
+            unit = self._next_tree()
+        else:
+            unit = self._next_dense()
+        self.step += 1
+        return unit * self.std
+
+    def next_arrays(self) -> list[np.ndarray]:
+        """The increment split into the stream's array shapes."""
+        return self.split(self.next())
+
+    def split(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Split a flat length-``d`` vector into the stream's shapes (views)."""
+        out, offset = [], 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            out.append(flat[offset : offset + size].reshape(shape))
+            offset += size
+        return out
+
+    def _draw(self) -> np.ndarray:
+        return self._rng.standard_normal(self.dim)
+
+    def _next_tree(self) -> np.ndarray:
+        # Leaf `step` completes, then every ancestor whose interval ends here; each draws
+        # its own noise row in that order (the node order of BinaryTree.matrices()).
+        tree = self._factorization
+        assert isinstance(tree, BinaryTree)
+        est = self._draw()
+        level = 0
+        removed = np.zeros(self.dim)
+        while self._levels and self._levels[-1] == level:
+            self._levels.pop()
+            left = self._rows.pop()
+            removed += left
+            own = self._draw()
+            alpha = tree.alpha[level + 1]
+            est = alpha * own + (1.0 - alpha) * (left + est)
+            level += 1
+        self._levels.append(level)
+        self._rows.append(est)
+        return est - removed
+
+    def _next_dense(self) -> np.ndarray:
+        self._rows.append(self._draw())
+        k = self.step
+        if self.kind == "toeplitz":
+            coef = self._factorization.g[k::-1]  # type: ignore[attr-defined]
+        else:
+            coef = self._factorization.Cinv[k, : k + 1]  # type: ignore[attr-defined]
+        return coef @ np.asarray(self._rows)
+
+    # -- state --------------------------------------------------------------------------
+    @property
+    def state_floats(self) -> int:
+        """Floats held besides the generator: the stream's memory."""
+        return len(self._rows) * self.dim
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Everything needed to continue the stream, as plain arrays (no pickle)."""
+        shape_lens = np.array([len(s) for s in self.shapes], dtype=np.int64)
+        shape_dims = np.array([d for s in self.shapes for d in s], dtype=np.int64)
+        rows = np.asarray(self._rows) if self._rows else np.zeros((0, self.dim))
+        return {
+            "format": np.array(STATE_FORMAT, dtype=np.int64),
+            "mechanism": np.array(self.mechanism),
+            "horizon": np.array(self.horizon, dtype=np.int64),
+            "shape_lens": shape_lens,
+            "shape_dims": shape_dims,
+            "std": np.array(self.std, dtype=np.float64),
+            "step": np.array(self.step, dtype=np.int64),
+            "rng": _pack_rng(self._rng),
+            "levels": np.array(self._levels, dtype=np.int64),
+            "rows": rows,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, np.ndarray]) -> NoiseStream:
+        """Rebuild a stream from :meth:`state_dict`; validates what it reads."""
+        try:
+            if int(state["format"]) != STATE_FORMAT:
+                raise ValueError(f"unsupported noise-state format {int(state['format'])}")
+            lens = [int(x) for x in state["shape_lens"]]
+            dims = [int(x) for x in state["shape_dims"]]
+            shapes, offset = [], 0
+            for n in lens:
+                shapes.append(tuple(dims[offset : offset + n]))
+                offset += n
+            rows = np.asarray(state["rows"], dtype=np.float64)
+            stream = cls(
+                mechanism=str(state["mechanism"]),
+                horizon=int(state["horizon"]),
+                shapes=normalize_shapes(shapes),
+                std=float(state["std"]),
+                rng=_unpack_rng(np.asarray(state["rng"])),
+                step=int(state["step"]),
+                levels=[int(x) for x in state["levels"]],
+                rows=list(rows),
+            )
+        except (KeyError, TypeError, IndexError) as err:
+            raise ValueError(f"malformed noise-stream state: {err!r}") from err
+        stream._check_consistent()
+        return stream
+
+    def _check_consistent(self) -> None:
+        """Reject a state whose buffers do not match its step (corruption, tampering)."""
+        if not 0 <= self.step <= self.horizon:
+            raise ValueError(f"noise state step {self.step} outside [0, {self.horizon}]")
+        if any(r.shape != (self.dim,) for r in self._rows):
+            raise ValueError("noise state buffers have the wrong dimension")
+        if self.kind == "tree":
+            expected = [h for h in range(self.step.bit_length() - 1, -1, -1) if self.step >> h & 1]
+            if self._levels != expected or len(self._rows) != len(expected):
+                raise ValueError("tree noise state does not match its step")
+        elif self.kind in ("toeplitz", "dense"):
+            if len(self._rows) != self.step:
+                raise ValueError("noise state history does not match its step")
+        elif self._rows:
+            raise ValueError("independent noise state must not hold buffers")
+
+    def to_bytes(self) -> bytes:
+        """Serialize to ``.npz`` bytes (for ``context.state`` or disk)."""
+        buf = io.BytesIO()
+        np.savez(buf, **self.state_dict())
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> NoiseStream:
+        """Inverse of :meth:`to_bytes`."""
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as f:
+                state = {k: f[k] for k in f.files}
+        except (OSError, ValueError, EOFError) as err:
+            raise ValueError(f"unreadable noise-stream state: {err}") from err
+        return cls.from_state_dict(state)
