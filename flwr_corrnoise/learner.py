@@ -1,0 +1,360 @@
+"""One learner's side of paper 000's Algorithm 1, independent of any messaging layer.
+
+This is the **one implementation** of the local round that every engine uses: the Flower
+``NumPyClient`` subclass, the Message-API ``ClientApp`` helper and the in-process sweep
+engine all call :func:`local_round`. The learner owns its privacy: its
+:class:`PrivacySettings` come from its own configuration, and a server proposal that would
+weaken them is refused (:meth:`PrivacySettings.check_proposal`) before anything is applied.
+
+Round ``r`` on learner ``i`` (Algorithm 1, lines 5–14)::
+
+    z = x^r
+    for t in 0..τ−1:
+        g = clip(∇f(z; next datum), B_g)
+        z = z − η (g + e[k]);  k += 1           # e[k]: the correlated-noise increment
+    ĝ = (x^r − z) / (η τ) = (1/τ) Σ_t (g_t + e[k_t])
+
+``ĝ`` is computed as the running mean on the right (the same number without the
+cancellation of ``x^r − z``).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .mechanisms import MECHANISMS, build_factorization
+from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
+from .streams import HorizonExhaustedError, NoiseStream
+
+#: the mechanism name that means "no noise, no clipping" (Mitra et al.'s online FedAvg)
+NOISELESS = "none"
+
+#: gradient oracle: (parameters, stream position) → gradient on that datum, same shapes
+GradientFn = Callable[[list[np.ndarray], int], Sequence[np.ndarray]]
+
+
+class PrivacyConfigError(ValueError):
+    """A configuration that would weaken the learner's privacy, or is malformed."""
+
+
+class NonFiniteError(ValueError):
+    """A gradient, loss or update is NaN or infinite; the step is not applied."""
+
+
+def _cfg(cfg: Mapping[str, Any], key: str, default: Any) -> Any:
+    value = cfg.get(key, default)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class PrivacySettings:
+    """A learner's own privacy: what its noise is calibrated to. Never set by the server.
+
+    ``mechanism="none"`` turns noise and clipping off (the noiseless baseline).
+    """
+
+    mechanism: str = "optimized"
+    epsilon: float = 2.0
+    delta: float = 1e-3
+    clip: float = 1.0
+    horizon: int = 4000
+    method: str = "exact"
+
+    def __post_init__(self) -> None:
+        if self.mechanism != NOISELESS and self.mechanism not in MECHANISMS:
+            raise PrivacyConfigError(
+                f"unknown mechanism {self.mechanism!r}; use one of "
+                f"{[NOISELESS, *sorted(MECHANISMS)]}"
+            )
+        if isinstance(self.horizon, bool) or int(self.horizon) != self.horizon or self.horizon < 1:
+            raise PrivacyConfigError(f"horizon must be a positive integer, got {self.horizon!r}")
+        if self.private:
+            check_budget(self.epsilon, self.delta)
+            if not (math.isfinite(self.clip) and self.clip > 0):
+                raise PrivacyConfigError(f"clip norm must be finite and > 0, got {self.clip!r}")
+            if self.method not in METHODS:
+                raise PrivacyConfigError(f"calibration method must be one of {METHODS}")
+
+    @property
+    def private(self) -> bool:
+        return self.mechanism != NOISELESS
+
+    def calibration(self) -> Calibration | None:
+        """The noise calibration (``None`` for the noiseless baseline)."""
+        if not self.private:
+            return None
+        sens = build_factorization(self.mechanism, self.horizon).sensitivity
+        return calibrate(
+            self.epsilon, self.delta, self.clip, sens, self.method,  # type: ignore[arg-type]
+            mechanism=self.mechanism, steps=self.horizon,
+        )
+
+    # -- Flower config (kebab-case keys, as in context.run_config / node_config) ---------
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> PrivacySettings:
+        """Read ``mechanism``, ``epsilon``, ``delta``, ``clip-norm``, ``horizon`` (or
+        ``num-server-rounds`` × ``local-steps``) and ``calibration``."""
+        horizon = cfg.get("horizon")
+        if horizon is None or int(horizon) <= 0:
+            horizon = int(_cfg(cfg, "num-server-rounds", 1)) * int(_cfg(cfg, "local-steps", 1))
+        try:
+            return cls(
+                mechanism=str(_cfg(cfg, "mechanism", cls.mechanism)),
+                epsilon=float(_cfg(cfg, "epsilon", cls.epsilon)),
+                delta=float(_cfg(cfg, "delta", cls.delta)),
+                clip=float(_cfg(cfg, "clip-norm", cls.clip)),
+                horizon=int(horizon),
+                method=str(_cfg(cfg, "calibration", cls.method)),
+            )
+        except (TypeError, ValueError) as err:
+            if isinstance(err, PrivacyConfigError):
+                raise
+            raise PrivacyConfigError(f"malformed privacy configuration: {err}") from err
+
+    def proposal(self) -> dict[str, Any]:
+        """What a server sends so learners can check it (``privacy-*`` keys)."""
+        return {
+            "privacy-mechanism": self.mechanism,
+            "privacy-epsilon": float(self.epsilon),
+            "privacy-delta": float(self.delta),
+            "privacy-clip-norm": float(self.clip),
+            "privacy-horizon": int(self.horizon),
+        }
+
+    def check_proposal(self, proposal: Mapping[str, Any]) -> None:
+        """Refuse a server proposal that would weaken this learner's privacy.
+
+        Weaker means: a different mechanism or noise turned off, a larger ε or δ, a larger
+        clip norm, or a longer horizon than the noise is calibrated for. Keys the server
+        does not send are not checked (the learner uses its own values regardless).
+        """
+        if not self.private:
+            return
+        problems = []
+        mech = proposal.get("privacy-mechanism")
+        if mech is not None and mech != self.mechanism:
+            what = "turn the noise off" if mech == NOISELESS else f"switch to {mech!r}"
+            problems.append(f"the server asks to {what}, but this learner uses {self.mechanism!r}")
+        for key, mine, name in (
+            ("privacy-epsilon", self.epsilon, "ε"),
+            ("privacy-delta", self.delta, "δ"),
+            ("privacy-clip-norm", self.clip, "clip norm"),
+            ("privacy-horizon", self.horizon, "horizon"),
+        ):
+            if key not in proposal:
+                continue
+            try:
+                theirs = float(proposal[key])
+            except (TypeError, ValueError):
+                problems.append(f"{key} is not a number: {proposal[key]!r}")
+                continue
+            if not math.isfinite(theirs) or theirs > mine:
+                problems.append(f"{name} {theirs:g} exceeds this learner's {mine:g}")
+        if problems:
+            raise PrivacyConfigError(
+                "refusing a configuration that would weaken this learner's privacy: "
+                + "; ".join(problems)
+            )
+
+
+@dataclass
+class LearnerState:
+    """Everything a learner must remember between rounds (lives in ``context.state``).
+
+    ``step`` counts local steps taken (= the noise stream's index), ``position`` the next
+    datum of the learner's data stream, ``rounds`` the rounds it took part in.
+    """
+
+    step: int = 0
+    position: int = 0
+    rounds: int = 0
+    noise: NoiseStream | None = None
+
+    @classmethod
+    def create(
+        cls, settings: PrivacySettings, shapes: Sequence[Sequence[int]], seed: int | None
+    ) -> LearnerState:
+        """A fresh learner. ``seed=None`` draws the noise seed from OS entropy."""
+        cal = settings.calibration()
+        noise = None
+        if cal is not None:
+            noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std, seed)
+        return cls(noise=noise)
+
+    def copy(self) -> LearnerState:
+        noise = None if self.noise is None else NoiseStream.from_bytes(self.noise.to_bytes())
+        return replace(self, noise=noise)
+
+    def to_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        arrays: dict[str, np.ndarray] = {
+            "counters": np.array([self.step, self.position, self.rounds], dtype=np.int64),
+        }
+        if self.noise is not None:
+            arrays["noise"] = np.frombuffer(self.noise.to_bytes(), dtype=np.uint8)
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LearnerState:
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as f:
+                step, position, rounds = (int(x) for x in f["counters"])
+                noise = NoiseStream.from_bytes(f["noise"].tobytes()) if "noise" in f else None
+        except (OSError, ValueError, KeyError, EOFError) as err:
+            raise ValueError(f"unreadable learner state: {err}") from err
+        if noise is not None and noise.step != step:
+            raise ValueError("learner state is inconsistent: noise step != step counter")
+        return cls(step=step, position=position, rounds=rounds, noise=noise)
+
+
+@dataclass
+class RoundResult:
+    """What one local round produces."""
+
+    update: list[np.ndarray]  # ĝ, same shapes as the parameters
+    state: LearnerState  # the new state (the input state is left untouched)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def clip_by_global_norm(g: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
+    """Scale ``g`` to norm at most ``clip`` (over all parameters); return it and its norm."""
+    norm = float(np.linalg.norm(g))
+    if norm > clip:
+        g = g * (clip / norm)
+    return g, norm
+
+
+def _flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+
+
+def _split(flat: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+    out, offset = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        out.append(flat[offset : offset + size].reshape(shape))
+        offset += size
+    return out
+
+
+def local_round(
+    params: Sequence[np.ndarray],
+    gradient: GradientFn,
+    state: LearnerState,
+    settings: PrivacySettings,
+    tau: int,
+    eta: float,
+) -> RoundResult:
+    """Run ``τ`` local steps from ``params`` (paper 000, Algorithm 1 lines 5–14).
+
+    The input ``state`` is not modified: on any error (horizon used up, non-finite
+    gradient) nothing is applied and the caller keeps its old state. No noise value is
+    ever released twice: a failed round releases nothing.
+    """
+    if isinstance(tau, bool) or int(tau) != tau or tau < 1:
+        raise PrivacyConfigError(f"local steps τ must be a positive integer, got {tau!r}")
+    if not (math.isfinite(eta) and eta > 0):
+        raise PrivacyConfigError(f"step size η must be finite and > 0, got {eta!r}")
+    shapes = [tuple(np.shape(p)) for p in params]
+    if settings.private:
+        if state.noise is None:
+            raise PrivacyConfigError("private learner has no noise stream")
+        if state.step + tau > settings.horizon:
+            raise HorizonExhaustedError(
+                f"this learner has taken {state.step} of the {settings.horizon} steps its "
+                f"privacy budget covers; a round of {tau} more would exceed it, so it stops "
+                f"contributing"
+            )
+        if state.noise.dim != sum(math.prod(s) for s in shapes):
+            raise PrivacyConfigError(
+                f"model has {sum(math.prod(s) for s in shapes)} parameters but the noise "
+                f"stream was created for {state.noise.dim}"
+            )
+    new = state.copy()
+    x = _flatten(params)
+    if not np.all(np.isfinite(x)):
+        raise NonFiniteError("the global model received from the server is not finite")
+    z = x.copy()
+    total = np.zeros_like(x)
+    clipped = 0
+    for _ in range(int(tau)):
+        g = _flatten(gradient(_split(z, shapes), new.position))
+        if g.shape != x.shape:
+            raise ValueError(f"gradient has {g.size} entries, the model {x.size}")
+        if not np.all(np.isfinite(g)):
+            raise NonFiniteError(
+                f"non-finite gradient at stream position {new.position}; step not applied"
+            )
+        new.position += 1
+        if settings.private:
+            g, norm = clip_by_global_norm(g, settings.clip)
+            clipped += norm > settings.clip
+            g = g + new.noise.next()  # type: ignore[union-attr]
+        new.step += 1
+        z -= eta * g
+        total += g
+    new.rounds += 1
+    update = total / tau
+    metrics: dict[str, float] = {
+        "steps": float(new.step),
+        "clipped-fraction": clipped / tau,
+    }
+    cal = settings.calibration()
+    if cal is not None:
+        metrics.update(
+            {
+                "epsilon-spent": epsilon_spent(
+                    cal.std, settings.delta, settings.clip, settings.mechanism,
+                    settings.horizon, new.step, settings.method,  # type: ignore[arg-type]
+                ),
+                "epsilon": settings.epsilon,
+                "delta": settings.delta,
+                "noise-std": cal.std,
+                "horizon": float(settings.horizon),
+            }
+        )
+    return RoundResult(update=_split(update, shapes), state=new, metrics=metrics)
+
+
+def aggregate(
+    params: Sequence[np.ndarray],
+    updates: Sequence[Sequence[np.ndarray]],
+    eta: float,
+    eta_g: float,
+    tau: int,
+) -> list[np.ndarray]:
+    """Server step (Algorithm 1 line 16): ``x^{r+1} = x^r − η_g·η·τ·mean_i ĝ_i``.
+
+    Averages over the learners that answered; with no valid update the model is kept.
+    """
+    if not updates:
+        return [np.array(p, dtype=np.float64, copy=True) for p in params]
+    scale = eta_g * eta * tau / len(updates)
+    out = []
+    for j, p in enumerate(params):
+        total = np.zeros(np.shape(p), dtype=np.float64)
+        for u in updates:
+            total += u[j]
+        out.append(np.asarray(p, dtype=np.float64) - scale * total)
+    return out
+
+
+def check_update(update: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> None:
+    """Reject a learner's reply that would skew or crash the aggregate."""
+    if len(update) != len(reference):
+        raise ValueError(f"update has {len(update)} arrays, the model {len(reference)}")
+    for j, (u, p) in enumerate(zip(update, reference, strict=True)):
+        u = np.asarray(u)
+        if u.shape != np.shape(p):
+            raise ValueError(f"array {j} has shape {u.shape}, expected {np.shape(p)}")
+        if not np.issubdtype(u.dtype, np.floating):
+            raise ValueError(f"array {j} has dtype {u.dtype}, expected a float type")
+        if not np.all(np.isfinite(u)):
+            raise ValueError(f"array {j} contains NaN or Inf")

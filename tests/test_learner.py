@@ -1,0 +1,181 @@
+"""The shared local round and server aggregation (paper 000, Algorithm 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flwr_corrnoise.learner import (
+    LearnerState,
+    NonFiniteError,
+    PrivacyConfigError,
+    PrivacySettings,
+    aggregate,
+    check_update,
+    local_round,
+)
+from flwr_corrnoise.mechanisms import build_factorization
+from flwr_corrnoise.privacy import calibrate
+from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream
+
+SHAPES = [(3,), (2, 2)]
+
+
+def quad_grad(target: np.ndarray):
+    """Gradient of ½‖x − target − pos‖² on datum `pos`: easy to follow by hand."""
+
+    def grad(params, position):
+        flat = np.concatenate([p.ravel() for p in params])
+        g = flat - target - position
+        return [g[:3], g[3:].reshape(2, 2)]
+
+    return grad
+
+
+def params0() -> list[np.ndarray]:
+    return [np.zeros(3), np.zeros((2, 2))]
+
+
+def test_round_matches_algorithm_1_by_hand() -> None:
+    settings = PrivacySettings("toeplitz", 2.0, 1e-3, clip=0.5, horizon=8)
+    state = LearnerState.create(settings, SHAPES, seed=3)
+    target = np.arange(7.0)
+    res = local_round(params0(), quad_grad(target), state, settings, tau=3, eta=0.1)
+    # redo it by hand with an identical noise stream
+    std = calibrate(2.0, 1e-3, 0.5, build_factorization("toeplitz", 8).sensitivity).std
+    noise = NoiseStream.create("toeplitz", 8, 7, std, seed=3)
+    z = np.zeros(7)
+    hat = []
+    for t in range(3):
+        g = z - target - t
+        g = g * min(1.0, 0.5 / np.linalg.norm(g))
+        step = g + noise.next()
+        hat.append(step)
+        z = z - 0.1 * step
+    expected = (np.zeros(7) - z) / (0.1 * 3)  # ĝ = (x − z)/(ητ)
+    got = np.concatenate([u.ravel() for u in res.update])
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert res.state.step == 3 and res.state.position == 3 and res.state.rounds == 1
+    assert state.step == 0  # the input state is untouched
+    assert res.metrics["epsilon-spent"] <= 2.0
+    assert res.metrics["noise-std"] == pytest.approx(std)
+
+
+def test_clipping_bounds_each_step() -> None:
+    """With a huge gradient, each step's contribution before noise has norm exactly B_g."""
+    settings = PrivacySettings("independent", 1.0, 1e-3, clip=0.25, horizon=4)
+    state = LearnerState.create(settings, SHAPES, seed=0)
+    state.noise.std = 0.0  # isolate the clipped gradient
+    res = local_round(params0(), quad_grad(np.full(7, 1e6)), state, settings, tau=1, eta=1.0)
+    assert np.linalg.norm(np.concatenate([u.ravel() for u in res.update])) == pytest.approx(0.25)
+    assert res.metrics["clipped-fraction"] == 1.0
+
+
+def test_noiseless_round_is_plain_local_sgd() -> None:
+    settings = PrivacySettings("none", horizon=10)
+    state = LearnerState.create(settings, SHAPES, seed=None)
+    assert state.noise is None
+    target = np.ones(7)
+    res = local_round(params0(), quad_grad(target), state, settings, tau=2, eta=0.5)
+    z = np.zeros(7)
+    for t in range(2):
+        z = z - 0.5 * (z - target - t)
+    np.testing.assert_allclose(np.concatenate([u.ravel() for u in res.update]), -z / 1.0)
+
+
+def test_horizon_stops_the_learner_and_applies_nothing() -> None:
+    settings = PrivacySettings("tree", horizon=4)
+    state = LearnerState.create(settings, SHAPES, seed=1)
+    res = local_round(params0(), quad_grad(np.zeros(7)), state, settings, tau=3, eta=0.1)
+    with pytest.raises(HorizonExhaustedError, match="3 of the 4 steps"):
+        local_round(params0(), quad_grad(np.zeros(7)), res.state, settings, tau=2, eta=0.1)
+    assert res.state.step == 3 and res.state.noise.step == 3
+
+
+def test_non_finite_gradient_applies_nothing() -> None:
+    settings = PrivacySettings("toeplitz", horizon=6)
+    state = LearnerState.create(settings, SHAPES, seed=1)
+
+    def bad(params, position):
+        if position == 1:
+            return [np.full(3, np.nan), np.zeros((2, 2))]
+        return [np.ones(3), np.ones((2, 2))]
+
+    with pytest.raises(NonFiniteError, match="position 1"):
+        local_round(params0(), bad, state, settings, tau=3, eta=0.1)
+    assert state.step == 0 and state.position == 0 and state.noise.step == 0
+
+
+def test_state_roundtrip_continues_exactly() -> None:
+    settings = PrivacySettings("efficient-tree", horizon=12)
+    grad = quad_grad(np.arange(7.0))
+    a = LearnerState.create(settings, SHAPES, seed=9)
+    a = local_round(params0(), grad, a, settings, 3, 0.1).state
+    b = LearnerState.from_bytes(a.to_bytes())
+    ra = local_round(params0(), grad, a, settings, 3, 0.1)
+    rb = local_round(params0(), grad, b, settings, 3, 0.1)
+    for u, v in zip(ra.update, rb.update, strict=True):
+        assert np.array_equal(u, v)
+    with pytest.raises(ValueError, match="unreadable"):
+        LearnerState.from_bytes(b"\x00junk")
+
+
+def test_aggregate_is_algorithm_1_line_16() -> None:
+    x = [np.array([1.0, 2.0]), np.array([[3.0]])]
+    u1 = [np.array([1.0, 0.0]), np.array([[2.0]])]
+    u2 = [np.array([3.0, 4.0]), np.array([[0.0]])]
+    out = aggregate(x, [u1, u2], eta=0.1, eta_g=2.0, tau=4)
+    np.testing.assert_allclose(out[0], [1.0 - 0.8 * 2.0, 2.0 - 0.8 * 2.0])
+    np.testing.assert_allclose(out[1], [[3.0 - 0.8 * 1.0]])
+    # no valid update: the model is kept
+    np.testing.assert_array_equal(aggregate(x, [], 0.1, 1.0, 4)[0], x[0])
+
+
+def test_check_update_rejects_malformed() -> None:
+    ref = [np.zeros(2), np.zeros((1, 1))]
+    check_update([np.ones(2), np.ones((1, 1))], ref)
+    with pytest.raises(ValueError, match="shape"):
+        check_update([np.ones(3), np.ones((1, 1))], ref)
+    with pytest.raises(ValueError, match="NaN"):
+        check_update([np.array([np.nan, 1.0]), np.ones((1, 1))], ref)
+    with pytest.raises(ValueError, match="dtype"):
+        check_update([np.ones(2, dtype=np.int64), np.ones((1, 1))], ref)
+    with pytest.raises(ValueError, match="arrays"):
+        check_update([np.ones(2)], ref)
+
+
+@pytest.mark.parametrize(
+    ("proposal", "match"),
+    [
+        ({"privacy-epsilon": 4.0}, "ε 4 exceeds"),
+        ({"privacy-delta": 0.1}, "δ 0.1 exceeds"),
+        ({"privacy-clip-norm": 10.0}, "clip norm 10 exceeds"),
+        ({"privacy-horizon": 5000}, "horizon 5000 exceeds"),
+        ({"privacy-mechanism": "none"}, "turn the noise off"),
+        ({"privacy-mechanism": "tree"}, "switch to 'tree'"),
+        ({"privacy-epsilon": float("nan")}, "ε nan exceeds"),
+        ({"privacy-epsilon": "lots"}, "not a number"),
+    ],
+)
+def test_weaker_proposals_are_refused(proposal: dict, match: str) -> None:
+    settings = PrivacySettings("toeplitz", 2.0, 1e-3, 1.0, 4000)
+    with pytest.raises(PrivacyConfigError, match=match):
+        settings.check_proposal(proposal)
+
+
+def test_equal_or_stricter_proposals_are_accepted() -> None:
+    settings = PrivacySettings("toeplitz", 2.0, 1e-3, 1.0, 4000)
+    settings.check_proposal(settings.proposal())
+    settings.check_proposal({"privacy-epsilon": 1.0, "privacy-horizon": 100})
+    settings.check_proposal({})
+
+
+def test_settings_from_run_config() -> None:
+    cfg = {"mechanism": "tree", "epsilon": 0.5, "delta": 1e-5, "clip-norm": 2.0,
+           "num-server-rounds": 10, "local-steps": 4}
+    s = PrivacySettings.from_config(cfg)
+    assert (s.mechanism, s.epsilon, s.delta, s.clip, s.horizon) == ("tree", 0.5, 1e-5, 2.0, 40)
+    with pytest.raises(PrivacyConfigError, match="unknown mechanism"):
+        PrivacySettings.from_config({"mechanism": "laplace"})
+    with pytest.raises(ValueError, match="ε must be"):
+        PrivacySettings.from_config({"epsilon": -1})
