@@ -23,7 +23,8 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -86,14 +87,8 @@ class PrivacySettings:
         return self.mechanism != NOISELESS
 
     def calibration(self) -> Calibration | None:
-        """The noise calibration (``None`` for the noiseless baseline)."""
-        if not self.private:
-            return None
-        sens = build_factorization(self.mechanism, self.horizon).sensitivity
-        return calibrate(
-            self.epsilon, self.delta, self.clip, sens, self.method,  # type: ignore[arg-type]
-            mechanism=self.mechanism, steps=self.horizon,
-        )
+        """The noise calibration (``None`` for the noiseless baseline; memoized)."""
+        return _calibration(self) if self.private else None
 
     # -- Flower config (kebab-case keys, as in context.run_config / node_config) ---------
     @classmethod
@@ -163,6 +158,37 @@ class PrivacySettings:
             )
 
 
+def derive_seed(run_seed: int, learner: int) -> int:
+    """A learner's 128-bit noise seed for *reproducible simulations*.
+
+    Every engine (Flower's simulation and the in-process one) derives learner ``i``'s seed
+    this way, so the same run seed gives the same noise everywhere. Deployed learners use
+    OS entropy instead (``seed=None``) and never share their seed.
+    """
+    words = np.random.SeedSequence([int(run_seed), int(learner), 0x5EED]).generate_state(
+        4, dtype=np.uint32
+    )
+    return int(sum(int(w) << (32 * i) for i, w in enumerate(words)))
+
+
+@lru_cache(maxsize=256)
+def _calibration(settings: PrivacySettings) -> Calibration:
+    sens = build_factorization(settings.mechanism, settings.horizon).sensitivity
+    return calibrate(
+        settings.epsilon, settings.delta, settings.clip, sens, settings.method,  # type: ignore[arg-type]
+        mechanism=settings.mechanism, steps=settings.horizon,
+    )
+
+
+@lru_cache(maxsize=8192)
+def _epsilon_spent(settings: PrivacySettings, steps: int) -> float:
+    cal = _calibration(settings)
+    return epsilon_spent(
+        cal.std, settings.delta, settings.clip, settings.mechanism, settings.horizon, steps,
+        settings.method,  # type: ignore[arg-type]
+    )
+
+
 @dataclass
 class LearnerState:
     """Everything a learner must remember between rounds (lives in ``context.state``).
@@ -186,10 +212,6 @@ class LearnerState:
         if cal is not None:
             noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std, seed)
         return cls(noise=noise)
-
-    def copy(self) -> LearnerState:
-        noise = None if self.noise is None else NoiseStream.from_bytes(self.noise.to_bytes())
-        return replace(self, noise=noise)
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
@@ -219,7 +241,7 @@ class RoundResult:
     """What one local round produces."""
 
     update: list[np.ndarray]  # ĝ, same shapes as the parameters
-    state: LearnerState  # the new state (the input state is left untouched)
+    state: LearnerState  # the advanced state (the same object that was passed in)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -254,9 +276,9 @@ def local_round(
 ) -> RoundResult:
     """Run ``τ`` local steps from ``params`` (paper 000, Algorithm 1 lines 5–14).
 
-    The input ``state`` is not modified: on any error (horizon used up, non-finite
-    gradient) nothing is applied and the caller keeps its old state. No noise value is
-    ever released twice: a failed round releases nothing.
+    ``state`` is advanced in place (and returned in the result). On any error (horizon used
+    up, non-finite gradient, a failing gradient oracle) it is rolled back to exactly what
+    it was: a failed round releases nothing, so no released noise is ever reused.
     """
     if isinstance(tau, bool) or int(tau) != tau or tau < 1:
         raise PrivacyConfigError(f"local steps τ must be a positive integer, got {tau!r}")
@@ -277,50 +299,56 @@ def local_round(
                 f"model has {sum(math.prod(s) for s in shapes)} parameters but the noise "
                 f"stream was created for {state.noise.dim}"
             )
-    new = state.copy()
     x = _flatten(params)
     if not np.all(np.isfinite(x)):
         raise NonFiniteError("the global model received from the server is not finite")
-    z = x.copy()
-    total = np.zeros_like(x)
-    clipped = 0
-    for _ in range(int(tau)):
-        g = _flatten(gradient(_split(z, shapes), new.position))
-        if g.shape != x.shape:
-            raise ValueError(f"gradient has {g.size} entries, the model {x.size}")
-        if not np.all(np.isfinite(g)):
-            raise NonFiniteError(
-                f"non-finite gradient at stream position {new.position}; step not applied"
-            )
-        new.position += 1
-        if settings.private:
-            g, norm = clip_by_global_norm(g, settings.clip)
-            clipped += norm > settings.clip
-            g = g + new.noise.next()  # type: ignore[union-attr]
-        new.step += 1
-        z -= eta * g
-        total += g
-    new.rounds += 1
+    # Work on `state` in place and undo everything on failure: a failed round released
+    # nothing, so rolling the noise stream back reuses no released noise.
+    saved = (state.step, state.position, state.rounds)
+    token = state.noise.checkpoint() if state.noise is not None else None
+    try:
+        z = x.copy()
+        total = np.zeros_like(x)
+        clipped = 0
+        for _ in range(int(tau)):
+            g = _flatten(gradient(_split(z, shapes), state.position))
+            if g.shape != x.shape:
+                raise ValueError(f"gradient has {g.size} entries, the model {x.size}")
+            if not np.all(np.isfinite(g)):
+                raise NonFiniteError(
+                    f"non-finite gradient at stream position {state.position}; step not applied"
+                )
+            state.position += 1
+            if settings.private:
+                g, norm = clip_by_global_norm(g, settings.clip)
+                clipped += norm > settings.clip
+                g = g + state.noise.next()  # type: ignore[union-attr]
+            state.step += 1
+            z -= eta * g
+            total += g
+        state.rounds += 1
+    except BaseException:
+        state.step, state.position, state.rounds = saved
+        if token is not None:
+            state.noise.rollback(token)  # type: ignore[union-attr]
+        raise
     update = total / tau
     metrics: dict[str, float] = {
-        "steps": float(new.step),
+        "steps": float(state.step),
         "clipped-fraction": clipped / tau,
     }
     cal = settings.calibration()
     if cal is not None:
         metrics.update(
             {
-                "epsilon-spent": epsilon_spent(
-                    cal.std, settings.delta, settings.clip, settings.mechanism,
-                    settings.horizon, new.step, settings.method,  # type: ignore[arg-type]
-                ),
+                "epsilon-spent": _epsilon_spent(settings, state.step),
                 "epsilon": settings.epsilon,
                 "delta": settings.delta,
                 "noise-std": cal.std,
                 "horizon": float(settings.horizon),
             }
         )
-    return RoundResult(update=_split(update, shapes), state=new, metrics=metrics)
+    return RoundResult(update=_split(update, shapes), state=state, metrics=metrics)
 
 
 def aggregate(

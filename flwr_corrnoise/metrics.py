@@ -80,9 +80,27 @@ def is_separable(features: np.ndarray, labels: np.ndarray) -> bool:
     Decided by the LP feasibility problem ``y_j⟨x, a_j⟩ ≥ 1`` (HiGHS); by scaling ``x`` the
     margin 1 is no restriction, so the LP is feasible exactly when the data are strictly
     separable. Then the logistic loss tends to 0 along ``s·x`` as ``s → ∞``.
+
+    Fast path first: the least-squares solution of ``⟨x, a_j⟩ = y_j`` is tried as a
+    certificate (it interpolates the labels whenever the ``m`` points are linearly
+    independent, e.g. the paper's 80 points in ``d = 100``). It is accepted only if every
+    margin is clearly positive relative to ``‖x‖·‖a_j‖``, so the answer stays exact; the LP
+    (≈ 50 ms at 80×100, against ≈ 1 ms) runs only when the certificate fails.
     """
     features = np.asarray(features, dtype=float)
     labels = np.asarray(labels, dtype=float)
+    if features.ndim != 2 or labels.shape != (features.shape[0],):
+        raise ValueError("features must be (m, d) and labels (m,)")
+    candidate = np.linalg.lstsq(features, labels, rcond=None)[0]
+    margins = labels * (features @ candidate)
+    scale = np.linalg.norm(candidate) * np.linalg.norm(features, axis=1)
+    if np.all(margins > 1e-8 * scale) and np.all(scale > 0):
+        return True
+    return _separable_by_lp(features, labels)
+
+
+def _separable_by_lp(features: np.ndarray, labels: np.ndarray) -> bool:
+    """The exact test: is ``{x : y_j⟨x, a_j⟩ ≥ 1 ∀j}`` non-empty (HiGHS)?"""
     m, d = features.shape
     res = linprog(
         c=np.zeros(d),

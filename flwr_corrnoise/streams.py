@@ -110,7 +110,7 @@ class NoiseStream:
         rng: np.random.Generator,
         step: int = 0,
         levels: list[int] | None = None,
-        rows: list[np.ndarray] | None = None,
+        rows: np.ndarray | list[np.ndarray] | None = None,
     ) -> None:
         self.mechanism = check_mechanism(mechanism)
         self.horizon = check_horizon(horizon)
@@ -124,9 +124,17 @@ class NoiseStream:
         self._factorization = build_factorization(self.mechanism, self.horizon)
         self.kind = self._factorization.stream_kind
         # tree: levels and estimates of the current dyadic cover (stack, largest first);
-        # toeplitz/dense: every past ξ row.
+        # toeplitz/dense: every past ξ row, in a buffer that grows by doubling.
         self._levels: list[int] = list(levels or [])
-        self._rows: list[np.ndarray] = list(rows or [])
+        self._rows: list[np.ndarray] = []
+        self._buf = np.zeros((0, self.dim))
+        self._count = 0
+        given = [] if rows is None else list(rows)
+        if self.kind in ("toeplitz", "dense"):
+            self._buf = np.array(given, dtype=np.float64).reshape(len(given), self.dim)
+            self._count = len(given)
+        else:
+            self._rows = [np.asarray(r, dtype=np.float64) for r in given]
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -205,25 +213,51 @@ class NoiseStream:
         return est - removed
 
     def _next_dense(self) -> np.ndarray:
-        self._rows.append(self._draw())
+        if self._count == self._buf.shape[0]:
+            grown = np.zeros((max(16, 2 * self._count), self.dim))
+            grown[: self._count] = self._buf[: self._count]
+            self._buf = grown
+        self._buf[self._count] = self._draw()
+        self._count += 1
         k = self.step
         if self.kind == "toeplitz":
             coef = self._factorization.g[k::-1]  # type: ignore[attr-defined]
         else:
             coef = self._factorization.Cinv[k, : k + 1]  # type: ignore[attr-defined]
-        return coef @ np.asarray(self._rows)
+        return coef @ self._buf[: self._count]
+
+    # -- cheap undo, for a round that fails half-way ---------------------------------
+    def checkpoint(self) -> tuple:
+        """A token to :meth:`rollback` to; O(log N) work, no copy of the history."""
+        return (
+            self.step,
+            self._rng.bit_generator.state,
+            list(self._levels),
+            list(self._rows),  # tree estimates are replaced, never modified in place
+            self._count,
+        )
+
+    def rollback(self, token: tuple) -> None:
+        """Undo every :meth:`next` since ``token`` was taken (nothing was released)."""
+        self.step, rng_state, levels, rows, count = token
+        self._rng.bit_generator.state = rng_state
+        self._levels, self._rows, self._count = list(levels), list(rows), count
 
     # -- state --------------------------------------------------------------------------
     @property
     def state_floats(self) -> int:
-        """Floats held besides the generator: the stream's memory."""
-        return len(self._rows) * self.dim
+        """Floats held besides the generator: the stream's memory (history rows for the
+        dense kinds, cover estimates for the tree)."""
+        return (len(self._rows) + self._count) * self.dim
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything needed to continue the stream, as plain arrays (no pickle)."""
         shape_lens = np.array([len(s) for s in self.shapes], dtype=np.int64)
         shape_dims = np.array([d for s in self.shapes for d in s], dtype=np.int64)
-        rows = np.asarray(self._rows) if self._rows else np.zeros((0, self.dim))
+        if self.kind in ("toeplitz", "dense"):
+            rows = self._buf[: self._count].copy()
+        else:
+            rows = np.asarray(self._rows) if self._rows else np.zeros((0, self.dim))
         return {
             "format": np.array(STATE_FORMAT, dtype=np.int64),
             "mechanism": np.array(self.mechanism),
@@ -258,7 +292,7 @@ class NoiseStream:
                 rng=_unpack_rng(np.asarray(state["rng"])),
                 step=int(state["step"]),
                 levels=[int(x) for x in state["levels"]],
-                rows=list(rows),
+                rows=rows,
             )
         except (KeyError, TypeError, IndexError) as err:
             raise ValueError(f"malformed noise-stream state: {err!r}") from err
@@ -269,14 +303,14 @@ class NoiseStream:
         """Reject a state whose buffers do not match its step (corruption, tampering)."""
         if not 0 <= self.step <= self.horizon:
             raise ValueError(f"noise state step {self.step} outside [0, {self.horizon}]")
-        if any(r.shape != (self.dim,) for r in self._rows):
+        if any(r.shape != (self.dim,) for r in self._rows) or self._buf.shape[1:] != (self.dim,):
             raise ValueError("noise state buffers have the wrong dimension")
         if self.kind == "tree":
             expected = [h for h in range(self.step.bit_length() - 1, -1, -1) if self.step >> h & 1]
             if self._levels != expected or len(self._rows) != len(expected):
                 raise ValueError("tree noise state does not match its step")
         elif self.kind in ("toeplitz", "dense"):
-            if len(self._rows) != self.step:
+            if self._count != self.step:
                 raise ValueError("noise state history does not match its step")
         elif self._rows:
             raise ValueError("independent noise state must not hold buffers")

@@ -56,7 +56,7 @@ def test_round_matches_algorithm_1_by_hand() -> None:
     got = np.concatenate([u.ravel() for u in res.update])
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     assert res.state.step == 3 and res.state.position == 3 and res.state.rounds == 1
-    assert state.step == 0  # the input state is untouched
+    assert res.state is state
     assert res.metrics["epsilon-spent"] <= 2.0
     assert res.metrics["noise-std"] == pytest.approx(std)
 

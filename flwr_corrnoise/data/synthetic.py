@@ -107,7 +107,7 @@ class SyntheticConfig:
     drift: float = 0.0
     label_noise: float = 0.0
     seed: int = 0
-    shared_scale: float = 1.0
+    shared_scale: float = 2.0
     centered: bool = True
 
     def __post_init__(self) -> None:

@@ -1,0 +1,24 @@
+"""The thin Flower layer: a Strategy and learner classes that call the shared core.
+
+Nothing here re-implements the algorithm: the local round is
+:func:`flwr_corrnoise.learner.local_round` and the server step
+:func:`flwr_corrnoise.learner.aggregate`.
+"""
+
+from .client import (
+    STATE_KEY,
+    CorrNoiseLearner,
+    CorrNoiseNumPyClient,
+    make_client_app,
+    numpy_client_app,
+)
+from .strategy import CorrNoiseFedAvg
+
+__all__ = [
+    "STATE_KEY",
+    "CorrNoiseFedAvg",
+    "CorrNoiseLearner",
+    "CorrNoiseNumPyClient",
+    "make_client_app",
+    "numpy_client_app",
+]
