@@ -49,6 +49,7 @@ def run_inprocess(
     fraction_train: float = 1.0,
     evaluate: Callable[[int, list[np.ndarray]], object] | None = None,
     keep_models: bool = False,
+    schedule: Sequence[Sequence[int]] | None = None,
 ) -> InProcessResult:
     """Run Algorithm 1 for ``rounds`` rounds with ``len(gradients)`` learners.
 
@@ -56,6 +57,8 @@ def run_inprocess(
     once with the final model), like Flower's ``evaluate_fn``. With ``fraction_train < 1``
     each round samples that fraction of learners (at least one) with a generator seeded by
     ``seed``; absent learners take no steps and keep their noise streams where they were.
+    ``schedule[r]`` (if given) lists the learners of round ``r`` explicitly, e.g. to replay
+    the participation of a Flower run.
     """
     n = len(gradients)
     per_learner = (
@@ -74,7 +77,9 @@ def run_inprocess(
             evaluate(r, x)
         if keep_models:
             result.models.append([p.copy() for p in x])
-        if fraction_train >= 1.0:
+        if schedule is not None:
+            chosen = sorted(int(i) for i in schedule[r])
+        elif fraction_train >= 1.0:
             chosen = list(range(n))
         else:
             k = max(1, int(n * fraction_train))

@@ -61,16 +61,19 @@ def error_code(err: Exception) -> int:
     return GENERIC_ERROR
 
 
-def learner_config(context: Context) -> dict[str, Any]:
-    """The learner's own configuration: run config, overridden by its node config."""
-    return {**dict(context.run_config), **dict(context.node_config)}
+def learner_config(
+    context: Context, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The learner's own configuration: ``defaults`` (the app's), overridden by the run
+    config, overridden by the node config (what the learner's operator set)."""
+    return {**dict(defaults or {}), **dict(context.run_config), **dict(context.node_config)}
 
 
-def learner_seed(context: Context) -> int | None:
+def learner_seed(context: Context, defaults: Mapping[str, Any] | None = None) -> int | None:
     """The noise seed: ``noise-seed`` in the node config, else derived from the run's
     ``seed`` and the ``partition-id`` (reproducible simulations), else ``None`` (OS
     entropy, as in deployment)."""
-    cfg = learner_config(context)
+    cfg = learner_config(context, defaults)
     if cfg.get("noise-seed") is not None:
         return int(cfg["noise-seed"])
     if cfg.get("seed") is not None and cfg.get("partition-id") is not None:
@@ -91,11 +94,15 @@ class CorrNoiseLearner:
         gradient: GradientFn,
         settings: PrivacySettings | None = None,
         seed: int | None | str = "from-context",
+        config_defaults: Mapping[str, Any] | None = None,
     ) -> None:
         self.context = context
         self.gradient = gradient
-        self.settings = settings or PrivacySettings.from_config(learner_config(context))
-        self.seed = learner_seed(context) if seed == "from-context" else seed
+        self.defaults = dict(config_defaults or {})
+        self.settings = settings or PrivacySettings.from_config(
+            learner_config(context, self.defaults)
+        )
+        self.seed = learner_seed(context, self.defaults) if seed == "from-context" else seed
 
     def load_state(self, shapes: list[tuple[int, ...]]) -> LearnerState:
         """The stored state, or a fresh one on the learner's first round."""
@@ -124,7 +131,7 @@ class CorrNoiseLearner:
         result = local_round(parameters, self.gradient, state, self.settings, tau, eta)
         self.save_state(result.state)
         metrics = dict(result.metrics)
-        pid = learner_config(self.context).get("partition-id")
+        pid = learner_config(self.context, self.defaults).get("partition-id")
         if pid is not None:
             metrics["learner-id"] = float(pid)
         metrics["num-examples"] = float(tau)
@@ -140,9 +147,14 @@ class CorrNoiseNumPyClient(NumPyClient):
     of this learner's stream. ``evaluate`` stays yours.
     """
 
-    def __init__(self, context: Context, settings: PrivacySettings | None = None) -> None:
+    def __init__(
+        self,
+        context: Context,
+        settings: PrivacySettings | None = None,
+        seed: int | None | str = "from-context",
+    ) -> None:
         self.context = context
-        self.learner = CorrNoiseLearner(context, self.gradient, settings)
+        self.learner = CorrNoiseLearner(context, self.gradient, settings, seed)
 
     def gradient(self, parameters: list[np.ndarray], position: int) -> list[np.ndarray]:
         """Gradient of the loss on datum ``position`` of this learner's stream."""
@@ -174,19 +186,27 @@ def _metric_record(metrics: Mapping[str, Any]) -> MetricRecord:
 def make_client_app(
     gradient_factory: Callable[[Context], GradientFn],
     evaluate: Callable[[Message, Context], Message] | None = None,
+    config_defaults: Mapping[str, Any] | None = None,
 ) -> ClientApp:
     """A Message-API ``ClientApp`` running the private local round.
 
     ``gradient_factory(context)`` returns the learner's gradient oracle (it typically reads
-    ``context.node_config["partition-id"]`` to pick the learner's data). Refused rounds are
-    answered with an ``Error`` reply (codes in :data:`ERROR_CODES`) and change nothing.
+    ``context.node_config["partition-id"]`` to pick the learner's data). The learner's
+    privacy settings come from ``config_defaults`` < run config < node config (keys
+    ``mechanism``, ``epsilon``, ``delta``, ``clip-norm``, ``horizon`` or
+    ``num-server-rounds``·``local-steps``, ``calibration``, ``seed``/``noise-seed``).
+    Refused rounds are answered with an ``Error`` reply (codes in :data:`ERROR_CODES`)
+    and change nothing.
     """
     app = ClientApp()
+    defaults = dict(config_defaults or {})
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         try:
-            learner = CorrNoiseLearner(context, gradient_factory(context))
+            learner = CorrNoiseLearner(
+                context, gradient_factory(context), config_defaults=defaults
+            )
             params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
             update, metrics = learner.train(params, dict(msg.content["config"]))
         except Exception as err:  # every failure becomes a clear reply, not a crash

@@ -137,7 +137,7 @@ class CorrNoiseFedAvg(FedAvg):
         )
         self.rounds.append(
             {"round": server_round, "accepted": len(accepted), "rejected": rejected,
-             "errors": errors}
+             "errors": errors, "learners": [order for order, _ in accepted]}
         )
         summary: dict[str, float] = {
             "num-updates": float(len(accepted)),

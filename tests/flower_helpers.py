@@ -1,0 +1,42 @@
+"""Helpers for tests that run Flower's real simulation engine (Ray)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.serverapp import ServerApp  # noqa: E402
+from flwr.simulation import run_simulation  # noqa: E402
+
+BACKEND: dict[str, Any] = {
+    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+    "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False},
+}
+
+
+def simulate(
+    server_app: ServerApp,
+    client_app: ClientApp,
+    num_supernodes: int,
+    backend: dict[str, Any] | None = None,
+) -> None:
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=num_supernodes,
+        backend_config=backend or BACKEND,
+    )
+
+
+def read_results(out: Path) -> tuple[np.ndarray, dict[str, Any]]:
+    return np.load(out / "final_model.npy"), json.loads((out / "summary.json").read_text())
