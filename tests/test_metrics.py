@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy.special import expit
 
+from flwr_corrnoise.metrics import _separable_by_lp as separable_by_lp
 from flwr_corrnoise.metrics import (
     accuracy,
     dynamic_regret,
@@ -18,7 +19,6 @@ from flwr_corrnoise.metrics import (
     logistic_loss,
     round_optimum,
 )
-from flwr_corrnoise.metrics import _separable_by_lp as separable_by_lp
 
 
 def _noisy_data(m: int, d: int, seed: int, flip: float = 0.2) -> tuple[np.ndarray, np.ndarray]:

@@ -257,6 +257,17 @@ def test_drift_rotates_every_model_by_drift_times_position() -> None:
         np.testing.assert_allclose(np.linalg.norm(wp, axis=1), np.linalg.norm(w0, axis=1))
         cos = np.sum(w0 * wp, axis=1) / np.linalg.norm(w0, axis=1) ** 2
         np.testing.assert_allclose(cos, np.cos(drift * p), atol=1e-12)
+    # Odd d: norms are kept and the rotating part still turns by drift·p.
+    odd = SyntheticFederation(SyntheticConfig(num_learners=3, dim=9, seed=5, drift=drift))
+    np.testing.assert_allclose(
+        np.linalg.norm(odd.true_models(3000), axis=1), np.linalg.norm(odd.true_models(0), axis=1)
+    )
+    axis = np.linalg.svd(odd._rot_k)[2][-1]  # the direction K leaves fixed
+    w0, wp = odd.true_models(0), odd.true_models(3000)
+    np.testing.assert_allclose(w0 @ axis, wp @ axis)
+    r0, rp = w0 - np.outer(w0 @ axis, axis), wp - np.outer(wp @ axis, axis)
+    cos = np.sum(r0 * rp, axis=1) / np.linalg.norm(r0, axis=1) ** 2
+    np.testing.assert_allclose(cos, np.cos(drift * 3000), atol=1e-10)
     # The stream's labels use the model at the datum's own position.
     a, y = fed.learner_batch(1, 2000, 300)
     for k in (0, 150, 299):

@@ -1,0 +1,334 @@
+"""Paper 000, Sec. V-A: online logistic regression with correlated-noise local DP.
+
+Full size (n = 20, d = 100, τ = 4, R = 1000, α = β = 0.1, 10 seeds, both budgets):
+
+    python -m simulations.logreg --out results/logreg --docs
+
+Toy size (what the tests run):
+
+    python -m simulations.logreg --rounds 20 --seeds 2 --eta-grid 0.05 0.1 --out /tmp/lr
+
+Step sizes are tuned per method and budget on ``--eta-grid`` by the average online loss
+(paper eq. (1) is a sum of online losses) over ``--tune-seeds`` seeds that are *not* the
+evaluation seeds, then every method runs ``--seeds`` seeds at its tuned step size. Every
+run uses the in-process engine (the same learner and server code as the Flower app; see
+``flwr_corrnoise.engine``). Outputs in ``--out``: ``runs.csv`` (per seed), ``tuning.csv``,
+``curves.csv`` (mean/std per round), ``accuracy.png``, ``loss.png``, ``regret.png``;
+``--docs`` also writes ``docs/results-logreg.csv`` and ``docs/results-logreg.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flwr_corrnoise.engine import run_inprocess
+from flwr_corrnoise.experiment import (
+    LogRegEvaluator,
+    LogRegSetup,
+    initial_parameters,
+    logistic_gradient,
+)
+
+METHODS = ["none", "independent", "tree", "optimized", "toeplitz"]
+NAMES = {
+    "none": "noiseless (Mitra et al.)",
+    "independent": "independent (Liu et al.)",
+    "tree": "binary tree (MF i)",
+    "optimized": "optimized (MF ii)",
+    "toeplitz": "Toeplitz (MF iii)",
+    "efficient-tree": "efficient tree",
+}
+RESULT_HEADER = [
+    "method", "epsilon", "delta", "seed", "eta", "final_accuracy", "avg_online_loss",
+    "dynamic_regret",
+]
+
+
+@dataclass(frozen=True)
+class Job:
+    setup: LogRegSetup
+    phase: str  # "tune" or "eval"
+
+
+def run_job(job: Job) -> dict:
+    """One run of Algorithm 1 (in-process engine); returns summary and per-round curves."""
+    s = job.setup
+    ev = LogRegEvaluator(s)
+    start = time.perf_counter()
+    run_inprocess(
+        initial=initial_parameters(s),
+        gradients=[logistic_gradient(s, i) for i in range(s.num_learners)],
+        settings=s.settings(),
+        rounds=s.rounds,
+        tau=s.tau,
+        eta=s.eta,
+        eta_g=s.eta_g,
+        seed=s.seed,
+        evaluate=ev,
+    )
+    return {
+        "job": job,
+        "summary": ev.summary(),
+        "seconds": time.perf_counter() - start,
+        "accuracy": np.array([r["test-accuracy"] for r in ev.rows]),
+        "test_loss": np.array([r["test-loss"] for r in ev.rows]),
+        "online_loss": np.array([r["online-loss"] for r in ev.rows if "online-loss" in r]),
+        "regret": s.tau * np.cumsum(
+            [r["online-loss"] - r["round-optimum"] for r in ev.rows if "online-loss" in r]
+        ),
+    }
+
+
+def run_all(jobs: list[Job], workers: int, what: str) -> list[dict]:
+    """Run jobs in parallel processes and show progress with an ETA."""
+    results, start = [], time.perf_counter()
+    print(f"{what}: {len(jobs)} runs on {workers} worker(s)", file=sys.stderr, flush=True)
+    if workers <= 1:
+        iterator = (run_job(j) for j in jobs)
+        for i, res in enumerate(iterator, 1):
+            results.append(res)
+            _progress(i, len(jobs), start, res)
+        return results
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_job, j) for j in jobs]
+        for i, fut in enumerate(as_completed(futures), 1):
+            res = fut.result()
+            results.append(res)
+            _progress(i, len(jobs), start, res)
+    return results
+
+
+def _progress(i: int, total: int, start: float, res: dict) -> None:
+    elapsed = time.perf_counter() - start
+    eta = elapsed / i * (total - i)
+    s = res["job"].setup
+    print(
+        f"  [{i:>3}/{total}] {s.label:<34} η={s.eta:<6g} seed={s.seed:<3} "
+        f"acc={res['summary']['final_accuracy']:.3f} "
+        f"online={res['summary']['avg_online_loss']:.3f}  "
+        f"({elapsed:.0f} s elapsed, ~{eta:.0f} s left)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def configs(args: argparse.Namespace) -> list[LogRegSetup]:
+    """One setup per (method, budget); the noiseless method once (no budget)."""
+    base = LogRegSetup(
+        num_learners=args.learners, dim=args.dim, alpha=args.alpha, beta=args.beta,
+        drift=args.drift, rounds=args.rounds, tau=args.tau, eta_g=args.eta_g,
+        clip=args.clip, method=args.calibration, test_size=args.test_size,
+    )
+    out = []
+    for method in args.methods:
+        if method == "none":
+            out.append(base.with_(mechanism="none"))
+            continue
+        for eps, delta in args.budgets:
+            out.append(base.with_(mechanism=method, epsilon=eps, delta=delta))
+    return out
+
+
+def key(s: LogRegSetup) -> tuple:
+    return (s.mechanism, None if s.mechanism == "none" else s.epsilon,
+            None if s.mechanism == "none" else s.delta)
+
+
+def tune(args: argparse.Namespace, setups: list[LogRegSetup]) -> dict[tuple, float]:
+    """Pick η per (method, budget) by mean average online loss on the tuning seeds."""
+    jobs = [
+        Job(s.with_(eta=eta, seed=1000 + j, data_seed=1000 + j), "tune")
+        for s in setups for eta in args.eta_grid for j in range(args.tune_seeds)
+    ]
+    results = run_all(jobs, args.workers, "tuning step sizes")
+    scores: dict[tuple, dict[float, list[float]]] = {}
+    for res in results:
+        s = res["job"].setup
+        loss = res["summary"]["avg_online_loss"]
+        scores.setdefault(key(s), {}).setdefault(s.eta, []).append(
+            loss if math.isfinite(loss) else math.inf
+        )
+    best = {k: min(v, key=lambda eta: float(np.mean(v[eta]))) for k, v in scores.items()}
+    with open(args.out / "tuning.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "epsilon", "delta", "eta", "mean_avg_online_loss", "chosen"])
+        for k, per_eta in sorted(scores.items(), key=lambda kv: str(kv[0])):
+            for eta, losses in sorted(per_eta.items()):
+                w.writerow([k[0], k[1] or "", k[2] or "", eta, float(np.mean(losses)),
+                            int(eta == best[k])])
+    return best
+
+
+def evaluate(args: argparse.Namespace, setups: list[LogRegSetup], etas: dict) -> list[dict]:
+    jobs = [
+        Job(s.with_(eta=etas[key(s)], seed=seed, data_seed=seed), "eval")
+        for s in setups for seed in range(args.seeds)
+    ]
+    return run_all(jobs, args.workers, "evaluation runs")
+
+
+def write_runs(path: Path, results: list[dict]) -> list[list]:
+    rows = []
+    for res in sorted(results, key=lambda r: (key(r["job"].setup).__str__(), r["job"].setup.seed)):
+        s, m = res["job"].setup, res["summary"]
+        noiseless = s.mechanism == "none"
+        rows.append([
+            "noiseless" if noiseless else s.mechanism,
+            "" if noiseless else s.epsilon,
+            "" if noiseless else s.delta,
+            s.seed, s.eta, m["final_accuracy"], m["avg_online_loss"], m["dynamic_regret"],
+        ])
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(RESULT_HEADER)
+        w.writerows(rows)
+    return rows
+
+
+def aggregate_curves(results: list[dict]) -> dict[tuple, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    groups: dict[tuple, list[dict]] = {}
+    for res in results:
+        groups.setdefault(key(res["job"].setup), []).append(res)
+    out = {}
+    for k, runs in groups.items():
+        out[k] = {}
+        for name in ("accuracy", "test_loss", "online_loss", "regret"):
+            stack = np.vstack([r[name] for r in runs])
+            out[k][name] = (stack.mean(axis=0), stack.std(axis=0))
+    return out
+
+
+def plot(args: argparse.Namespace, curves: dict, budgets: list[tuple[float, float]]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name, ylabel, fname in (
+        ("accuracy", "test accuracy", "accuracy.png"),
+        ("online_loss", "online loss $f^r(x^r)$", "loss.png"),
+        ("regret", "cumulative dynamic regret (eq. 1)", "regret.png"),
+    ):
+        fig, axes = plt.subplots(1, len(budgets), figsize=(6 * len(budgets), 4.2), squeeze=False)
+        for ax, (eps, delta) in zip(axes[0], budgets, strict=True):
+            for k, per in sorted(curves.items(), key=lambda kv: METHODS.index(kv[0][0])):
+                if k[0] != "none" and (k[1], k[2]) != (eps, delta):
+                    continue
+                mean, std = per[name]
+                x = np.arange(len(mean))
+                if name == "online_loss" and len(mean) > 50:  # smooth the noisy online loss
+                    w = max(1, len(mean) // 50)
+                    kernel = np.ones(w) / w
+                    mean = np.convolve(mean, kernel, mode="same")
+                    std = np.convolve(std, kernel, mode="same")
+                ax.plot(x, mean, label=NAMES[k[0]])
+                ax.fill_between(x, mean - std, mean + std, alpha=0.2)
+            ax.set_title(f"(ε, δ) = ({eps:g}, {delta:g}), mean ± std over {args.seeds} seeds")
+            ax.set_xlabel("round r")
+            ax.set_ylabel(ylabel)
+            if name != "accuracy":
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = args.out / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_curves(path: Path, curves: dict) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "epsilon", "delta", "metric", "round", "mean", "std"])
+        for k, per in curves.items():
+            for name, (mean, std) in per.items():
+                for r, (m, s) in enumerate(zip(mean, std, strict=True)):
+                    w.writerow([k[0], k[1] or "", k[2] or "", name, r, m, s])
+
+
+def table(rows: list[list], etas: dict, budgets: list[tuple[float, float]]) -> str:
+    """Markdown table: mean ± std of the per-seed summaries per method and budget."""
+    lines = [
+        "| budget (ε, δ) | method | η (tuned) | final accuracy | avg online loss | dynamic regret |",
+        "|---|---|---|---|---|---|",
+    ]
+    for eps, delta in budgets:
+        for method in METHODS:
+            sel = [r for r in rows if r[0] == ("noiseless" if method == "none" else method)
+                   and (method == "none" or (r[1], r[2]) == (eps, delta))]
+            if not sel:
+                continue
+            arr = np.array([[r[5], r[6], r[7]] for r in sel], dtype=float)
+            mean, std = arr.mean(axis=0), arr.std(axis=0)
+            eta = sel[0][4]
+            lines.append(
+                f"| ({eps:g}, {delta:g}) | {NAMES[method]} | {eta:g} | "
+                f"{mean[0]:.3f} ± {std[0]:.3f} | {mean[1]:.3f} ± {std[1]:.3f} | "
+                f"{mean[2]:.0f} ± {std[2]:.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def parse_budget(text: str) -> tuple[float, float]:
+    eps, delta = text.split(":")
+    return float(eps), float(delta)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--learners", type=int, default=20)
+    p.add_argument("--dim", type=int, default=100)
+    p.add_argument("--alpha", type=float, default=0.1)
+    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--drift", type=float, default=0.0)
+    p.add_argument("--rounds", type=int, default=1000)
+    p.add_argument("--tau", type=int, default=4)
+    p.add_argument("--eta-g", type=float, default=1.0)
+    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--calibration", default="exact", choices=["exact", "zcdp"])
+    p.add_argument("--test-size", type=int, default=2000)
+    p.add_argument("--methods", nargs="+", default=METHODS)
+    p.add_argument("--budgets", nargs="+", type=parse_budget, default=[(2.0, 1e-3), (0.5, 1e-3)])
+    p.add_argument("--eta-grid", nargs="+", type=float, default=[0.01, 0.02, 0.05, 0.1, 0.2])
+    p.add_argument("--tune-seeds", type=int, default=1)
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    p.add_argument("--out", type=Path, default=Path("results/logreg"))
+    p.add_argument("--docs", action="store_true", help="also write docs/results-logreg.*")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    setups = configs(args)
+    etas = tune(args, setups)
+    results = evaluate(args, setups, etas)
+    rows = write_runs(args.out / "runs.csv", results)
+    curves = aggregate_curves(results)
+    write_curves(args.out / "curves.csv", curves)
+    pngs = plot(args, curves, args.budgets)
+    md = table(rows, etas, args.budgets)
+    (args.out / "table.md").write_text(md + "\n")
+    if args.docs:
+        docs = Path("docs")
+        write_runs(docs / "results-logreg.csv", results)
+        (docs / "results-logreg-table.md").write_text(md + "\n")
+    print(md)
+    print(f"\nresults in {args.out.resolve()} ({', '.join(p.name for p in pngs)}, runs.csv, "
+          f"tuning.csv, curves.csv); {time.perf_counter() - start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
