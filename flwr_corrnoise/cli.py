@@ -62,6 +62,23 @@ def _calibrate(args: argparse.Namespace) -> dict[str, object]:
     return dict(cal.as_dict())
 
 
+def _simulate(args: argparse.Namespace) -> dict[str, object]:
+    from pathlib import Path
+
+    from .demo import run_demo
+
+    out = Path(args.out)
+    dirs = run_demo(out, rounds=args.rounds, methods=tuple(args.methods),
+                    epsilon=args.epsilon, delta=args.delta, learners=args.learners)
+    result: dict[str, object] = {}
+    for d in dirs:
+        summary = json.loads((d / "summary.json").read_text())
+        result[d.name] = (f"final accuracy {summary['final_accuracy']:.3f}, avg online loss "
+                          f"{summary['avg_online_loss']:.3f} -> {d.resolve()}")
+    result["plot"] = str((out / "accuracy.png").resolve())
+    return result
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flwr-corrnoise",
@@ -84,6 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--method", default="exact", choices=METHODS)
     cal.add_argument("--json", action="store_true", help="print JSON")
     cal.set_defaults(func=_calibrate)
+
+    sim = sub.add_parser(
+        "simulate", help="small Flower (Ray) simulation of paper 000's experiment"
+    )
+    sim.add_argument("--rounds", type=int, default=60)
+    sim.add_argument("--learners", type=int, default=20)
+    sim.add_argument("--methods", nargs="+", default=["none", "independent", "optimized"],
+                     choices=["none", *sorted(MECHANISMS)])
+    sim.add_argument("--epsilon", type=float, default=2.0)
+    sim.add_argument("--delta", type=float, default=1e-3)
+    sim.add_argument("--out", default="results/demo")
+    sim.add_argument("--json", action="store_true", help="print JSON")
+    sim.set_defaults(func=_simulate)
     return parser
 
 

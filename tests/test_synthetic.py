@@ -216,6 +216,11 @@ def test_test_set_is_deterministic_prefix_consistent_and_held_out() -> None:
     np.testing.assert_array_equal(a, a2[:300])
     np.testing.assert_array_equal(y, y2[:300])
     assert set(np.unique(y)) <= {-1.0, 1.0}
+    a[:] = 0.0  # the returned arrays do not alias the cached test features
+    a3, y3 = fed.test_set(300)
+    np.testing.assert_array_equal(a3, a2[:300])
+    np.testing.assert_array_equal(y3, y2[:300])
+    a = a3
     # Point j comes from learner j mod n: its centred features are small noise.
     means = fed.feature_means
     j = np.arange(300)
@@ -268,6 +273,20 @@ def test_drift_rotates_every_model_by_drift_times_position() -> None:
     r0, rp = w0 - np.outer(w0 @ axis, axis), wp - np.outer(wp @ axis, axis)
     cos = np.sum(r0 * rp, axis=1) / np.linalg.norm(r0, axis=1) ** 2
     np.testing.assert_allclose(cos, np.cos(drift * 3000), atol=1e-10)
+    # The test set at a later position: same features, labels from the rotated models.
+    fresh = SyntheticFederation(SyntheticConfig(num_learners=3, dim=10, seed=5, drift=drift))
+    ta0, ty0 = fed.test_set(600, position=0)
+    ta1, ty1 = fed.test_set(600, position=2000)
+    fa1, fy1 = fresh.test_set(600, position=2000)
+    np.testing.assert_array_equal(ta0, ta1)
+    np.testing.assert_array_equal(ta1, fa1)
+    np.testing.assert_array_equal(ty1, fy1)
+    assert np.mean(ty0 != ty1) > 0.1
+    j = np.arange(600) % 3
+    margin = (
+        np.einsum("ij,ij->i", ta1 - fed.feature_means[j], fed.true_models(2000)[j]) + fed.biases[j]
+    )
+    np.testing.assert_array_equal(ty1, np.where(margin >= 0, 1.0, -1.0))
     # The stream's labels use the model at the datum's own position.
     a, y = fed.learner_batch(1, 2000, 300)
     for k in (0, 150, 299):

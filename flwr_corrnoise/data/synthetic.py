@@ -173,12 +173,6 @@ class SyntheticFederation:
         # the existing ones unchanged.
         g_rng = np.random.default_rng([cfg.seed, _TAG_GLOBAL])
         shared = cfg.shared_scale * g_rng.standard_normal(d)
-        q, r = np.linalg.qr(g_rng.standard_normal((d, d)))
-        q = q * np.sign(np.diag(r))  # Haar-distributed orthogonal matrix
-        half = d // 2
-        # K = Q J Qᵀ with J = blockdiag([[0, −1], [1, 0]]) on coordinate pairs (2k, 2k+1).
-        q_even, q_odd = q[:, 0 : 2 * half : 2], q[:, 1 : 2 * half : 2]
-        self._rot_k = q_odd @ q_even.T - q_even @ q_odd.T
 
         self._u = np.empty(n)
         self._shift = np.empty(n)  # B_i
@@ -194,19 +188,29 @@ class SyntheticFederation:
             self._models[i] = shared + u_i + rng.standard_normal(d)
             self._biases[i] = u_i + rng.standard_normal()
             self._means[i] = b_shift + rng.standard_normal(d)
-        # Split w_i = fixed + rotating part; K·rot is where the rotating part turns to.
-        # (fixed = 0 for even d: K is then orthogonal.)
-        if d % 2:
-            axis = q[:, d - 1]
-            self._models_fixed = np.outer(self._models @ axis, axis)
-        else:
-            self._models_fixed = np.zeros((n, d))
-        self._models_rot = self._models - self._models_fixed
-        self._models_perp = self._models_rot @ self._rot_k.T
+        if cfg.drift != 0.0:
+            # Drawn after the shared component from the same generator, and only when
+            # needed (a QR of d×d): the static data do not depend on it.
+            q, r = np.linalg.qr(g_rng.standard_normal((d, d)))
+            q = q * np.sign(np.diag(r))  # Haar-distributed orthogonal matrix
+            half = d // 2
+            # K = Q J Qᵀ, J = blockdiag([[0, −1], [1, 0]]) on coordinate pairs (2k, 2k+1).
+            q_even, q_odd = q[:, 0 : 2 * half : 2], q[:, 1 : 2 * half : 2]
+            self._rot_k = q_odd @ q_even.T - q_even @ q_odd.T
+            # Split w_i = fixed + rotating part; K·rot is where the rotating part turns to
+            # (fixed = 0 for even d, where K is orthogonal).
+            if d % 2:
+                axis = q[:, d - 1]
+                self._models_fixed = np.outer(self._models @ axis, axis)
+            else:
+                self._models_fixed = np.zeros((n, d))
+            self._models_rot = self._models - self._models_fixed
+            self._models_perp = self._models_rot @ self._rot_k.T
 
         self._cache_blocks = cache_blocks if cache_blocks > 0 else max(64, 4 * n)
         self._cache: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
+        self._test_cache: tuple[int, np.ndarray, np.ndarray] | None = None
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -295,20 +299,28 @@ class SyntheticFederation:
         its label uses the models at stream ``position`` (only matters with drift), and
         the same ``label_noise``. ``test_set(m)`` is a prefix of ``test_set(m')`` for
         ``m < m'`` at the same position, so a larger test set only adds points.
+
+        The features of the last requested size are cached, so evaluating every round at
+        a new ``position`` (drift) only recomputes the labels.
         """
         size = _check_position("size", size)
         position = _check_position("position", position)
         d, n = self.dim, self.num_learners
         if size == 0:
             return np.empty((0, d)), np.empty(0)
-        num_blocks = -(-size // BLOCK_SIZE)
-        eps = np.empty((num_blocks * BLOCK_SIZE, d))
-        unif = np.empty(num_blocks * BLOCK_SIZE)
-        for blk in range(num_blocks):
-            rng = np.random.default_rng([self.config.seed, _TAG_TEST, 0, blk])
-            sl = slice(blk * BLOCK_SIZE, (blk + 1) * BLOCK_SIZE)
-            eps[sl], unif[sl] = self._draw_noise(rng)
-        eps, unif = eps[:size], unif[:size]
+        cached = self._test_cache
+        if cached is not None and cached[0] == size:
+            eps, unif = cached[1], cached[2]
+        else:
+            num_blocks = -(-size // BLOCK_SIZE)
+            eps = np.empty((num_blocks * BLOCK_SIZE, d))
+            unif = np.empty(num_blocks * BLOCK_SIZE)
+            for blk in range(num_blocks):
+                rng = np.random.default_rng([self.config.seed, _TAG_TEST, 0, blk])
+                sl = slice(blk * BLOCK_SIZE, (blk + 1) * BLOCK_SIZE)
+                eps[sl], unif[sl] = self._draw_noise(rng)
+            eps, unif = eps[:size], unif[:size]
+            self._test_cache = (size, eps, unif)
         learners = np.arange(size) % n
         models = self._models_at(position)
         feats = self._means[learners] + eps
@@ -376,6 +388,7 @@ class SyntheticFederation:
         # Ship the parameters, not the cache or the lock (e.g. to a Ray worker).
         state = self.__dict__.copy()
         state["_cache"] = OrderedDict()
+        state["_test_cache"] = None
         del state["_lock"]
         return state
 
