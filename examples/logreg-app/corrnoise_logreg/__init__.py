@@ -1,0 +1,1 @@
+"""Flower app components for `flwr run` (the implementation is in flwr_corrnoise)."""

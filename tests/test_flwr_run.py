@@ -1,0 +1,85 @@
+"""`flwr run` on a local simulation federation, with a private FLWR_HOME.
+
+`flwr run` starts a managed `flower-superlink` (plus `flower-superexec`) that outlives the
+run; this test gives it its own FLWR_HOME and ports and stops exactly that SuperLink, found
+by the log file path inside our FLWR_HOME, by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flwr_corrnoise.engine import run_inprocess
+from flwr_corrnoise.experiment import LogRegSetup, initial_parameters, logistic_gradient
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "examples" / "logreg-app"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def superlink_pids(flwr_home: Path) -> list[int]:
+    marker = str(flwr_home / "local-superlink")
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()
+            if "flower-superlink" in line and marker in line]
+
+
+@pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr CLI not installed")
+def test_flwr_run_local_simulation(tmp_path: Path) -> None:
+    home = Path(tempfile.mkdtemp(prefix="flwrhome", dir="/tmp"))
+    out = tmp_path / "results"
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    }
+    run_config = (f"num-learners=3 dim=6 num-server-rounds=3 local-steps=2 mechanism='tree' "
+                  f"seed=11 data-seed=4 test-size=100 results-dir='{out}'")
+    try:
+        proc = subprocess.run(
+            ["flwr", "run", str(APP), "--stream",
+             "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
+             "--run-config", run_config],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        deadline = time.monotonic() + 60
+        while not (out / "final_model.npy").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        final = np.load(out / "final_model.npy")
+    finally:
+        for pid in superlink_pids(home):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while superlink_pids(home) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        shutil.rmtree(home, ignore_errors=True)
+    assert not superlink_pids(home)
+    setup = LogRegSetup(num_learners=3, dim=6, rounds=3, tau=2, mechanism="tree", seed=11,
+                        data_seed=4, test_size=100)
+    res = run_inprocess(
+        initial=initial_parameters(setup),
+        gradients=[logistic_gradient(setup, i) for i in range(3)],
+        settings=setup.settings(), rounds=3, tau=2, eta=setup.eta, seed=11,
+    )
+    np.testing.assert_allclose(final, res.params[0], atol=1e-10, rtol=0)
