@@ -23,16 +23,16 @@ import time
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
-import numpy as np  # noqa: E402
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import Grid, ServerApp  # noqa: E402
-from flwr.serverapp.strategy import FedAvg  # noqa: E402
-from flwr.simulation import run_simulation  # noqa: E402
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+from flwr.simulation import run_simulation
 
-from flwr_corrnoise.apps.logreg import wait_for_nodes  # noqa: E402
-from flwr_corrnoise.experiment import LogRegSetup, initial_parameters, logistic_gradient  # noqa: E402
-from flwr_corrnoise.flower import CorrNoiseFedAvg, make_client_app  # noqa: E402
+from flwr_corrnoise.apps.logreg import wait_for_nodes
+from flwr_corrnoise.experiment import LogRegSetup, initial_parameters, logistic_gradient
+from flwr_corrnoise.flower import CorrNoiseFedAvg, make_client_app
 
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},

@@ -262,7 +262,8 @@ def write_curves(path: Path, curves: dict) -> None:
 def table(rows: list[list], etas: dict, budgets: list[tuple[float, float]]) -> str:
     """Markdown table: mean ± std of the per-seed summaries per method and budget."""
     lines = [
-        "| budget (ε, δ) | method | η (tuned) | final accuracy | avg online loss | dynamic regret |",
+        "| budget (ε, δ) | method | η (tuned) | final accuracy | avg online loss "
+        "| dynamic regret |",
         "|---|---|---|---|---|---|",
     ]
     for eps, delta in budgets:
@@ -288,7 +289,9 @@ def parse_budget(text: str) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--learners", type=int, default=20)
     p.add_argument("--dim", type=int, default=100)
     p.add_argument("--alpha", type=float, default=0.1)

@@ -13,9 +13,9 @@ import numpy as np
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
-from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import ServerApp  # noqa: E402
-from flwr.simulation import run_simulation  # noqa: E402
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+from flwr.simulation import run_simulation
 
 BACKEND: dict[str, Any] = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},

@@ -13,12 +13,12 @@ import sys
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
-import ray  # noqa: E402
-from flwr.simulation import run_simulation  # noqa: E402
+import ray
+from flwr.simulation import run_simulation
 
-from flwr_corrnoise.apps.logreg import logreg_apps  # noqa: E402
-from flwr_corrnoise.experiment import LogRegSetup, logistic_gradient  # noqa: E402
-from flwr_corrnoise.flower import make_client_app  # noqa: E402
+from flwr_corrnoise.apps.logreg import logreg_apps
+from flwr_corrnoise.experiment import LogRegSetup, logistic_gradient
+from flwr_corrnoise.flower import make_client_app
 
 
 def main() -> None:

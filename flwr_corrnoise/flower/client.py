@@ -93,7 +93,7 @@ class CorrNoiseLearner:
         context: Context,
         gradient: GradientFn,
         settings: PrivacySettings | None = None,
-        seed: int | None | str = "from-context",
+        seed: int | str | None = "from-context",
         config_defaults: Mapping[str, Any] | None = None,
     ) -> None:
         self.context = context
@@ -151,7 +151,7 @@ class CorrNoiseNumPyClient(NumPyClient):
         self,
         context: Context,
         settings: PrivacySettings | None = None,
-        seed: int | None | str = "from-context",
+        seed: int | str | None = "from-context",
     ) -> None:
         self.context = context
         self.learner = CorrNoiseLearner(context, self.gradient, settings, seed)

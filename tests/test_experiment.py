@@ -1,0 +1,81 @@
+"""The experiment script and the main job, at toy sizes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flwr_corrnoise.experiment import LogRegEvaluator, LogRegSetup
+from simulations import logreg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_logreg_script_toy_size(tmp_path: Path) -> None:
+    out = tmp_path / "lr"
+    code = logreg.main([
+        "--learners", "4", "--dim", "8", "--rounds", "6", "--seeds", "2", "--tune-seeds", "1",
+        "--eta-grid", "0.05", "0.2", "--methods", "none", "independent", "toeplitz",
+        "--workers", "1", "--test-size", "200", "--out", str(out),
+    ])
+    assert code == 0
+    for name in ("runs.csv", "tuning.csv", "curves.csv", "accuracy.png", "loss.png",
+                 "regret.png", "table.md"):
+        assert (out / name).stat().st_size > 0, name
+    with open(out / "runs.csv") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0] == ["method", "epsilon", "delta", "seed", "eta", "final_accuracy",
+                       "avg_online_loss", "dynamic_regret"]
+    body = rows[1:]
+    assert len(body) == 2 + 2 * 2 * 2  # noiseless once; 2 methods × 2 budgets; 2 seeds each
+    noiseless = [r for r in body if r[0] == "noiseless"]
+    assert noiseless and all(r[1] == "" and r[2] == "" for r in noiseless)
+    assert {r[1] for r in body if r[0] == "toeplitz"} == {"2.0", "0.5"}
+    # the chosen η is one of the grid and marked in tuning.csv
+    with open(out / "tuning.csv") as fh:
+        tuning = list(csv.DictReader(fh))
+    assert sum(int(t["chosen"]) for t in tuning) == 5
+
+
+def test_evaluator_regret_matches_definition() -> None:
+    """Regret = τ·Σ_r (f^r(x^r) − (f^r)*), recomputed from the evaluator's own rows."""
+    setup = LogRegSetup(num_learners=3, dim=5, rounds=4, tau=2, test_size=50)
+    ev = LogRegEvaluator(setup)
+    rng = np.random.default_rng(0)
+    for r in range(5):
+        ev(r, [rng.normal(size=5)])
+    rows = [row for row in ev.rows if "online-loss" in row]
+    expected = 2 * sum(row["online-loss"] - row["round-optimum"] for row in rows)
+    assert ev.summary()["dynamic_regret"] == pytest.approx(expected)
+    assert len(rows) == 4  # no online loss after the last round
+
+
+@pytest.mark.slow
+def test_main_job_runs_flower_simulation(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "flwr_corrnoise.cli", "simulate", "--rounds", "3",
+         "--learners", "3", "--methods", "none", "toeplitz", "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert set(out) == {"noiseless", "toeplitz", "plot"}
+    assert (tmp_path / "accuracy.png").stat().st_size > 0
+    summary = json.loads((tmp_path / "toeplitz" / "summary.json").read_text())
+    assert summary["setup"]["mechanism"] == "toeplitz" and summary["setup"]["rounds"] == 3
+    assert "round    3/3" in proc.stderr or "round     3/3" in proc.stderr
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    commands = [line for b in blocks for line in b.splitlines() if line and line[0] != "#"]
+    test_cmd = next(c for c in commands if "pytest" in c)
+    assert test_cmd in (ROOT / ".ci" / "run").read_text()
