@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .data import SyntheticConfig, SyntheticFederation
+from .engine import InProcessResult, run_inprocess
 from .learner import NOISELESS, GradientFn, PrivacySettings
 from .metrics import accuracy, logistic_grad, logistic_loss, round_optimum
 
@@ -150,6 +151,27 @@ def logistic_gradient(setup: LogRegSetup, learner: int) -> GradientFn:
 def initial_parameters(setup: LogRegSetup) -> list[np.ndarray]:
     """``x^0 = 0`` (paper 000 assumes ``x^0 = 0``)."""
     return [np.zeros(setup.dim)]
+
+
+def run_logreg_inprocess(
+    setup: LogRegSetup,
+    evaluate: Callable[[int, list[np.ndarray]], object] | None = None,
+    schedule: Sequence[Sequence[int]] | None = None,
+) -> InProcessResult:
+    """Run the experiment on the in-process engine (same code as the Flower app)."""
+    return run_inprocess(
+        initial=initial_parameters(setup),
+        gradients=[logistic_gradient(setup, i) for i in range(setup.num_learners)],
+        settings=setup.settings(),
+        rounds=setup.rounds,
+        tau=setup.tau,
+        eta=setup.eta,
+        eta_g=setup.eta_g,
+        seed=setup.seed,
+        fraction_train=setup.fraction_train,
+        evaluate=evaluate,
+        schedule=schedule,
+    )
 
 
 class LogRegEvaluator:

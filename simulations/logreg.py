@@ -31,13 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flwr_corrnoise.engine import run_inprocess
-from flwr_corrnoise.experiment import (
-    LogRegEvaluator,
-    LogRegSetup,
-    initial_parameters,
-    logistic_gradient,
-)
+from flwr_corrnoise.experiment import LogRegEvaluator, LogRegSetup, run_logreg_inprocess
 
 METHODS = ["none", "independent", "tree", "optimized", "toeplitz"]
 NAMES = {
@@ -65,17 +59,7 @@ def run_job(job: Job) -> dict:
     s = job.setup
     ev = LogRegEvaluator(s)
     start = time.perf_counter()
-    run_inprocess(
-        initial=initial_parameters(s),
-        gradients=[logistic_gradient(s, i) for i in range(s.num_learners)],
-        settings=s.settings(),
-        rounds=s.rounds,
-        tau=s.tau,
-        eta=s.eta,
-        eta_g=s.eta_g,
-        seed=s.seed,
-        evaluate=ev,
-    )
+    run_logreg_inprocess(s, evaluate=ev)
     return {
         "job": job,
         "summary": ev.summary(),

@@ -15,12 +15,12 @@ from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from flwr_corrnoise.apps.logreg import logreg_apps, wait_for_nodes
-from flwr_corrnoise.engine import run_inprocess
 from flwr_corrnoise.experiment import (
     LogRegEvaluator,
     LogRegSetup,
     initial_parameters,
     logistic_gradient,
+    run_logreg_inprocess,
 )
 from flwr_corrnoise.flower import CorrNoiseFedAvg, CorrNoiseNumPyClient, numpy_client_app
 from flwr_corrnoise.learner import LearnerState, PrivacySettings, derive_seed
@@ -35,19 +35,7 @@ SMALL = LogRegSetup(num_learners=3, dim=6, rounds=4, tau=3, eta=0.2, mechanism="
 
 def inprocess(setup: LogRegSetup, schedule=None):
     ev = LogRegEvaluator(setup)
-    res = run_inprocess(
-        initial=initial_parameters(setup),
-        gradients=[logistic_gradient(setup, i) for i in range(setup.num_learners)],
-        settings=setup.settings(),
-        rounds=setup.rounds,
-        tau=setup.tau,
-        eta=setup.eta,
-        eta_g=setup.eta_g,
-        seed=setup.seed,
-        evaluate=ev,
-        schedule=schedule,
-    )
-    return res, ev
+    return run_logreg_inprocess(setup, evaluate=ev, schedule=schedule), ev
 
 
 @pytest.mark.parametrize("mechanism", ["toeplitz", "tree"])

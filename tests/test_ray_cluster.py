@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flwr_corrnoise.engine import run_inprocess
-from flwr_corrnoise.experiment import LogRegSetup, initial_parameters, logistic_gradient
+from flwr_corrnoise.experiment import LogRegSetup, run_logreg_inprocess
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,9 +77,5 @@ def test_simulation_on_existing_ray_cluster(tmp_path: Path) -> None:
         shutil.rmtree(temp, ignore_errors=True)
     setup = LogRegSetup(num_learners=3, dim=6, rounds=3, tau=2, mechanism="toeplitz",
                         test_size=100, seed=5)
-    res = run_inprocess(
-        initial=initial_parameters(setup),
-        gradients=[logistic_gradient(setup, i) for i in range(3)],
-        settings=setup.settings(), rounds=3, tau=2, eta=setup.eta, seed=5,
-    )
+    res = run_logreg_inprocess(setup)
     np.testing.assert_allclose(final, res.params[0], atol=1e-10, rtol=0)
