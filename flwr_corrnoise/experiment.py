@@ -49,6 +49,16 @@ _KEYS = {
     "data-seed": "data_seed",
     "test-size": "test_size",
     "fraction-train": "fraction_train",
+    "labels": "labels",
+}
+
+#: how labels are drawn (see ``flwr_corrnoise.data.synthetic`` and ``docs/data.md``):
+#: ``centred`` is our adaptation (balanced labels, shared model component), ``fedprox`` the
+#: naive binary FedProx rule the paper's figure corresponds to (labels nearly constant per
+#: learner, so test accuracy saturates and only the online loss separates the methods)
+LABEL_RULES: dict[str, dict[str, Any]] = {
+    "centred": {"centered": True, "shared_scale": 2.0},
+    "fedprox": {"centered": False, "shared_scale": 0.0},
 }
 
 
@@ -74,6 +84,11 @@ class LogRegSetup:
     data_seed: int = 0  # the synthetic federation
     test_size: int = 2000
     fraction_train: float = 1.0
+    labels: str = "centred"
+
+    def __post_init__(self) -> None:
+        if self.labels not in LABEL_RULES:
+            raise ValueError(f"labels must be one of {sorted(LABEL_RULES)}, got {self.labels!r}")
 
     @property
     def horizon(self) -> int:
@@ -122,7 +137,8 @@ _FEDERATIONS: dict[tuple, SyntheticFederation] = {}
 def federation(setup: LogRegSetup) -> SyntheticFederation:
     """The synthetic federation of a setup (memoized per process: every virtual learner
     of a simulation shares one generator)."""
-    key = (setup.num_learners, setup.dim, setup.alpha, setup.beta, setup.drift, setup.data_seed)
+    key = (setup.num_learners, setup.dim, setup.alpha, setup.beta, setup.drift, setup.data_seed,
+           setup.labels)
     if key not in _FEDERATIONS:
         _FEDERATIONS[key] = SyntheticFederation(
             SyntheticConfig(
@@ -132,6 +148,7 @@ def federation(setup: LogRegSetup) -> SyntheticFederation:
                 beta=setup.beta,
                 drift=setup.drift,
                 seed=setup.data_seed,
+                **LABEL_RULES[setup.labels],
             )
         )
     return _FEDERATIONS[key]

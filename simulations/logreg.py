@@ -14,7 +14,8 @@ evaluation seeds, then every method runs ``--seeds`` seeds at its tuned step siz
 run uses the in-process engine (the same learner and server code as the Flower app; see
 ``flwr_corrnoise.engine``). Outputs in ``--out``: ``runs.csv`` (per seed), ``tuning.csv``,
 ``curves.csv`` (mean/std per round), ``accuracy.png``, ``loss.png``, ``regret.png``;
-``--docs`` also writes ``docs/results-logreg.csv`` and ``docs/results-logreg.md``.
+``--docs`` also writes ``docs/results-logreg.csv`` (``-fedprox.csv`` for ``--labels
+fedprox``) and puts the table into ``docs/results-logreg.md`` between its markers.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from flwr_corrnoise.experiment import LogRegEvaluator, LogRegSetup, run_logreg_inprocess
+from flwr_corrnoise.experiment import (
+    LABEL_RULES,
+    LogRegEvaluator,
+    LogRegSetup,
+    run_logreg_inprocess,
+)
 
 METHODS = ["none", "independent", "tree", "optimized", "toeplitz"]
 NAMES = {
@@ -112,6 +118,7 @@ def configs(args: argparse.Namespace) -> list[LogRegSetup]:
         num_learners=args.learners, dim=args.dim, alpha=args.alpha, beta=args.beta,
         drift=args.drift, rounds=args.rounds, tau=args.tau, eta_g=args.eta_g,
         clip=args.clip, method=args.calibration, test_size=args.test_size,
+        labels=args.labels,
     )
     out = []
     for method in args.methods:
@@ -267,6 +274,21 @@ def table(rows: list[list], etas: dict, budgets: list[tuple[float, float]]) -> s
     return "\n".join(lines)
 
 
+def update_marked_section(path: Path, name: str, text: str) -> None:
+    """Replace what lies between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` in
+    ``path`` (appending the section if absent), so the hand-written discussion around a
+    generated table survives a rerun and the table can never drift from the CSV."""
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    doc = path.read_text() if path.exists() else ""
+    block = f"{begin}\n{text}\n{end}"
+    if begin in doc and end in doc:
+        head, rest = doc.split(begin, 1)
+        doc = head + block + rest.split(end, 1)[1]
+    else:
+        doc = doc.rstrip("\n") + ("\n\n" if doc else "") + block + "\n"
+    path.write_text(doc)
+
+
 def parse_budget(text: str) -> tuple[float, float]:
     eps, delta = text.split(":")
     return float(eps), float(delta)
@@ -287,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clip", type=float, default=1.0)
     p.add_argument("--calibration", default="exact", choices=["exact", "zcdp"])
     p.add_argument("--test-size", type=int, default=2000)
+    p.add_argument("--labels", default="centred", choices=sorted(LABEL_RULES),
+                   help="label rule of the synthetic data (docs/data.md): our balanced "
+                        "'centred' adaptation or the paper's naive 'fedprox' rule")
     p.add_argument("--methods", nargs="+", default=METHODS)
     p.add_argument("--budgets", nargs="+", type=parse_budget, default=[(2.0, 1e-3), (0.5, 1e-3)])
     p.add_argument("--eta-grid", nargs="+", type=float, default=[0.01, 0.02, 0.05, 0.1, 0.2])
@@ -308,9 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     md = table(rows, etas, args.budgets)
     (args.out / "table.md").write_text(md + "\n")
     if args.docs:
-        docs = Path("docs")
-        write_runs(docs / "results-logreg.csv", results)
-        (docs / "results-logreg-table.md").write_text(md + "\n")
+        docs = Path(__file__).resolve().parents[1] / "docs"
+        suffix = "" if args.labels == "centred" else f"-{args.labels}"
+        write_runs(docs / f"results-logreg{suffix}.csv", results)
+        update_marked_section(docs / "results-logreg.md", f"table:{args.labels}", md)
     print(md)
     print(f"\nresults in {args.out.resolve()} ({', '.join(p.name for p in pngs)}, runs.csv, "
           f"tuning.csv, curves.csv); {time.perf_counter() - start:.0f} s", flush=True)

@@ -79,3 +79,37 @@ def test_ci_runs_the_readme_test_command() -> None:
     commands = [line for b in blocks for line in b.splitlines() if line and line[0] != "#"]
     test_cmd = next(c for c in commands if "pytest" in c)
     assert test_cmd in (ROOT / ".ci" / "run").read_text()
+
+
+def test_label_rules_select_the_generator_variant() -> None:
+    """``labels`` picks the data: 'fedprox' is the paper's naive rule (labels almost
+    constant per learner), 'centred' our balanced adaptation; anything else is an error."""
+    from flwr_corrnoise.experiment import federation
+
+    small = LogRegSetup(num_learners=10, dim=100)
+    positives = {}
+    for rule in ("centred", "fedprox"):
+        fed = federation(small.with_(labels=rule))
+        assert fed.config.centered is (rule == "centred")
+        positives[rule] = np.array(
+            [np.mean(fed.learner_batch(i, 0, 256)[1] > 0) for i in range(10)]
+        )
+    extreme = lambda p: np.mean((p < 0.1) | (p > 0.9))  # noqa: E731
+    assert extreme(positives["fedprox"]) >= 0.6
+    assert extreme(positives["centred"]) <= 0.2
+    assert LogRegSetup.from_run_config({"labels": "fedprox"}).labels == "fedprox"
+    with pytest.raises(ValueError, match="labels must be one of"):
+        LogRegSetup(labels="naive")
+
+
+def test_docs_table_section_is_replaced_not_duplicated(tmp_path: Path) -> None:
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\nintro\n")
+    logreg.update_marked_section(doc, "table:centred", "| a |\n|---|\n| 1 |")
+    logreg.update_marked_section(doc, "table:centred", "| a |\n|---|\n| 2 |")
+    text = doc.read_text()
+    assert text.count("<!-- BEGIN table:centred -->") == 1
+    assert "| 2 |" in text and "| 1 |" not in text and text.startswith("# Results\n\nintro")
+    doc.write_text(text + "\nafter\n")
+    logreg.update_marked_section(doc, "table:centred", "| 3 |")
+    assert doc.read_text().endswith("| 3 |\n<!-- END table:centred -->\n\nafter\n")
