@@ -19,6 +19,8 @@ toeplitz       k·d (grows to N·d)                       ``e[k] = Σ_j g(k−j)
                                                         is dense, every past row is needed
 dense          k·d (grows to N·d)                       ``C⁻¹`` of the optimized
                                                         factorization is dense
+blt            buffers·d (constant; 4·d by default)     ``e = ξ − Σ ω_i r_i``,
+                                                        ``r_i ← θ_i r_i + e``
 ============== ======================================== =================================
 
 The state serializes to a small ``.npz`` byte string (no pickle) for Flower's
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .mechanisms import build_factorization, check_horizon, check_mechanism
+from .mechanisms.blt import BufferedToeplitz
 from .mechanisms.tree import BinaryTree
 
 _MASK64 = (1 << 64) - 1
@@ -124,7 +127,8 @@ class NoiseStream:
         self._factorization = build_factorization(self.mechanism, self.horizon)
         self.kind = self._factorization.stream_kind
         # tree: levels and estimates of the current dyadic cover (stack, largest first);
-        # toeplitz/dense: every past ξ row, in a buffer that grows by doubling.
+        # toeplitz/dense: every past ξ row, in a buffer that grows by doubling;
+        # blt: the buffers r (buffers × d), updated in place.
         self._levels: list[int] = list(levels or [])
         self._rows: list[np.ndarray] = []
         self._buf = np.zeros((0, self.dim))
@@ -133,6 +137,13 @@ class NoiseStream:
         if self.kind in ("toeplitz", "dense"):
             self._buf = np.array(given, dtype=np.float64).reshape(len(given), self.dim)
             self._count = len(given)
+        elif self.kind == "blt":
+            k = self._factorization.buffers  # type: ignore[attr-defined]
+            self._buf = (
+                np.array(given, dtype=np.float64).reshape(len(given), self.dim)
+                if given else np.zeros((k, self.dim))
+            )
+            self._count = len(self._buf)
         else:
             self._rows = [np.asarray(r, dtype=np.float64) for r in given]
 
@@ -171,6 +182,8 @@ class NoiseStream:
             unit = self._draw()
         elif self.kind == "tree":
             unit = self._next_tree()
+        elif self.kind == "blt":
+            unit = self._next_blt()
         else:
             unit = self._next_dense()
         self.step += 1
@@ -212,6 +225,17 @@ class NoiseStream:
         self._rows.append(est)
         return est - removed
 
+    def _next_blt(self) -> np.ndarray:
+        # C·e = ξ as a recursion (mechanisms/blt.py): O(buffers·d) work, no history
+        blt = self._factorization
+        assert isinstance(blt, BufferedToeplitz)
+        r = self._buf
+        e = self._draw()
+        e -= blt.omega @ r
+        r *= blt.theta[:, None]
+        r += e
+        return e
+
     def _next_dense(self) -> np.ndarray:
         if self._count == self._buf.shape[0]:
             grown = np.zeros((max(16, 2 * self._count), self.dim))
@@ -228,33 +252,37 @@ class NoiseStream:
 
     # -- cheap undo, for a round that fails half-way ---------------------------------
     def checkpoint(self) -> tuple:
-        """A token to :meth:`rollback` to; O(log N) work, no copy of the history."""
+        """A token to :meth:`rollback` to; O(log N) work and no copy of the history
+        (the BLT buffers, updated in place, are copied: ``buffers·d`` floats)."""
         return (
             self.step,
             self._rng.bit_generator.state,
             list(self._levels),
             list(self._rows),  # tree estimates are replaced, never modified in place
             self._count,
+            self._buf.copy() if self.kind == "blt" else None,
         )
 
     def rollback(self, token: tuple) -> None:
         """Undo every :meth:`next` since ``token`` was taken (nothing was released)."""
-        self.step, rng_state, levels, rows, count = token
+        self.step, rng_state, levels, rows, count, blt_buffers = token
         self._rng.bit_generator.state = rng_state
         self._levels, self._rows, self._count = list(levels), list(rows), count
+        if blt_buffers is not None:
+            self._buf[...] = blt_buffers
 
     # -- state --------------------------------------------------------------------------
     @property
     def state_floats(self) -> int:
         """Floats held besides the generator: the stream's memory (history rows for the
-        dense kinds, cover estimates for the tree)."""
+        dense kinds, cover estimates for the tree, the buffers for BLT)."""
         return (len(self._rows) + self._count) * self.dim
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything needed to continue the stream, as plain arrays (no pickle)."""
         shape_lens = np.array([len(s) for s in self.shapes], dtype=np.int64)
         shape_dims = np.array([d for s in self.shapes for d in s], dtype=np.int64)
-        if self.kind in ("toeplitz", "dense"):
+        if self.kind in ("toeplitz", "dense", "blt"):
             rows = self._buf[: self._count].copy()
         else:
             rows = np.asarray(self._rows) if self._rows else np.zeros((0, self.dim))
@@ -312,6 +340,11 @@ class NoiseStream:
         elif self.kind in ("toeplitz", "dense"):
             if self._count != self.step:
                 raise ValueError("noise state history does not match its step")
+        elif self.kind == "blt":
+            if self._buf.shape != (self._factorization.buffers, self.dim):  # type: ignore[attr-defined]
+                raise ValueError("BLT noise state does not have one buffer per BLT buffer")
+            if not np.all(np.isfinite(self._buf)):
+                raise ValueError("BLT noise state holds non-finite values")
         elif self._rows:
             raise ValueError("independent noise state must not hold buffers")
 

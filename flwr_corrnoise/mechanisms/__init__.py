@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .base import Factorization, check_horizon, prefix_sum_matrix
+from .base import (
+    Factorization,
+    check_horizon,
+    prefix_sum_matrix,
+    prefix_sum_singular_values,
+    rmse_lower_bound,
+)
+from .blt import BLTParams, BufferedToeplitz
 from .independent import Independent
 from .optimized import Optimized
 from .toeplitz import ToeplitzSqrt
@@ -23,6 +30,8 @@ MECHANISMS: dict[str, str] = {
     "efficient-tree": "binary tree with Honaker's efficient estimator",
     "toeplitz": "Toeplitz square root B = C = A^(1/2) (paper 000 Example iii)",
     "optimized": "min ||B||_F^2 s.t. max column norm of C = 1 (paper 000 Example ii)",
+    "blt": "buffered linear Toeplitz, optimized per horizon (Dvijotham et al. 2024); "
+    "near-optimal, O(buffers·d) stream state at any N",
 }
 
 
@@ -46,12 +55,16 @@ def build_factorization(name: str, n: int) -> Factorization:
         return BinaryTree(n, efficient=True)
     if name == "toeplitz":
         return ToeplitzSqrt(n)
+    if name == "blt":
+        return BufferedToeplitz(n)
     return Optimized(n)
 
 
 __all__ = [
     "MECHANISMS",
+    "BLTParams",
     "BinaryTree",
+    "BufferedToeplitz",
     "Factorization",
     "Independent",
     "Optimized",
@@ -60,4 +73,6 @@ __all__ = [
     "check_horizon",
     "check_mechanism",
     "prefix_sum_matrix",
+    "prefix_sum_singular_values",
+    "rmse_lower_bound",
 ]

@@ -23,6 +23,29 @@ def prefix_sum_matrix(n: int) -> np.ndarray:
     return np.tril(np.ones((n, n)))
 
 
+def prefix_sum_singular_values(n: int) -> np.ndarray:
+    """Singular values of ``A`` in closed form: ``σ_j = 1 / (2 sin((2j−1)π / (4N+2)))``.
+
+    ``A⁻¹`` is the bidiagonal difference matrix, whose ``(A⁻¹)ᵀA⁻¹`` is the tridiagonal
+    ``[2, −1]`` matrix with a 1 in its corner; its eigenvalues are ``4 sin²((2j−1)π/(4N+2))``.
+    """
+    n = check_horizon(n)
+    j = np.arange(1, n + 1, dtype=float)
+    return 1.0 / (2.0 * np.sin((2.0 * j - 1.0) * np.pi / (4.0 * n + 2.0)))
+
+
+def rmse_lower_bound(n: int) -> float:
+    """A certified lower bound on the RMSE at unit sensitivity of *every* factorization.
+
+    For ``A = B·C``: ``‖A‖_* ≤ ‖B‖_F·‖C‖_F ≤ ‖B‖_F·√N·max_j ‖c_j‖`` (Hölder), so
+    ``RMSE = max_j ‖c_j‖·‖B‖_F/√N ≥ ‖A‖_*/N``, with the nuclear norm ``‖A‖_*`` in closed
+    form. It is the optimized solver's dual bound at ``v = 1`` and, at N = 4000, 1.2 %
+    below the optimum; it is what "ratio to the best" means where no optimum is computable.
+    """
+    n = check_horizon(n)
+    return float(np.sum(prefix_sum_singular_values(n)) / n)
+
+
 def check_horizon(n: int) -> int:
     """Validate a horizon: a positive integer number of steps.
 

@@ -25,19 +25,15 @@ eigendecomposition.
 from __future__ import annotations
 
 import json
-import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import scipy.linalg as sla
 
+from . import cache
 from .base import Factorization, check_horizon
-
-log = logging.getLogger(__name__)
 
 #: default stopping rule: relative gap of ‖B‖_F² to the certified lower bound
 DEFAULT_GAP = 1e-4
@@ -135,13 +131,6 @@ def frobenius_error(A: np.ndarray, C: np.ndarray) -> float:
     return float(np.sum(Y * Y))
 
 
-def cache_dir() -> Path:
-    """Where solved dual vectors live (``$FLWR_CORRNOISE_CACHE`` overrides)."""
-    env = os.environ.get("FLWR_CORRNOISE_CACHE")
-    base = Path(env) if env else Path.home() / ".cache" / "flwr_corrnoise"
-    return base
-
-
 class Optimized(Factorization):
     """Dense optimized factorization with certified optimality gap.
 
@@ -177,36 +166,27 @@ class Optimized(Factorization):
         self._prefix_sens: np.ndarray | None = None
 
     # -- cache ----------------------------------------------------------------------------
-    def _cache_path(self) -> Path:
-        return cache_dir() / f"optimized-v{CACHE_VERSION}-N{self.n}.npz"
+    def _cache_key(self) -> str:
+        return f"optimized-v{CACHE_VERSION}-N{self.n}"
 
     def _load(self, gap: float) -> tuple[np.ndarray | None, dict[str, float] | None]:
-        path = self._cache_path()
-        if not path.exists():
+        stored = cache.load(self._cache_key(), ("v", "report"))
+        if stored is None:
             return None, None
+        v = np.asarray(stored["v"], dtype=float)
         try:
-            with np.load(path, allow_pickle=False) as f:
-                v = np.array(f["v"], dtype=float)
-                report = json.loads(str(f["report"]))
-        except (OSError, ValueError, KeyError) as err:  # a corrupt cache is recomputed
-            log.warning("ignoring unreadable cache %s: %s", path, err)
+            report = json.loads(str(stored["report"]))
+        except ValueError:
             return None, None
         if v.shape != (self.n,) or not np.all(np.isfinite(v)) or np.any(v <= 0):
             return None, None
         if report.get("gap", np.inf) > gap:
             return None, None
-        report["loaded_from"] = str(path)
+        report["loaded_from"] = str(cache.path_for(self._cache_key()))
         return v, report
 
     def _store(self, v: np.ndarray, report: dict[str, float], gap: float) -> None:
-        path = self._cache_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-            np.savez(tmp, v=v, report=json.dumps(report))
-            os.replace(tmp, path)
-        except OSError as err:  # caching is an optimization, never a failure
-            log.warning("could not cache the optimized factorization at %s: %s", path, err)
+        cache.store(self._cache_key(), v=v, report=json.dumps(report))
 
     # -- factorization interface ----------------------------------------------------------
     @property
