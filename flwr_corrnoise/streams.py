@@ -41,6 +41,7 @@ from .mechanisms.blt import BufferedToeplitz
 from .mechanisms.tree import BinaryTree
 
 _MASK64 = (1 << 64) - 1
+_CHUNK = 1 << 15  # columns per chunk of the BLT update (4 buffers × 32k floats = 1 MB)
 STATE_FORMAT = 1
 
 
@@ -187,7 +188,9 @@ class NoiseStream:
         else:
             unit = self._next_dense()
         self.step += 1
-        return unit * self.std
+        if self.std != 1.0:
+            unit *= self.std  # in place: every kind returns a fresh array
+        return unit
 
     def next_arrays(self) -> list[np.ndarray]:
         """The increment split into the stream's array shapes."""
@@ -212,18 +215,28 @@ class NoiseStream:
         assert isinstance(tree, BinaryTree)
         est = self._draw()
         level = 0
-        removed = np.zeros(self.dim)
+        removed: np.ndarray | None = None
         while self._levels and self._levels[-1] == level:
             self._levels.pop()
             left = self._rows.pop()
-            removed += left
+            if removed is None:
+                removed = left.copy()
+            else:
+                removed += left
             own = self._draw()
             alpha = tree.alpha[level + 1]
-            est = alpha * own + (1.0 - alpha) * (left + est)
+            if alpha == 1.0:  # vanilla tree: a node's estimate is its own noisy sum
+                est = own
+            else:
+                est += left
+                est *= 1.0 - alpha
+                own *= alpha
+                est += own
             level += 1
         self._levels.append(level)
         self._rows.append(est)
-        return est - removed
+        # a fresh array: the caller scales it in place, and `est` is kept as state
+        return est.copy() if removed is None else np.subtract(est, removed, out=removed)
 
     def _next_blt(self) -> np.ndarray:
         # C·e = ξ as a recursion (mechanisms/blt.py): O(buffers·d) work, no history
@@ -231,9 +244,14 @@ class NoiseStream:
         assert isinstance(blt, BufferedToeplitz)
         r = self._buf
         e = self._draw()
-        e -= blt.omega @ r
-        r *= blt.theta[:, None]
-        r += e
+        theta = blt.theta[:, None]
+        # in cache-sized column chunks, so the k×d buffers cross memory once per step
+        for lo in range(0, self.dim, _CHUNK):
+            sl = slice(lo, lo + _CHUNK)
+            part = r[:, sl]
+            e[sl] -= blt.omega @ part
+            part *= theta
+            part += e[sl]
         return e
 
     def _next_dense(self) -> np.ndarray:
