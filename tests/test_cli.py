@@ -66,3 +66,24 @@ def test_calibrate_rejects_impossible_budget() -> None:
 def test_human_readable_output(capsys) -> None:
     assert main(["mechanism", "--name", "tree", "--steps", "16"]) == 0
     assert "sensitivity" in capsys.readouterr().out
+
+
+def test_mechanism_blt_reports_its_parameters(capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FLWR_CORRNOISE_CACHE", str(tmp_path))
+    assert main(["mechanism", "--name", "blt", "--steps", "500", "--buffers", "3",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["buffers"] == 3 and len(out["theta"]) == len(out["omega"]) == 3
+    assert out["lower_bound_rmse"] < out["rmse"] < build_factorization("toeplitz", 500).rmse
+
+
+def test_mechanism_optimized_loose_gap_is_certified_within_it(capsys, tmp_path,
+                                                               monkeypatch) -> None:
+    monkeypatch.setenv("FLWR_CORRNOISE_CACHE", str(tmp_path))
+    assert main(["mechanism", "--name", "optimized", "--steps", "300", "--gap", "0.02",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert 1e-4 < out["optimality_gap"] <= 0.02  # stopped early, within the asked gap
+    # the certificate is honest: the RMSE is within √1.02 of the best possible
+    exact = build_factorization("optimized", 300).rmse
+    assert exact <= out["rmse"] <= exact * (1.02**0.5)
