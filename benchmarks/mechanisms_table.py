@@ -18,7 +18,7 @@ import time
 from flwr_corrnoise.mechanisms import Optimized, build_factorization
 from flwr_corrnoise.streams import NoiseStream
 
-ORDER = ["optimized", "toeplitz", "efficient-tree", "tree", "independent"]
+ORDER = ["optimized", "blt", "toeplitz", "efficient-tree", "tree", "independent"]
 D_MODEL = 1_000_000
 
 

@@ -39,7 +39,7 @@ from flwr_corrnoise.experiment import (
     run_logreg_inprocess,
 )
 
-METHODS = ["none", "independent", "tree", "optimized", "toeplitz"]
+METHODS = ["none", "independent", "tree", "optimized", "toeplitz", "blt"]
 NAMES = {
     "none": "noiseless (Mitra et al.)",
     "independent": "independent (Liu et al.)",
@@ -47,6 +47,7 @@ NAMES = {
     "optimized": "optimized (MF ii)",
     "toeplitz": "Toeplitz (MF iii)",
     "efficient-tree": "efficient tree",
+    "blt": "BLT, 4 buffers (ours)",
 }
 RESULT_HEADER = [
     "method", "epsilon", "delta", "seed", "eta", "final_accuracy", "avg_online_loss",
