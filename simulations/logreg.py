@@ -321,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     p.add_argument("--out", type=Path, default=Path("results/logreg"))
     p.add_argument("--docs", action="store_true", help="also write docs/results-logreg.*")
+    p.add_argument("--docs-tag", default=None,
+                   help="with --docs: write docs/results-logreg-TAG.csv and the table section "
+                        "'table:TAG' (default: none for centred labels, else the label rule)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -335,9 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "table.md").write_text(md + "\n")
     if args.docs:
         docs = Path(__file__).resolve().parents[1] / "docs"
-        suffix = "" if args.labels == "centred" else f"-{args.labels}"
-        write_runs(docs / f"results-logreg{suffix}.csv", results)
-        update_marked_section(docs / "results-logreg.md", f"table:{args.labels}", md)
+        tag = args.docs_tag if args.docs_tag is not None else (
+            "" if args.labels == "centred" else args.labels)
+        write_runs(docs / f"results-logreg{'-' + tag if tag else ''}.csv", results)
+        update_marked_section(docs / "results-logreg.md", f"table:{tag or args.labels}", md)
     print(md)
     print(f"\nresults in {args.out.resolve()} ({', '.join(p.name for p in pngs)}, runs.csv, "
           f"tuning.csv, curves.csv); {time.perf_counter() - start:.0f} s", flush=True)

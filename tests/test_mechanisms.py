@@ -38,7 +38,7 @@ def test_factorization_reproduces_prefix_sums(name: str, n: int) -> None:
 @pytest.mark.parametrize("n", SIZES)
 def test_causal_noise(n: int) -> None:
     """Step k's noise may only use ξ rows drawn by step k (the stream is causal)."""
-    for name in ("toeplitz", "optimized", "independent"):
+    for name in ("toeplitz", "optimized", "independent", "blt"):
         M = build_factorization(name, n).noising_matrix()
         np.testing.assert_array_equal(M, np.tril(M))
 
