@@ -15,7 +15,8 @@ run uses the in-process engine (the same learner and server code as the Flower a
 ``flwr_corrnoise.engine``). Outputs in ``--out``: ``runs.csv`` (per seed), ``tuning.csv``,
 ``curves.csv`` (mean/std per round), ``accuracy.png``, ``loss.png``, ``regret.png``;
 ``--docs`` also writes ``docs/results-logreg.csv`` (``-fedprox.csv`` for ``--labels
-fedprox``) and puts the table into ``docs/results-logreg.md`` between its markers.
+fedprox``, ``-TAG.csv`` with ``--docs-tag TAG``), copies the plots to ``docs/figures/``
+and puts the table into ``docs/results-logreg.md`` between its markers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import csv
 import math
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -220,10 +222,8 @@ def plot(args: argparse.Namespace, curves: dict, budgets: list[tuple[float, floa
                 mean, std = per[name]
                 x = np.arange(len(mean))
                 if name == "online_loss" and len(mean) > 50:  # smooth the noisy online loss
-                    w = max(1, len(mean) // 50)
-                    kernel = np.ones(w) / w
-                    mean = np.convolve(mean, kernel, mode="same")
-                    std = np.convolve(std, kernel, mode="same")
+                    mean, std = moving_average(mean, len(mean) // 50), moving_average(
+                        std, len(mean) // 50)
                 ax.plot(x, mean, label=NAMES[k[0]])
                 ax.fill_between(x, mean - std, mean + std, alpha=0.2)
             ax.set_title(f"(ε, δ) = ({eps:g}, {delta:g}), mean ± std over {args.seeds} seeds")
@@ -241,6 +241,16 @@ def plot(args: argparse.Namespace, curves: dict, budgets: list[tuple[float, floa
     return paths
 
 
+def moving_average(values: np.ndarray, width: int) -> np.ndarray:
+    """Centred moving average that averages only the points that exist at the edges (a
+    plain ``np.convolve(..., "same")`` pads with zeros and bends the curve's ends down)."""
+    if width <= 1:
+        return values
+    kernel = np.ones(width)
+    return np.convolve(values, kernel, mode="same") / np.convolve(
+        np.ones_like(values), kernel, mode="same")
+
+
 def write_curves(path: Path, curves: dict) -> None:
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
@@ -249,6 +259,24 @@ def write_curves(path: Path, curves: dict) -> None:
             for name, (mean, std) in per.items():
                 for r, (m, s) in enumerate(zip(mean, std, strict=True)):
                     w.writerow([k[0], k[1] or "", k[2] or "", name, r, m, s])
+
+
+def read_curves(path: Path) -> dict[tuple, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Inverse of :func:`write_curves` (for ``--replot``)."""
+    cols: dict[tuple, dict[str, dict[int, tuple[float, float]]]] = {}
+    with open(path) as fh:
+        for row in csv.DictReader(fh):
+            k = (row["method"], float(row["epsilon"]) if row["epsilon"] else None,
+                 float(row["delta"]) if row["delta"] else None)
+            cols.setdefault(k, {}).setdefault(row["metric"], {})[int(row["round"])] = (
+                float(row["mean"]), float(row["std"]))
+    out = {}
+    for k, metrics in cols.items():
+        out[k] = {}
+        for name, points in metrics.items():
+            ordered = [points[r] for r in sorted(points)]
+            out[k][name] = (np.array([m for m, _ in ordered]), np.array([s for _, s in ordered]))
+    return out
 
 
 def table(rows: list[list], etas: dict, budgets: list[tuple[float, float]]) -> str:
@@ -324,8 +352,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs-tag", default=None,
                    help="with --docs: write docs/results-logreg-TAG.csv and the table section "
                         "'table:TAG' (default: none for centred labels, else the label rule)")
+    p.add_argument("--replot", action="store_true",
+                   help="only redraw the plots of --out from its curves.csv (no runs)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        curves = read_curves(args.out / "curves.csv")
+        budgets = sorted({(k[1], k[2]) for k in curves if k[0] != "none"}, reverse=True)
+        with open(args.out / "runs.csv") as fh:
+            seeds = {row["seed"] for row in csv.DictReader(fh)}
+        args.seeds = len(seeds)
+        print("\n".join(str(path) for path in plot(args, curves, budgets)))
+        return 0
     start = time.perf_counter()
     setups = configs(args)
     etas = tune(args, setups)
@@ -340,7 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         docs = Path(__file__).resolve().parents[1] / "docs"
         tag = args.docs_tag if args.docs_tag is not None else (
             "" if args.labels == "centred" else args.labels)
-        write_runs(docs / f"results-logreg{'-' + tag if tag else ''}.csv", results)
+        name = f"results-logreg{'-' + tag if tag else ''}"
+        write_runs(docs / f"{name}.csv", results)
+        figures = docs / "figures"
+        figures.mkdir(exist_ok=True)
+        for png in pngs:  # the plots the docs page shows
+            shutil.copyfile(png, figures / f"{name}-{png.name}")
         update_marked_section(docs / "results-logreg.md", f"table:{tag or args.labels}", md)
     print(md)
     print(f"\nresults in {args.out.resolve()} ({', '.join(p.name for p in pngs)}, runs.csv, "

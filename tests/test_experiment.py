@@ -42,6 +42,14 @@ def test_logreg_script_toy_size(tmp_path: Path) -> None:
     with open(out / "tuning.csv") as fh:
         tuning = list(csv.DictReader(fh))
     assert sum(int(t["chosen"]) for t in tuning) == 5
+    # --replot redraws the figures from curves.csv alone
+    for name in ("accuracy.png", "loss.png", "regret.png"):
+        (out / name).unlink()
+    assert logreg.main(["--out", str(out), "--replot"]) == 0
+    assert all((out / n).stat().st_size > 0 for n in ("accuracy.png", "loss.png", "regret.png"))
+    curves = logreg.read_curves(out / "curves.csv")
+    assert ("toeplitz", 2.0, 0.001) in curves
+    assert len(curves[("none", None, None)]["accuracy"][0]) == 7  # rounds 0..6
 
 
 def test_evaluator_regret_matches_definition() -> None:
@@ -113,3 +121,12 @@ def test_docs_table_section_is_replaced_not_duplicated(tmp_path: Path) -> None:
     doc.write_text(text + "\nafter\n")
     logreg.update_marked_section(doc, "table:centred", "| 3 |")
     assert doc.read_text().endswith("| 3 |\n<!-- END table:centred -->\n\nafter\n")
+
+
+def test_moving_average_keeps_the_ends_level() -> None:
+    flat = np.full(200, 0.7)
+    np.testing.assert_allclose(logreg.moving_average(flat, 9), flat)
+    ramp = np.arange(100.0)
+    smooth = logreg.moving_average(ramp, 5)
+    np.testing.assert_allclose(smooth[2:-2], ramp[2:-2])  # linear data is kept inside
+    assert smooth[0] == pytest.approx(1.0)  # mean of 0, 1, 2: not pulled towards zero
