@@ -33,10 +33,28 @@ def free_port() -> int:
 
 
 def superlink_pids(flwr_home: Path) -> list[int]:
+    """PIDs of the Flower processes whose command line names our FLWR_HOME.
+
+    Read from /proc, not `ps`: piped `ps` output is cut at 80 columns, which hides the
+    `--log-file` argument that carries the marker (the SuperLink would leak, unnoticed).
+    The SuperLink's own children (`flower-superexec`) are found through its pid.
+    """
     marker = str(flwr_home / "local-superlink")
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()
-            if "flower-superlink" in line and marker in line]
+    procs: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        procs[int(entry.name)] = (ppid, args)
+    found = [pid for pid, (_, args) in procs.items()
+             if "flower-superlink" in args and marker in args]
+    found += [pid for pid, (ppid, args) in procs.items()
+              if ppid in found and "flower-superexec" in args]
+    return found
 
 
 @pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr CLI not installed")
