@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from . import arraypack
 from .mechanisms import MECHANISMS, build_factorization
 from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
 from .streams import HorizonExhaustedError, NoiseStream
@@ -214,22 +215,24 @@ class LearnerState:
         return cls(noise=noise)
 
     def to_bytes(self) -> bytes:
-        buf = io.BytesIO()
         arrays: dict[str, np.ndarray] = {
             "counters": np.array([self.step, self.position, self.rounds], dtype=np.int64),
         }
         if self.noise is not None:
             arrays["noise"] = np.frombuffer(self.noise.to_bytes(), dtype=np.uint8)
-        np.savez(buf, **arrays)
-        return buf.getvalue()
+        return arraypack.pack(arrays)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LearnerState:
         try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as f:
-                step, position, rounds = (int(x) for x in f["counters"])
-                noise = NoiseStream.from_bytes(f["noise"].tobytes()) if "noise" in f else None
-        except (OSError, ValueError, KeyError, EOFError) as err:
+            if bytes(data[:2]) == b"PK":  # the earlier .npz format
+                with np.load(io.BytesIO(data), allow_pickle=False) as f:
+                    arrays = {k: f[k] for k in f.files}
+            else:
+                arrays = arraypack.unpack(data)
+            step, position, rounds = (int(x) for x in arrays["counters"])
+            noise = NoiseStream.from_bytes(arrays["noise"].tobytes()) if "noise" in arrays else None
+        except (OSError, ValueError, KeyError, EOFError, TypeError) as err:
             raise ValueError(f"unreadable learner state: {err}") from err
         if noise is not None and noise.step != step:
             raise ValueError("learner state is inconsistent: noise step != step counter")

@@ -23,8 +23,9 @@ blt            buffers·d (constant; 4·d by default)     ``e = ξ − Σ ω_i r
                                                         ``r_i ← θ_i r_i + e``
 ============== ======================================== =================================
 
-The state serializes to a small ``.npz`` byte string (no pickle) for Flower's
-``context.state`` or a file, and a stream restored from it continues bit for bit.
+The state serializes to a small byte string (:mod:`~flwr_corrnoise.arraypack`, no
+pickle) for Flower's ``context.state`` or a file, and a stream restored from it continues
+bit for bit.
 Asking for step ``N`` raises :class:`HorizonExhaustedError`: reusing noise would leak data.
 """
 
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import arraypack
 from .mechanisms import build_factorization, check_horizon, check_mechanism
 from .mechanisms.blt import BufferedToeplitz
 from .mechanisms.tree import BinaryTree
@@ -367,17 +369,18 @@ class NoiseStream:
             raise ValueError("independent noise state must not hold buffers")
 
     def to_bytes(self) -> bytes:
-        """Serialize to ``.npz`` bytes (for ``context.state`` or disk)."""
-        buf = io.BytesIO()
-        np.savez(buf, **self.state_dict())
-        return buf.getvalue()
+        """Serialize (for ``context.state`` or disk): :mod:`flwr_corrnoise.arraypack`."""
+        return arraypack.pack(self.state_dict())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> NoiseStream:
-        """Inverse of :meth:`to_bytes`."""
+        """Inverse of :meth:`to_bytes` (also reads the ``.npz`` states of version 0.1)."""
         try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as f:
-                state = {k: f[k] for k in f.files}
+            if bytes(data[:2]) == b"PK":  # the earlier .npz format
+                with np.load(io.BytesIO(data), allow_pickle=False) as f:
+                    state = {k: f[k] for k in f.files}
+            else:
+                state = arraypack.unpack(data)
         except (OSError, ValueError, EOFError) as err:
             raise ValueError(f"unreadable noise-stream state: {err}") from err
         return cls.from_state_dict(state)
