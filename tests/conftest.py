@@ -1,11 +1,16 @@
 """Shared test set-up: a private cache directory so tests never depend on (or pollute)
-the user's cache of optimized factorizations."""
+the user's cache of optimized factorizations; it is removed when the session ends."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # Set before flwr_corrnoise is imported anywhere in the test session.
-os.environ.setdefault("FLWR_CORRNOISE_CACHE", tempfile.mkdtemp(prefix="flwr-corrnoise-cache-"))
+if "FLWR_CORRNOISE_CACHE" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="flwr-corrnoise-cache-")
+    os.environ["FLWR_CORRNOISE_CACHE"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
