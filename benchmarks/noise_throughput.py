@@ -70,15 +70,12 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name in args.mechanisms:
         build_factorization(name, args.steps)  # solve outside the timing
-        if name in DENSE:
-            block = max(1, args.dense_steps // args.repeats)
-            ours, ref, ratio = measure(name, args.steps, args.dim, block, args.repeats)
-            note = f" (grows with the step: measured over steps 1–{block * args.repeats})"
-        else:
-            ours, ref, ratio = measure(name, args.steps, args.dim, args.block, args.repeats)
-            note = ""
+        block = max(1, args.dense_steps // args.repeats) if name in DENSE else args.block
+        ours, ref, ratio = measure(name, args.steps, args.dim, block, args.repeats)
+        measured = min(args.steps, block * args.repeats + 1)  # incl. the warm-up step
+        note = f" (grows with the step: steps 1–{measured})" if name in DENSE else ""
         probe = NoiseStream.create(name, args.steps, 1, 1.0, seed=0)
-        for _ in range(min(args.steps, args.block * args.repeats + 1)):
+        for _ in range(measured):
             probe.next()
         state_mb = probe.state_floats * args.dim * 8 / 1e6
         print(f"| {name} | {1e3 * ours:.1f} | {1e3 * ref:.1f} | {ratio:.2f}{note} | "

@@ -7,6 +7,8 @@ a ``W×d`` matrix of i.i.d. standard normals and ``V`` the calibrated noise std.
 ``ξ`` is drawn row by row from one PCG64 generator, in the order the mechanism needs the
 rows; drawing row ``w`` is ``standard_normal(d)`` for the ``w``-th time, so the rows are
 exactly those of ``standard_normal((W, d))`` from the same seed (a test checks this). The
+vanilla tree draws only the rows that some prefix sum uses
+(:meth:`~flwr_corrnoise.mechanisms.tree.BinaryTree.drawn_nodes`): one per step. The
 stream's whole state is that generator's 128-bit state, the step index, and what the
 mechanism must remember of past rows:
 
@@ -211,11 +213,13 @@ class NoiseStream:
         return self._rng.standard_normal(self.dim)
 
     def _next_tree(self) -> np.ndarray:
-        # Leaf `step` completes, then every ancestor whose interval ends here; each draws
-        # its own noise row in that order (the node order of BinaryTree.matrices()).
+        # Leaf `step` completes, then every ancestor whose interval ends here. The
+        # efficient tree draws each one's own noise in that order (the node order of
+        # BinaryTree.matrices()); the vanilla tree draws only the largest, the one node that
+        # enters the dyadic cover (BinaryTree.drawn_nodes says why).
         tree = self._factorization
         assert isinstance(tree, BinaryTree)
-        est = self._draw()
+        est = self._draw() if tree.efficient else None
         level = 0
         removed: np.ndarray | None = None
         while self._levels and self._levels[-1] == level:
@@ -225,16 +229,16 @@ class NoiseStream:
                 removed = left.copy()
             else:
                 removed += left
-            own = self._draw()
-            alpha = tree.alpha[level + 1]
-            if alpha == 1.0:  # vanilla tree: a node's estimate is its own noisy sum
-                est = own
-            else:
-                est += left
-                est *= 1.0 - alpha
+            if tree.efficient:
+                own = self._draw()
+                alpha = tree.alpha[level + 1]
+                est += left  # type: ignore[operator]
+                est *= 1.0 - alpha  # type: ignore[operator]
                 own *= alpha
-                est += own
+                est += own  # type: ignore[operator]
             level += 1
+        if est is None:
+            est = self._draw()
         self._levels.append(level)
         self._rows.append(est)
         # a fresh array: the caller scales it in place, and `est` is kept as state
@@ -265,7 +269,9 @@ class NoiseStream:
         self._count += 1
         k = self.step
         if self.kind == "toeplitz":
-            coef = self._factorization.g[k::-1]  # type: ignore[attr-defined]
+            # g(k), g(k−1), …, g(0) as a contiguous slice (a reversed view is 2× slower)
+            g_rev = self._factorization.g_reversed  # type: ignore[attr-defined]
+            coef = g_rev[self.horizon - 1 - k :]
         else:
             coef = self._factorization.Cinv[k, : k + 1]  # type: ignore[attr-defined]
         return coef @ self._buf[: self._count]

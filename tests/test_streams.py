@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from flwr_corrnoise.mechanisms import MECHANISMS, build_factorization
+from flwr_corrnoise.mechanisms import MECHANISMS, BinaryTree, build_factorization
 from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream
 
 
@@ -28,13 +28,30 @@ def test_increments_are_noising_matrix_times_xi(name: str, n: int) -> None:
     std, dim, seed = 0.7, 3, 11
     stream = NoiseStream.create(name, n, dim, std, seed=seed)
     E = draw_all(stream)
-    M = build_factorization(name, n).noising_matrix()
-    np.testing.assert_allclose(E, std * M @ xi_matrix(seed, M.shape[1], dim), atol=1e-12)
+    fact = build_factorization(name, n)
+    M = fact.noising_matrix()
+    xi = xi_matrix(seed, M.shape[1], dim)
+    if isinstance(fact, BinaryTree):  # rows of ξ are drawn only for the nodes B uses
+        used = fact.drawn_nodes()
+        xi = np.zeros((M.shape[1], dim))
+        xi[used] = xi_matrix(seed, len(used), dim)
+    np.testing.assert_allclose(E, std * M @ xi, atol=1e-12)
     # prefix sums are V·B·ξ
-    B, _ = build_factorization(name, n).matrices()
-    np.testing.assert_allclose(
-        np.cumsum(E, axis=0), std * B @ xi_matrix(seed, B.shape[1], dim), atol=1e-11
-    )
+    B, _ = fact.matrices()
+    np.testing.assert_allclose(np.cumsum(E, axis=0), std * B @ xi, atol=1e-11)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16, 23, 64])
+def test_vanilla_tree_skips_only_nodes_no_prefix_sum_uses(n: int) -> None:
+    """The skipped nodes have zero columns in B (never released); the drawn ones do not."""
+    tree = BinaryTree(n)
+    B, _ = tree.matrices()
+    used = np.zeros(B.shape[1], dtype=bool)
+    used[tree.drawn_nodes()] = True
+    assert len(tree.drawn_nodes()) == n  # one draw per step
+    np.testing.assert_array_equal(B[:, ~used], 0.0)
+    assert np.all(np.any(B[:, used] != 0.0, axis=0))
+    assert np.array_equal(BinaryTree(n, efficient=True).drawn_nodes(), np.arange(B.shape[1]))
 
 
 def test_row_by_row_draws_equal_block_draw() -> None:

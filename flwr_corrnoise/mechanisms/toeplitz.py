@@ -47,6 +47,7 @@ class ToeplitzSqrt(Factorization):
         super().__init__(n)
         self.h = sqrt_coefficients(self.n)
         self.g = inverse_sqrt_coefficients(self.n)
+        self.g_reversed = np.ascontiguousarray(self.g[::-1])  # for the stream's dot products
         self._cum = np.cumsum(self.h**2)
 
     def column_norms(self) -> np.ndarray:

@@ -108,6 +108,24 @@ class BinaryTree(Factorization):
             [sum(self.level_var[h] for h in cover_levels(k + 1)) for k in range(self.n)]
         )
 
+    def drawn_nodes(self) -> np.ndarray:
+        """Rows of ``ξ`` (node indices, completion order) that a stream actually draws.
+
+        Why not all of them: in the *vanilla* tree a prefix sum only uses the nodes of its
+        dyadic cover, and a node enters a cover only if it is the largest node completing
+        at its step; the leaf and the smaller ancestors completing at the same step have
+        zero weight in every row of ``B``. Their noise could never be released, so the
+        stream skips drawing it: one draw per step instead of two on average, the same
+        distribution of everything released (and the sensitivity, computed on all of
+        ``C``, is unchanged or conservative). The efficient tree re-estimates every node
+        from its children, so it draws them all.
+        """
+        nodes = node_list(self.n)
+        if self.efficient:
+            return np.arange(len(nodes))
+        last = {k: w for w, (_, k) in enumerate(nodes)}  # the top node completing at k
+        return np.array([last[k] for k in range(self.n)])
+
     def node_index(self) -> dict[tuple[int, int], int]:
         """Map ``(level, end_step)`` to the node's row in ``C`` / ``ξ``."""
         return {node: w for w, node in enumerate(node_list(self.n))}
