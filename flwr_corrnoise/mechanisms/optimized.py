@@ -13,7 +13,8 @@ Algorithm: Denisov et al.'s fixed point ``v_i ← v_i · X(v)_ii`` (which is
 ``v_i ← [(Λ^{1/2} S Λ^{1/2})^{1/2}]_ii``), one symmetric eigendecomposition per
 iteration. Each iterate gives a feasible primal point (``X(v)`` rescaled to unit diagonal)
 and a lower bound, so we stop at a *certified* relative gap. Measured on 2 cores: N = 1024
-reaches a 0.01 % gap in ≈ 4 s, N = 4000 in ≈ 3 min, and a 2 % gap (RMSE within 0.5 %) in 23 s (``docs/benchmarks.md``).
+reaches a 0.01 % gap in ≈ 4 s, N = 4000 in ≈ 3 min, and a 2 % gap (RMSE within 0.5 %)
+in 23 s (``docs/benchmarks.md``).
 
 ``C`` is chosen lower triangular (``X = CᵀC`` by a reversed Cholesky), so ``C⁻¹`` is lower
 triangular too and the noise increment ``e[k] = (C⁻¹ξ)[k]`` only uses ``ξ_0..ξ_k``: the
