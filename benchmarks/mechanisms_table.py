@@ -15,6 +15,8 @@ import argparse
 import sys
 import time
 
+from _format import human_bytes
+
 from flwr_corrnoise.mechanisms import Optimized, build_factorization
 from flwr_corrnoise.streams import NoiseStream
 
@@ -30,14 +32,6 @@ def peak_state_floats(name: str, n: int) -> int:
         stream.next()
         peak = max(peak, stream.state_floats)
     return peak
-
-
-def human_bytes(x: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if x < 1000:
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1000
-    return f"{x:.1f} PB"
 
 
 def main() -> None:

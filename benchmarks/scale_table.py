@@ -19,6 +19,8 @@ import math
 import sys
 import time
 
+from _format import human_bytes
+
 from flwr_corrnoise.mechanisms import (
     BinaryTree,
     BufferedToeplitz,
@@ -29,14 +31,6 @@ from flwr_corrnoise.mechanisms import (
 )
 
 D_MODEL = 1_000_000
-
-
-def human_bytes(x: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if x < 1000:
-            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1000
-    return f"{x:.1f} PB"
 
 
 def peak_state_floats(name: str, n: int, buffers: int) -> int:

@@ -1,0 +1,45 @@
+"""The benchmark scripts run (at toy sizes) and print the tables docs/ quotes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script: str, *args: str) -> list[list[str]]:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [[c.strip() for c in line.strip("|").split("|")]
+            for line in proc.stdout.splitlines() if line.startswith("| ")]
+
+
+def test_scale_table() -> None:
+    rows = run("scale_table.py", "--steps", "64", "--dense-max", "64")
+    names = [r[1] for r in rows[1:]]
+    assert names[:3] == ["optimized", "optimized (2 % gap)", "blt (4 buffers)"]
+    rmse = {r[1]: float(r[2]) for r in rows[1:]}
+    bound = rmse["*certified lower bound* ‖A‖_*/N"]
+    assert all(v >= bound for v in rmse.values())
+    assert rmse["optimized"] <= rmse["blt (4 buffers)"] < rmse["toeplitz"]
+
+
+def test_noise_throughput() -> None:
+    rows = run("noise_throughput.py", "--dim", "2000", "--steps", "64", "--repeats", "2",
+               "--block", "2", "--dense-steps", "4")
+    by_name = {r[0]: r for r in rows[1:]}
+    assert set(by_name) == {"independent", "tree", "efficient-tree", "blt", "toeplitz",
+                            "optimized"}
+    assert by_name["independent"][4] == "0 MB" and float(by_name["blt"][3]) > 0
+
+
+@pytest.mark.parametrize("steps", ["16"])
+def test_mechanisms_table(steps: str) -> None:
+    rows = run("mechanisms_table.py", "--steps", steps)
+    assert [r[1] for r in rows[1:7]] == ["optimized", "blt", "toeplitz", "efficient-tree",
+                                         "tree", "independent"]
