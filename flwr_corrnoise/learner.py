@@ -91,6 +91,10 @@ class PrivacySettings:
         """The noise calibration (``None`` for the noiseless baseline; memoized)."""
         return _calibration(self) if self.private else None
 
+    def epsilon_spent(self, steps: int) -> float:
+        """ε of what has been released after ``steps`` of the horizon (memoized)."""
+        return _epsilon_spent(self, int(steps)) if self.private else 0.0
+
     # -- Flower config (kebab-case keys, as in context.run_config / node_config) ---------
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> PrivacySettings:

@@ -12,6 +12,7 @@ from .client import (
     make_client_app,
     numpy_client_app,
 )
+from .round_mod import CorrNoiseRoundMod
 from .strategy import CorrNoiseFedAvg
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "CorrNoiseFedAvg",
     "CorrNoiseLearner",
     "CorrNoiseNumPyClient",
+    "CorrNoiseRoundMod",
     "make_client_app",
     "numpy_client_app",
 ]
