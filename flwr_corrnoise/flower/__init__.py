@@ -5,6 +5,7 @@ Nothing here re-implements the algorithm: the local round is
 :func:`flwr_corrnoise.learner.aggregate`.
 """
 
+from .central_dp import CorrNoiseCentralDP
 from .client import (
     STATE_KEY,
     CorrNoiseLearner,
@@ -17,6 +18,7 @@ from .strategy import CorrNoiseFedAvg
 
 __all__ = [
     "STATE_KEY",
+    "CorrNoiseCentralDP",
     "CorrNoiseFedAvg",
     "CorrNoiseLearner",
     "CorrNoiseNumPyClient",

@@ -1,0 +1,173 @@
+"""Central DP with correlated noise: a wrapper around any FedAvg-family strategy (paper 002).
+
+With a trusted aggregator, one correlated-noise stream on the server replaces one per
+learner: the noise is added once, to the *average*, so it is ``m`` times smaller for the
+same guarantee than if each of ``m`` learners noised its own update. Flower ships the
+independent-noise version (``DifferentialPrivacyServerSideFixedClipping``); this is the
+matrix-factorization one, built on the same mechanisms, streams and calibration.
+
+Per round ``r`` the wrapper clips each learner's update ``Δ_i = returned_i − x^r`` to
+``clip_norm`` ``B`` (global L2), adds the **same** increment ``e[r]`` of the server's
+``R×R`` noise stream to every clipped reply, and hands the replies to the wrapped strategy.
+A FedAvg-family strategy averages the replies with weights summing to one, so it sees
+``x^r + mean_i clip(Δ_i) + e[r]``: the noise is on the average *before* the wrapped
+strategy's own step (FedAdam's, FedYogi's...), which is then post-processing. (Adding the
+noise to the wrapped strategy's *output* would not be: an adaptive optimizer's step is a
+nonlinear function of the data.)
+
+**Guarantee.** Neighbouring datasets replace one datum of one learner; each datum is used
+in one round (online learning). Weights are made uniform (the wrapped strategy's
+``weighted_by_key`` metric is set to 1 in every reply: a learner's weight must not depend on
+its data) and a round is only released if at least ``min_learners`` replies are valid, so
+the average moves by at most ``2B/min_learners`` in one round, and the released sequence is
+one Gaussian mechanism with L2 sensitivity ``2·B·max_j‖c_j‖/min_learners`` over the ``R×R``
+factorization — calibrated by :func:`flwr_corrnoise.privacy.calibrate`. The server is
+trusted: it sees every learner's clipped update. Rounds with fewer valid replies release
+nothing and use no noise; replies with wrong shapes or non-finite values are dropped.
+Not for robust (non-linear) aggregators such as the median or Krum.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from ..learner import check_update, clip_by_global_norm
+from ..mechanisms import build_factorization
+from ..privacy import Calibration, calibrate, epsilon_spent
+from ..streams import NoiseStream
+
+log = logging.getLogger(__name__)
+
+
+class CorrNoiseCentralDP(Strategy):
+    """Wrap ``strategy`` (FedAvg family) with server-side clipping and correlated noise."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        mechanism: str,
+        epsilon: float,
+        delta: float,
+        clip_norm: float,
+        num_rounds: int,
+        min_learners: int,
+        method: str = "exact",
+        seed: int | None = None,
+    ) -> None:
+        if isinstance(min_learners, bool) or int(min_learners) < 1:
+            raise ValueError(f"min_learners must be a positive integer, got {min_learners!r}")
+        self.strategy = strategy
+        self.mechanism = mechanism
+        self.num_rounds = int(num_rounds)
+        self.min_learners = int(min_learners)
+        self.method = method
+        sens = build_factorization(mechanism, self.num_rounds).sensitivity
+        # Δ of the *sum* is 2·B·sens; the average over ≥ min_learners is that / min_learners
+        total = calibrate(epsilon, delta, clip_norm, sens, method,  # type: ignore[arg-type]
+                          mechanism=mechanism, steps=self.num_rounds)
+        self.calibration: Calibration = total
+        self.noise_std = total.std / self.min_learners
+        self.seed = seed
+        self.stream: NoiseStream | None = None
+        self.current: list[np.ndarray] | None = None
+        self.released = 0
+        #: per-round log: accepted and dropped replies, ε spent after the round
+        self.rounds: list[dict[str, Any]] = []
+
+    # -- training --------------------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.current = [np.asarray(a, dtype=np.float64) for a in arrays.to_numpy_ndarrays()]
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if self.current is None:
+            raise RuntimeError("configure_train must run before aggregate_train")
+        x = self.current
+        valid: list[tuple[Message, str, list[str], np.ndarray]] = []
+        dropped: list[dict[str, Any]] = []
+        for msg in replies:
+            node = int(msg.metadata.src_node_id)
+            try:
+                if msg.has_error():
+                    raise ValueError(f"error reply: {msg.error.reason}")
+                ((name, record),) = msg.content.array_records.items()
+                update = record.to_numpy_ndarrays()
+                check_update(update, x)
+                delta = np.concatenate([(np.asarray(u, dtype=np.float64) - p).ravel()
+                                        for u, p in zip(update, x, strict=True)])
+                valid.append((msg, name, list(record.keys()), delta))
+            except Exception as err:  # a bad reply is dropped, never averaged in
+                dropped.append({"node": node, "reason": f"{type(err).__name__}: {err}"})
+                log.warning("round %d: dropped the reply of node %d: %s", server_round, node, err)
+        entry: dict[str, Any] = {"round": server_round, "accepted": len(valid),
+                                 "dropped": dropped, "released": False}
+        self.rounds.append(entry)
+        if len(valid) < self.min_learners:
+            log.warning("round %d: %d valid replies < min_learners = %d: nothing released",
+                        server_round, len(valid), self.min_learners)
+            return None, None
+        if self.released >= self.num_rounds:
+            log.warning("round %d: the noise is calibrated for %d rounds, all used: nothing "
+                        "released", server_round, self.num_rounds)
+            return None, None
+        if self.stream is None:
+            self.stream = NoiseStream.create(self.mechanism, self.num_rounds,
+                                             [np.shape(p) for p in x], self.noise_std,
+                                             self.seed)
+        noise = self.stream.next()
+        self.released += 1
+        weight_key = getattr(self.strategy, "weighted_by_key", None)
+        prepared = []
+        for msg, name, keys, delta in valid:
+            clipped, _ = clip_by_global_norm(delta, self.calibration.clip)
+            flat = np.concatenate([p.ravel() for p in x]) + clipped + noise
+            arrays, offset = {}, 0
+            for key, p in zip(keys, x, strict=True):
+                arrays[key] = Array(flat[offset : offset + p.size].reshape(p.shape))
+                offset += p.size
+            msg.content[name] = ArrayRecord(arrays)
+            if weight_key is not None:  # uniform weights: a weight must not leak data
+                for mname, mrec in msg.content.metric_records.items():
+                    msg.content[mname] = MetricRecord({**dict(mrec), weight_key: 1})
+            prepared.append(msg)
+        arrays_out, metrics = self.strategy.aggregate_train(server_round, prepared)
+        spent = epsilon_spent(self.calibration.std, self.calibration.delta,
+                              self.calibration.clip, self.mechanism, self.num_rounds,
+                              self.released, self.method)  # type: ignore[arg-type]
+        entry.update({"released": True, "epsilon-spent": spent})
+        report = dict(metrics or {})
+        report.update({"central-epsilon-spent": spent, "central-noise-std": self.noise_std,
+                       "central-rounds-released": float(self.released),
+                       "num-dropped": float(len(dropped))})
+        return arrays_out, MetricRecord(report)
+
+    # -- everything else is the wrapped strategy's ------------------------------------------
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        log.info("CorrNoiseCentralDP(%s, %s noise over %d rounds, (ε, δ) = (%g, %g), "
+                 "clip %g, ≥ %d learners, std on the average %.4g)", type(self.strategy).__name__,
+                 self.mechanism, self.num_rounds, self.calibration.epsilon,
+                 self.calibration.delta, self.calibration.clip, self.min_learners,
+                 self.noise_std)
+        self.strategy.summary()
