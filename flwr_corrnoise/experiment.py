@@ -28,6 +28,7 @@ from .data import SyntheticConfig, SyntheticFederation
 from .engine import InProcessResult, run_inprocess
 from .learner import NOISELESS, GradientFn, PrivacySettings
 from .metrics import accuracy, logistic_grad, logistic_loss, round_optimum
+from .variants import NOISE_AT, run_round_variant
 
 #: run-config key ↔ field name (Flower convention: kebab-case keys)
 _KEYS = {
@@ -50,6 +51,7 @@ _KEYS = {
     "test-size": "test_size",
     "fraction-train": "fraction_train",
     "labels": "labels",
+    "noise-at": "noise_at",
 }
 
 #: how labels are drawn (see ``flwr_corrnoise.data.synthetic`` and ``docs/data.md``):
@@ -85,10 +87,13 @@ class LogRegSetup:
     test_size: int = 2000
     fraction_train: float = 1.0
     labels: str = "centred"
+    noise_at: str = "step"  # "step" (paper 000), "round" (paper 001), "server" (paper 002)
 
     def __post_init__(self) -> None:
         if self.labels not in LABEL_RULES:
             raise ValueError(f"labels must be one of {sorted(LABEL_RULES)}, got {self.labels!r}")
+        if self.noise_at not in NOISE_AT:
+            raise ValueError(f"noise_at must be one of {NOISE_AT}, got {self.noise_at!r}")
 
     @property
     def horizon(self) -> int:
@@ -125,10 +130,17 @@ class LogRegSetup:
         return asdict(self)
 
     @property
+    def round_clip(self) -> float:
+        """``B`` for the per-round and central variants: ``η·τ·B_g``, the largest update
+        τ clipped steps can make, so every variant clips at the same scale."""
+        return self.eta * self.tau * self.clip
+
+    @property
     def label(self) -> str:
         if self.mechanism == NOISELESS:
             return "noiseless"
-        return f"{self.mechanism} (ε={self.epsilon:g}, δ={self.delta:g})"
+        where = "" if self.noise_at == "step" else f" @{self.noise_at}"
+        return f"{self.mechanism}{where} (ε={self.epsilon:g}, δ={self.delta:g})"
 
 
 _FEDERATIONS: dict[tuple, SyntheticFederation] = {}
@@ -175,7 +187,32 @@ def run_logreg_inprocess(
     evaluate: Callable[[int, list[np.ndarray]], object] | None = None,
     schedule: Sequence[Sequence[int]] | None = None,
 ) -> InProcessResult:
-    """Run the experiment on the in-process engine (same code as the Flower app)."""
+    """Run the experiment on the in-process engine (same code as the Flower app).
+
+    ``setup.noise_at = "round"`` or ``"server"`` runs paper 001's or 002's variant instead
+    (:func:`flwr_corrnoise.variants.run_round_variant`, the math of
+    :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod` and
+    :class:`~flwr_corrnoise.flower.CorrNoiseCentralDP`): τ plain local steps, the round
+    update clipped to :attr:`LogRegSetup.round_clip`, noise once per round; it returns the
+    final model only (``states``/``participation`` empty).
+    """
+    if setup.noise_at != "step" and setup.mechanism != NOISELESS:
+        grads = [logistic_gradient(setup, i) for i in range(setup.num_learners)]
+
+        def local_update(learner: int, r: int, x: np.ndarray) -> np.ndarray:
+            z = x.copy()
+            for t in range(setup.tau):
+                z -= setup.eta * grads[learner]([z], r * setup.tau + t)[0]
+            return z - x
+
+        settings = PrivacySettings(setup.mechanism, setup.epsilon, setup.delta,
+                                   setup.round_clip, setup.rounds, setup.method)
+        final = run_round_variant(
+            initial=initial_parameters(setup), local_update=local_update,
+            num_learners=setup.num_learners, rounds=setup.rounds, noise_at=setup.noise_at,
+            settings=settings, seed=setup.seed, evaluate=evaluate,
+        )
+        return InProcessResult(params=final, states=[])
     return run_inprocess(
         initial=initial_parameters(setup),
         gradients=[logistic_gradient(setup, i) for i in range(setup.num_learners)],

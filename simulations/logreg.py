@@ -128,13 +128,35 @@ def configs(args: argparse.Namespace) -> list[LogRegSetup]:
         if method == "none":
             out.append(base.with_(mechanism="none"))
             continue
+        mechanism, _, where = method.partition("@")
         for eps, delta in args.budgets:
-            out.append(base.with_(mechanism=method, epsilon=eps, delta=delta))
+            out.append(base.with_(mechanism=mechanism, noise_at=where or "step",
+                                  epsilon=eps, delta=delta))
     return out
 
 
+def method_name(s: LogRegSetup) -> str:
+    """``toeplitz`` (per-step, paper 000), ``toeplitz@round`` (paper 001) or
+    ``toeplitz@server`` (paper 002): the method column of the CSVs and tables."""
+    if s.mechanism == "none":
+        return "none"
+    return s.mechanism if s.noise_at == "step" else f"{s.mechanism}@{s.noise_at}"
+
+
+def display_name(method: str) -> str:
+    mechanism, _, where = method.partition("@")
+    suffix = {"": "", "round": ", per round (paper 001)",
+              "server": ", central (paper 002)"}[where]
+    return NAMES.get(mechanism, mechanism) + suffix
+
+
+def order(method: str) -> tuple[int, str]:
+    mechanism = method.partition("@")[0]
+    return (METHODS.index(mechanism) if mechanism in METHODS else len(METHODS), method)
+
+
 def key(s: LogRegSetup) -> tuple:
-    return (s.mechanism, None if s.mechanism == "none" else s.epsilon,
+    return (method_name(s), None if s.mechanism == "none" else s.epsilon,
             None if s.mechanism == "none" else s.delta)
 
 
@@ -177,7 +199,7 @@ def write_runs(path: Path, results: list[dict]) -> list[list]:
         s, m = res["job"].setup, res["summary"]
         noiseless = s.mechanism == "none"
         rows.append([
-            "noiseless" if noiseless else s.mechanism,
+            "noiseless" if noiseless else method_name(s),
             "" if noiseless else s.epsilon,
             "" if noiseless else s.delta,
             s.seed, s.eta, m["final_accuracy"], m["avg_online_loss"], m["dynamic_regret"],
@@ -216,7 +238,7 @@ def plot(args: argparse.Namespace, curves: dict, budgets: list[tuple[float, floa
     ):
         fig, axes = plt.subplots(1, len(budgets), figsize=(6 * len(budgets), 4.2), squeeze=False)
         for ax, (eps, delta) in zip(axes[0], budgets, strict=True):
-            for k, per in sorted(curves.items(), key=lambda kv: METHODS.index(kv[0][0])):
+            for k, per in sorted(curves.items(), key=lambda kv: order(kv[0][0])):
                 if k[0] != "none" and (k[1], k[2]) != (eps, delta):
                     continue
                 mean, std = per[name]
@@ -224,7 +246,7 @@ def plot(args: argparse.Namespace, curves: dict, budgets: list[tuple[float, floa
                 if name == "online_loss" and len(mean) > 50:  # smooth the noisy online loss
                     mean, std = moving_average(mean, len(mean) // 50), moving_average(
                         std, len(mean) // 50)
-                ax.plot(x, mean, label=NAMES[k[0]])
+                ax.plot(x, mean, label=display_name(k[0]))
                 ax.fill_between(x, mean - std, mean + std, alpha=0.2)
             ax.set_title(f"(ε, δ) = ({eps:g}, {delta:g}), mean ± std over {args.seeds} seeds")
             ax.set_xlabel("round r")
@@ -286,8 +308,9 @@ def table(rows: list[list], etas: dict, budgets: list[tuple[float, float]]) -> s
         "| dynamic regret |",
         "|---|---|---|---|---|---|",
     ]
+    methods = sorted({"none" if r[0] == "noiseless" else r[0] for r in rows}, key=order)
     for eps, delta in budgets:
-        for method in METHODS:
+        for method in methods:
             sel = [r for r in rows if r[0] == ("noiseless" if method == "none" else method)
                    and (method == "none" or (r[1], r[2]) == (eps, delta))]
             if not sel:
@@ -296,7 +319,7 @@ def table(rows: list[list], etas: dict, budgets: list[tuple[float, float]]) -> s
             mean, std = arr.mean(axis=0), arr.std(axis=0)
             eta = sel[0][4]
             lines.append(
-                f"| ({eps:g}, {delta:g}) | {NAMES[method]} | {eta:g} | "
+                f"| ({eps:g}, {delta:g}) | {display_name(method)} | {eta:g} | "
                 f"{mean[0]:.3f} ± {std[0]:.3f} | {mean[1]:.3f} ± {std[1]:.3f} | "
                 f"{mean[2]:.0f} ± {std[2]:.0f} |"
             )
@@ -341,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--labels", default="centred", choices=sorted(LABEL_RULES),
                    help="label rule of the synthetic data (docs/data.md): our balanced "
                         "'centred' adaptation or the paper's naive 'fedprox' rule")
-    p.add_argument("--methods", nargs="+", default=METHODS)
+    p.add_argument("--methods", nargs="+", default=METHODS,
+                   help="mechanisms (noise at every local step, paper 000); NAME@round adds "
+                        "the noise once per round on the learner (paper 001), NAME@server "
+                        "on a trusted server (paper 002)")
     p.add_argument("--budgets", nargs="+", type=parse_budget, default=[(2.0, 1e-3), (0.5, 1e-3)])
     p.add_argument("--eta-grid", nargs="+", type=float, default=[0.01, 0.02, 0.05, 0.1, 0.2])
     p.add_argument("--tune-seeds", type=int, default=1)

@@ -39,9 +39,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from ..learner import check_update, clip_by_global_norm
-from ..mechanisms import build_factorization
-from ..privacy import Calibration, calibrate, epsilon_spent
+from ..privacy import Calibration, epsilon_spent
 from ..streams import NoiseStream
+from ..variants import central_calibration, central_noise_std
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,11 @@ class CorrNoiseCentralDP(Strategy):
         self.num_rounds = int(num_rounds)
         self.min_learners = int(min_learners)
         self.method = method
-        sens = build_factorization(mechanism, self.num_rounds).sensitivity
         # Δ of the *sum* is 2·B·sens; the average over ≥ min_learners is that / min_learners
-        total = calibrate(epsilon, delta, clip_norm, sens, method,  # type: ignore[arg-type]
-                          mechanism=mechanism, steps=self.num_rounds)
-        self.calibration: Calibration = total
-        self.noise_std = total.std / self.min_learners
+        self.calibration: Calibration = central_calibration(
+            mechanism, epsilon, delta, clip_norm, self.num_rounds, method  # type: ignore[arg-type]
+        )
+        self.noise_std = central_noise_std(self.calibration, self.min_learners)
         self.seed = seed
         self.stream: NoiseStream | None = None
         self.current: list[np.ndarray] | None = None

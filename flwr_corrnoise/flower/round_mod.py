@@ -42,14 +42,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable
 
-from ..learner import (
-    LearnerState,
-    NonFiniteError,
-    PrivacyConfigError,
-    PrivacySettings,
-    clip_by_global_norm,
-)
+from ..learner import LearnerState, NonFiniteError, PrivacyConfigError, PrivacySettings
 from ..streams import HorizonExhaustedError
+from ..variants import round_release
 from .client import error_code, learner_config, learner_seed
 
 log = logging.getLogger(__name__)
@@ -117,9 +112,8 @@ class CorrNoiseRoundMod:
             ])
             if not np.all(np.isfinite(delta)):
                 raise NonFiniteError("the wrapped app's round update is not finite")
-            clipped, norm = clip_by_global_norm(delta, settings.clip)
             token = state.noise.checkpoint()  # type: ignore[union-attr]
-            noisy = clipped + state.noise.next()  # type: ignore[union-attr]
+            noisy, norm = round_release(delta, settings.clip, state.noise)  # type: ignore[arg-type]
             state.step += 1
             state.rounds += 1
             out, offset = [], 0

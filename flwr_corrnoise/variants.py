@@ -1,0 +1,107 @@
+"""The math of the two other variants (papers 001 and 002), shared by Flower and the sweeps.
+
+Nothing here imports Flower: :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod` and
+:class:`~flwr_corrnoise.flower.CorrNoiseCentralDP` call these functions, and so does the
+in-process engine of the logistic-regression experiment (:func:`run_round_variant`), so the
+experiment measures exactly what the Flower classes do.
+
+* per-round local noise (paper 001): a learner releases ``clip(Δ_r, B) + e[r]``, with
+  ``e`` its own ``R×R`` stream calibrated by :func:`round_calibration`;
+* central noise (paper 002): the trusted server releases
+  ``mean_i clip(Δ_i, B) + e[r]`` with one stream whose std is :func:`central_noise_std`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .learner import PrivacySettings, clip_by_global_norm, derive_seed
+from .mechanisms import build_factorization
+from .privacy import Calibration, Method, calibrate
+from .streams import NoiseStream
+
+#: where the noise is added: every local step (paper 000), every round on the learner
+#: (paper 001), or once per round on the server (paper 002)
+NOISE_AT = ("step", "round", "server")
+
+
+def round_release(delta: np.ndarray, clip: float, noise: NoiseStream) -> tuple[np.ndarray, float]:
+    """Paper 001: ``clip(Δ, B) + e[r]`` for one learner's flat round update ``Δ``.
+
+    Returns the released update and ``‖Δ‖`` before clipping. ``noise`` advances one step.
+    """
+    clipped, norm = clip_by_global_norm(delta, clip)
+    return clipped + noise.next(), norm
+
+
+def central_calibration(
+    mechanism: str, epsilon: float, delta: float, clip: float, rounds: int,
+    method: Method = "exact",
+) -> Calibration:
+    """The Gaussian mechanism on the *sum* of clipped round updates over ``R`` rounds:
+    one datum of one learner moves one clipped update, hence the sum, by ``≤ 2B``."""
+    sens = build_factorization(mechanism, rounds).sensitivity
+    return calibrate(epsilon, delta, clip, sens, method, mechanism=mechanism, steps=rounds)
+
+
+def central_noise_std(calibration: Calibration, min_learners: int) -> float:
+    """Std of the noise on the *average* of at least ``min_learners`` clipped updates."""
+    if min_learners < 1:
+        raise ValueError(f"min_learners must be >= 1, got {min_learners}")
+    return calibration.std / min_learners
+
+
+def run_round_variant(
+    *,
+    initial: Sequence[np.ndarray],
+    local_update: Callable[[int, int, np.ndarray], np.ndarray],
+    num_learners: int,
+    rounds: int,
+    noise_at: str,
+    settings: PrivacySettings,
+    seed: int = 0,
+    evaluate: Callable[[int, list[np.ndarray]], object] | None = None,
+) -> list[np.ndarray]:
+    """In-process run of the per-round (``"round"``) or central (``"server"``) variant.
+
+    ``local_update(learner, round, x)`` returns the learner's flat round update ``Δ`` from
+    the flat model ``x`` (its own, unclipped, noiseless local steps). ``settings.horizon``
+    is the number of rounds and ``settings.clip`` the round-update clip norm ``B``. Every
+    learner takes part in every round; the server step is the plain average (FedAvg with
+    equal weights), as in the Flower classes.
+    """
+    if noise_at not in ("round", "server"):
+        raise ValueError(f"noise_at must be 'round' or 'server', got {noise_at!r}")
+    shapes = [np.shape(p) for p in initial]
+    sizes = np.cumsum([int(np.prod(s)) for s in shapes])[:-1]
+    x = np.concatenate([np.asarray(p, dtype=np.float64).ravel() for p in initial])
+
+    def unflat(v: np.ndarray) -> list[np.ndarray]:
+        return [p.reshape(s) for p, s in zip(np.split(v, sizes), shapes, strict=True)]
+
+    if noise_at == "round":
+        std = settings.calibration().std  # type: ignore[union-attr]
+        streams = [NoiseStream.create(settings.mechanism, rounds, shapes, std,
+                                      derive_seed(seed, i)) for i in range(num_learners)]
+    else:
+        cal = central_calibration(settings.mechanism, settings.epsilon, settings.delta,
+                                  settings.clip, rounds, settings.method)  # type: ignore[arg-type]
+        server = NoiseStream.create(settings.mechanism, rounds, shapes,
+                                    central_noise_std(cal, num_learners),
+                                    derive_seed(seed, 10**6))
+    for r in range(rounds):
+        if evaluate is not None:
+            evaluate(r, unflat(x))
+        deltas = [local_update(i, r, x) for i in range(num_learners)]
+        if noise_at == "round":
+            released = [round_release(d, settings.clip, streams[i])[0]
+                        for i, d in enumerate(deltas)]
+            x = x + np.mean(released, axis=0)
+        else:
+            clipped = [clip_by_global_norm(d, settings.clip)[0] for d in deltas]
+            x = x + np.mean(clipped, axis=0) + server.next()
+    if evaluate is not None:
+        evaluate(rounds, unflat(x))
+    return unflat(x)
