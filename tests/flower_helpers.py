@@ -40,3 +40,14 @@ def simulate(
 
 def read_results(out: Path) -> tuple[np.ndarray, dict[str, Any]]:
     return np.load(out / "final_model.npy"), json.loads((out / "summary.json").read_text())
+
+
+def local_sgd(setup: Any, learner: int, r: int, x: np.ndarray) -> np.ndarray:
+    """τ plain SGD steps of ``learner`` in round ``r`` from ``x`` (the unmodified app that
+    the per-round and central variants wrap), for replays in tests."""
+    from flwr_corrnoise.experiment import logistic_gradient
+
+    grad, z = logistic_gradient(setup, learner), np.array(x, dtype=np.float64)
+    for t in range(setup.tau):
+        z = z - setup.eta * grad([z], r * setup.tau + t)[0]
+    return z

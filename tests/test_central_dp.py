@@ -25,7 +25,7 @@ from flwr_corrnoise.learner import clip_by_global_norm
 from flwr_corrnoise.mechanisms import build_factorization
 from flwr_corrnoise.streams import NoiseStream
 
-from .flower_helpers import simulate
+from .flower_helpers import local_sgd, simulate
 from .test_strategy import FakeGrid, reply, task_identity  # noqa: F401
 
 X = [np.zeros((2, 2)), np.ones(3)]
@@ -157,9 +157,6 @@ def test_central_dp_through_flower_simulation(tmp_path: Path) -> None:
     for r in range(SMALL.rounds):
         deltas = []
         for i in range(SMALL.num_learners):
-            grad, z = logistic_gradient(SMALL, i), x.copy()
-            for t in range(SMALL.tau):
-                z = z - SMALL.eta * grad([z], r * SMALL.tau + t)[0]
-            deltas.append(clip_by_global_norm(z - x, 0.4)[0])
+            deltas.append(clip_by_global_norm(local_sgd(SMALL, i, r, x) - x, 0.4)[0])
         x = x + np.mean(deltas, axis=0) + stream.next()
     np.testing.assert_allclose(seen["final"], x, atol=1e-9)

@@ -29,7 +29,7 @@ from flwr_corrnoise.learner import PrivacySettings, clip_by_global_norm, derive_
 from flwr_corrnoise.mechanisms import build_factorization, prefix_sum_matrix
 from flwr_corrnoise.streams import NoiseStream
 
-from .flower_helpers import simulate
+from .flower_helpers import local_sgd, simulate
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
 
 SETTINGS = PrivacySettings("toeplitz", epsilon=2.0, delta=1e-3, clip=0.5, horizon=3)
@@ -194,10 +194,7 @@ def test_mod_on_an_unmodified_app_through_flower_simulation(tmp_path: Path) -> N
     for r in range(SMALL.rounds):
         released = []
         for i in range(SMALL.num_learners):
-            grad, z = logistic_gradient(SMALL, i), x.copy()
-            for t in range(SMALL.tau):
-                z = z - SMALL.eta * grad([z], r * SMALL.tau + t)[0]
-            clipped, _ = clip_by_global_norm(z - x, 0.4)
+            clipped, _ = clip_by_global_norm(local_sgd(SMALL, i, r, x) - x, 0.4)
             released.append(x + clipped + streams[i].next())
         x = np.mean(released, axis=0)
     np.testing.assert_allclose(seen["final"], x, atol=1e-9)
