@@ -36,6 +36,7 @@ from ..learner import (
     derive_seed,
     local_round,
 )
+from ..persistence import StateLostError, StateStore
 from ..privacy import PrivacyBudgetError
 from ..streams import HorizonExhaustedError
 
@@ -50,6 +51,7 @@ ERROR_CODES: dict[type[Exception], int] = {
     PrivacyBudgetError: 4101,
     HorizonExhaustedError: 4102,
     NonFiniteError: 4103,
+    StateLostError: 4104,
 }
 GENERIC_ERROR = 4100
 
@@ -61,21 +63,55 @@ def error_code(err: Exception) -> int:
     return GENERIC_ERROR
 
 
+#: run-config keys that carry privacy settings, and the proposal key each one maps to
+RUN_CONFIG_PROPOSAL = {
+    "mechanism": "privacy-mechanism",
+    "epsilon": "privacy-epsilon",
+    "delta": "privacy-delta",
+    "clip-norm": "privacy-clip-norm",
+    "horizon": "privacy-horizon",
+}
+
+
+def deployed(context: Context) -> bool:
+    """A learner with a ``state-dir`` in its node config runs as a deployed SuperNode.
+
+    Why it changes what the learner trusts: in deployment the run config is written by
+    whoever launches the run (``flwr run``), i.e. the server side, so it may *propose*
+    privacy settings but never set them; the learner's own settings come from the app's
+    defaults and its node config only, and its noise seed from OS entropy.
+    """
+    return "state-dir" in context.node_config
+
+
 def learner_config(
     context: Context, defaults: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The learner's own configuration: ``defaults`` (the app's), overridden by the run
-    config, overridden by the node config (what the learner's operator set)."""
-    return {**dict(defaults or {}), **dict(context.run_config), **dict(context.node_config)}
+    config (simulations only: see :func:`deployed`), overridden by the node config (what
+    the learner's operator set)."""
+    run = {} if deployed(context) else dict(context.run_config)
+    return {**dict(defaults or {}), **run, **dict(context.node_config)}
+
+
+def run_config_proposal(context: Context) -> dict[str, Any]:
+    """A deployed learner treats the run config's privacy keys as a server proposal."""
+    if not deployed(context):
+        return {}
+    rc = context.run_config
+    return {prop: rc[key] for key, prop in RUN_CONFIG_PROPOSAL.items() if key in rc}
 
 
 def learner_seed(context: Context, defaults: Mapping[str, Any] | None = None) -> int | None:
-    """The noise seed: ``noise-seed`` in the node config, else derived from the run's
-    ``seed`` and the ``partition-id`` (reproducible simulations), else ``None`` (OS
-    entropy, as in deployment)."""
+    """The noise seed: ``noise-seed`` in the node config, else (simulations only) derived
+    from the run's ``seed`` and the ``partition-id``, else ``None``: OS entropy, as every
+    deployed learner without an explicit ``noise-seed`` uses (a seed derived from the run
+    config would be known to the server, which could then subtract the noise)."""
     cfg = learner_config(context, defaults)
     if cfg.get("noise-seed") is not None:
         return int(cfg["noise-seed"])
+    if deployed(context):
+        return None
     if cfg.get("seed") is not None and cfg.get("partition-id") is not None:
         return derive_seed(int(cfg["seed"]), int(cfg["partition-id"]))
     return None
@@ -99,26 +135,47 @@ class CorrNoiseLearner:
         self.context = context
         self.gradient = gradient
         self.defaults = dict(config_defaults or {})
-        self.settings = settings or PrivacySettings.from_config(
-            learner_config(context, self.defaults)
-        )
+        cfg = learner_config(context, self.defaults)
+        if deployed(context) and settings is None and not (
+            cfg.get("horizon") or cfg.get("num-server-rounds")
+        ):
+            raise PrivacyConfigError(
+                "a deployed learner needs its horizon ('horizon' in its node config): the "
+                "run config's round count is the server's, not the learner's"
+            )
+        self.settings = settings or PrivacySettings.from_config(cfg)
         self.seed = learner_seed(context, self.defaults) if seed == "from-context" else seed
+        self.store = StateStore(str(context.node_config["state-dir"])) if deployed(
+            context) else None
 
     def load_state(self, shapes: list[tuple[int, ...]]) -> LearnerState:
-        """The stored state, or a fresh one on the learner's first round."""
+        """The stored state (on disk for a deployed learner), or a fresh one on the
+        learner's first round; a lost or corrupt state is an error, never a fresh start."""
+        if self.store is not None:
+            data = self.store.load()
+            if data is None:
+                return LearnerState.create(self.settings, shapes, self.seed)
+            try:
+                return LearnerState.from_bytes(data)
+            except ValueError as err:
+                raise StateLostError(f"the learner state {self.store.state_path} is "
+                                     f"corrupt, refusing to train: {err}") from err
         if STATE_KEY in self.context.state:
             record = self.context.state[STATE_KEY]
             return LearnerState.from_bytes(bytes(record["learner"]))  # type: ignore[index]
         return LearnerState.create(self.settings, shapes, self.seed)
 
     def save_state(self, state: LearnerState) -> None:
-        self.context.state[STATE_KEY] = ConfigRecord({"learner": state.to_bytes()})
+        data = state.to_bytes()
+        if self.store is not None:
+            self.store.save(data)  # before the reply leaves: a crash releases nothing
+        self.context.state[STATE_KEY] = ConfigRecord({"learner": data})
 
     def train(
         self, parameters: list[np.ndarray], config: Mapping[str, Any]
     ) -> tuple[list[np.ndarray], dict[str, float]]:
         """One round: check the server's proposal, run τ steps, store the new state."""
-        self.settings.check_proposal(config)
+        self.settings.check_proposal({**run_config_proposal(self.context), **dict(config)})
         try:
             tau = int(config["local-steps"])
             eta = float(config["learning-rate"])

@@ -1,0 +1,95 @@
+"""A deployed learner's state on disk: written atomically after every round, never lost
+silently.
+
+Why it matters for privacy: a learner that restarts and begins a *fresh* noise stream —
+or the old stream from its start — while its data stream goes on (or starts over) adds
+noise that was already used, or uses data twice; reused Gaussian noise with new data leaks
+the data. So a SuperNode keeps its noise-stream state, step index and data position in a
+state directory (node config ``state-dir``), and:
+
+* :meth:`StateStore.save` writes ``learner.state`` atomically — a temporary file in the
+  same directory, ``fsync``, ``os.replace``, ``fsync`` of the directory — so a crash leaves
+  either the old or the new state, never a torn one;
+* the first save also writes ``learner.started``, a marker that this learner has
+  released noise. :meth:`StateStore.load` returns ``None`` only for a learner that has
+  never trained; if the marker exists but the state is missing it raises
+  :class:`StateLostError`, and an unreadable state raises it too: the learner refuses to
+  train rather than start over with the same (or any) seed.
+
+Deleting the whole directory makes a *new* learner (with a new OS-entropy seed); that is
+the operator's explicit choice and the documentation says what it costs
+(``docs/threat-model.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+STATE_FILE = "learner.state"
+MARKER_FILE = "learner.started"
+
+
+class StateLostError(RuntimeError):
+    """The learner trained before but its state is missing or unreadable."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old or the new bytes, never a
+    mix, even across a crash (write a temporary file, fsync it, rename, fsync the dir)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class StateStore:
+    """The state directory of one learner."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.state_path = self.directory / STATE_FILE
+        self.marker_path = self.directory / MARKER_FILE
+
+    @property
+    def started(self) -> bool:
+        """Whether this learner has ever saved a state (released noise)."""
+        return self.marker_path.exists()
+
+    def load(self) -> bytes | None:
+        """The stored state bytes; ``None`` for a learner that never trained.
+
+        Raises :class:`StateLostError` if it trained before and the state file is gone.
+        """
+        if not self.state_path.exists():
+            if self.started:
+                raise StateLostError(
+                    f"this learner has trained before ({self.marker_path} exists) but its "
+                    f"state {self.state_path} is missing; refusing to train, because starting "
+                    f"a fresh noise stream would reuse noise or data"
+                )
+            return None
+        try:
+            return self.state_path.read_bytes()
+        except OSError as err:
+            raise StateLostError(f"cannot read the learner state {self.state_path}: {err}") from err
+
+    def save(self, data: bytes) -> None:
+        """Store ``data`` atomically; the first save also writes the started-marker."""
+        if not self.started:
+            atomic_write(self.marker_path, json.dumps({"started": time.time()}).encode())
+        atomic_write(self.state_path, data)
