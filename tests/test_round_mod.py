@@ -199,3 +199,29 @@ def test_mod_on_an_unmodified_app_through_flower_simulation(tmp_path: Path) -> N
         x = np.mean(released, axis=0)
     np.testing.assert_allclose(seen["final"], x, atol=1e-9)
     assert not math.isclose(float(np.linalg.norm(x)), 0.0)
+
+
+def test_deployed_mod_persists_and_refuses_a_lost_state(tmp_path) -> None:
+    def deployed_context() -> Context:  # a fresh process: empty context.state
+        return Context(run_id=1, node_id=1,
+                       node_config={"partition-id": 0, "noise-seed": 5,
+                                    "state-dir": str(tmp_path)},
+                       state=RecordDict(), run_config={"epsilon": 1.0})
+
+    mod = CorrNoiseRoundMod(SETTINGS)
+    replica = NoiseStream.create("toeplitz", 3, [(3,)], SETTINGS.calibration().std, seed=5)
+    for _ in range(2):  # two rounds, each in a "restarted" process
+        reply = mod(train_message([np.zeros(3)]), deployed_context(), Inner([np.zeros(3)]))
+        np.testing.assert_allclose(reply.content["arrays"].to_numpy_ndarrays()[0],
+                                   replica.next(), atol=1e-12)
+    (tmp_path / "round-mod" / "learner.state").unlink()
+    inner = Inner([np.zeros(3)])
+    reply = mod(train_message([np.zeros(3)]), deployed_context(), inner)
+    assert reply.has_error() and reply.error.code == 4104 and inner.calls == 0
+    # as for the per-step learner, a deployed mod treats the run config as a proposal
+    weaker = Context(run_id=1, node_id=1, node_config={"partition-id": 0,
+                                                       "state-dir": str(tmp_path / "w")},
+                     state=RecordDict(), run_config={"epsilon": 9.0})
+    reply = mod(train_message([np.zeros(3)]), weaker, inner)
+    assert reply.has_error() and reply.error.code == 4101 and inner.calls == 0
+

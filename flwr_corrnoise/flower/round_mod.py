@@ -24,7 +24,9 @@ local models are never released, and the whole round update, not one gradient, i
 ``B`` bounds. **If your app reuses data across rounds** (epochs over a fixed local set),
 one datum changes every round's update and this calibration does not cover it.
 
-State (noise stream, rounds done) lives in ``context.state`` like the per-step learner's;
+State (noise stream, rounds done) lives in ``context.state`` like the per-step learner's,
+and for a deployed learner (node config ``state-dir``) also on disk, written atomically
+after every round and required on restart (``flwr_corrnoise.persistence``);
 its privacy settings come from the app's defaults < run config < node config, with
 ``horizon`` = the number of rounds the noise is calibrated for (default
 ``num-server-rounds``); a server proposal that would weaken them is refused with an
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,9 +46,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, 
 from flwr.clientapp.typing import ClientAppCallable
 
 from ..learner import LearnerState, NonFiniteError, PrivacyConfigError, PrivacySettings
+from ..persistence import StateLostError, StateStore
 from ..streams import HorizonExhaustedError
 from ..variants import round_release
-from .client import error_code, learner_config, learner_seed
+from .client import (
+    deployed,
+    error_code,
+    learner_config,
+    learner_seed,
+    run_config_proposal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +94,7 @@ class CorrNoiseRoundMod:
             if not settings.private:
                 raise PrivacyConfigError("CorrNoiseRoundMod needs a noise mechanism, not 'none'")
             config = dict(msg.content["config"]) if "config" in msg.content else {}
-            settings.check_proposal(config)
+            settings.check_proposal({**run_config_proposal(ctxt), **config})
             received = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
             state = self._load(ctxt, settings, received)
             if state.step >= settings.horizon:
@@ -148,18 +158,37 @@ class CorrNoiseRoundMod:
         )
         return reply
 
+    @staticmethod
+    def _store(ctxt: Context) -> StateStore | None:
+        """A deployed learner's on-disk state (``state-dir``/round-mod), else ``None``."""
+        if not deployed(ctxt):
+            return None
+        return StateStore(Path(str(ctxt.node_config["state-dir"])) / "round-mod")
+
     def _load(
         self, ctxt: Context, settings: PrivacySettings, arrays: list[np.ndarray]
     ) -> LearnerState:
-        if ROUND_STATE_KEY in ctxt.state:
+        store = self._store(ctxt)
+        if store is not None:
+            data = store.load()  # StateLostError if it trained before and the state is gone
+            if data is not None:
+                try:
+                    return LearnerState.from_bytes(data)
+                except ValueError as err:
+                    raise StateLostError(f"the mod's state {store.state_path} is corrupt, "
+                                         f"refusing to train: {err}") from err
+        elif ROUND_STATE_KEY in ctxt.state:
             record = ctxt.state[ROUND_STATE_KEY]
             return LearnerState.from_bytes(bytes(record["learner"]))  # type: ignore[index]
         seed = learner_seed(ctxt, self.defaults)
         return LearnerState.create(settings, [np.shape(a) for a in arrays], seed)
 
-    @staticmethod
-    def _save(ctxt: Context, state: LearnerState) -> None:
-        ctxt.state[ROUND_STATE_KEY] = ConfigRecord({"learner": state.to_bytes()})
+    def _save(self, ctxt: Context, state: LearnerState) -> None:
+        data = state.to_bytes()
+        store = self._store(ctxt)
+        if store is not None:
+            store.save(data)  # before the reply leaves: a crash releases nothing
+        ctxt.state[ROUND_STATE_KEY] = ConfigRecord({"learner": data})
 
     @staticmethod
     def _error(msg: Message, err: Exception) -> Message:
