@@ -6,6 +6,12 @@
 :func:`logreg_apps` builds the same pair around a given setup, for
 ``flwr.simulation.run_simulation`` (which takes no run config).
 
+Server-side run-config keys besides the experiment's: ``results-dir``; ``round-timeout``
+(seconds the server waits for a round's replies; learners that have not answered by then
+are left out of that round — a dropped or late learner never blocks the run) and
+``checkpoint-dir`` (save the server's progress after every round and resume from it when
+the run is started again: see :mod:`flwr_corrnoise.flower.checkpoint`).
+
 The ServerApp writes ``history.csv`` (one row per round: test accuracy and loss, online
 loss, round optimum, privacy), ``summary.json`` and ``final_model.npy`` to ``results-dir``.
 """
@@ -27,10 +33,12 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..experiment import LogRegEvaluator, LogRegSetup, initial_parameters, logistic_gradient
 from ..flower import CorrNoiseFedAvg, make_client_app
+from ..flower.checkpoint import ServerCheckpoint, fingerprint
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RESULTS = "results/logreg-flower"
+DEFAULT_ROUND_TIMEOUT = 3600.0
 
 
 def _setup(base: LogRegSetup | None, run_config: Mapping[str, Any]) -> LogRegSetup:
@@ -91,6 +99,8 @@ def logreg_apps(
         s = _setup(setup, context.run_config)
         out = Path(str(context.run_config.get("results-dir", results_dir or DEFAULT_RESULTS)))
         wait_for_nodes(grid, s.num_learners)
+        ckpt_dir = str(context.run_config.get("checkpoint-dir", ""))
+        key = fingerprint({k: v for k, v in s.as_dict().items() if k != "rounds"})
         strategy = CorrNoiseFedAvg(
             local_steps=s.tau,
             learning_rate=s.eta,
@@ -98,6 +108,7 @@ def logreg_apps(
             privacy=s.settings(),
             fraction_train=s.fraction_train,
             min_available_nodes=s.num_learners,
+            checkpoint=ServerCheckpoint(ckpt_dir, key) if ckpt_dir else None,
         )
         evaluator = LogRegEvaluator(s, progress=progress, label=f"flower {s.label}")
 
@@ -110,8 +121,10 @@ def logreg_apps(
             grid=grid,
             initial_arrays=ArrayRecord(initial_parameters(s)),
             num_rounds=s.rounds,
+            timeout=float(context.run_config.get("round-timeout", DEFAULT_ROUND_TIMEOUT)),
             evaluate_fn=evaluate_fn,
         )
+        evaluator.rows = [dict(e) for e in strategy.evaluations]  # with rounds before a restart
         final = result.arrays.to_numpy_ndarrays()
         summary = write_results(out, s, evaluator, strategy, final, time.perf_counter() - start)
         print(

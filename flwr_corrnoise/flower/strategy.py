@@ -9,20 +9,23 @@ their own and refuse weaker ones), and aggregates the replies with
 update. Replies with a wrong shape or dtype, NaN/Inf or missing keys are rejected and
 logged; error replies (a learner refusing a config or out of budget) are recorded.
 Per-learner privacy reports (ε spent, steps, noise std) are kept in :attr:`privacy`.
+With a :class:`~flwr_corrnoise.flower.checkpoint.ServerCheckpoint` the strategy saves its
+progress after every round and :meth:`CorrNoiseFedAvg.start` resumes from it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from ..learner import PrivacySettings, aggregate, check_update
+from .checkpoint import ServerCheckpoint, ServerProgress
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,8 @@ class CorrNoiseFedAvg(FedAvg):
     server_learning_rate : η_g.
     privacy : the settings the server proposes to learners (sent as ``privacy-*`` keys);
         ``None`` sends no proposal. Learners never take these as their own.
+    checkpoint : where to save the server's progress after every round; :meth:`start`
+        resumes from it (see :mod:`flwr_corrnoise.flower.checkpoint`).
     Other keyword arguments go to ``FedAvg`` (``fraction_train``, ``min_train_nodes``,
     ``min_available_nodes``...). Client-side evaluation is off by default
     (``fraction_evaluate=0``): the server evaluates ``x^r`` centrally via ``evaluate_fn``.
@@ -55,6 +60,7 @@ class CorrNoiseFedAvg(FedAvg):
         fraction_evaluate: float = 0.0,
         min_train_nodes: int = 1,
         min_available_nodes: int = 1,
+        checkpoint: ServerCheckpoint | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -79,6 +85,62 @@ class CorrNoiseFedAvg(FedAvg):
         self.privacy: dict[int, dict[str, float]] = {}
         #: per-round log: accepted, rejected (with reasons) and error replies
         self.rounds: list[dict[str, Any]] = []
+        #: server-side evaluations ``evaluate_fn`` returned, one per round from round 0
+        self.evaluations: list[dict[str, float]] = []
+        self.checkpoint = checkpoint
+        #: rounds completed before this process started (restored from the checkpoint)
+        self.round_offset = 0
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run ``num_rounds`` rounds in all, resuming after the checkpointed ones.
+
+        Rounds are numbered from 1 across restarts (``evaluate_fn`` sees the true round
+        number); a resumed run does not re-evaluate the checkpointed model.
+        """
+        progress = self.checkpoint.load() if self.checkpoint is not None else None
+        if progress is not None:
+            self.round_offset = progress.round
+            self.privacy = progress.privacy
+            self.rounds = progress.rounds
+            self.evaluations = progress.evaluations
+            initial_arrays = ArrayRecord(progress.arrays)
+            log.info("resuming after round %d from %s", progress.round, self.checkpoint.path)
+
+        def evaluate(local_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            server_round = self.round_offset + local_round
+            if local_round == 0 and progress is not None:
+                return None  # evaluated before the restart
+            res = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+            self.evaluations.append(dict(res) if res is not None else {})
+            if self.checkpoint is not None and local_round > 0:
+                self.checkpoint.save(ServerProgress(
+                    round=server_round,
+                    arrays=[np.asarray(a) for a in arrays.to_numpy_ndarrays()],
+                    privacy=self.privacy, rounds=self.rounds, evaluations=self.evaluations,
+                ))
+            return res
+
+        result = super().start(
+            grid=grid,
+            initial_arrays=initial_arrays,
+            num_rounds=max(0, num_rounds - self.round_offset),
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=evaluate,
+        )
+        if not result.arrays:  # nothing left to run: the checkpoint is the final model
+            result.arrays = initial_arrays
+        return result
 
     def round_config(self) -> dict[str, Any]:
         """The per-round keys this strategy adds to the train config."""
@@ -125,7 +187,7 @@ class CorrNoiseFedAvg(FedAvg):
             accepted.append((order, [np.asarray(u, dtype=np.float64) for u in update]))
             report = {k: float(metrics[k]) for k in PRIVACY_KEYS if k in metrics}
             if report:
-                self.privacy[node] = {**report, "round": float(server_round)}
+                self.privacy[node] = {**report, "round": float(self.round_offset + server_round)}
         # a fixed summation order (by learner id) makes runs reproducible bit for bit
         accepted.sort(key=lambda item: item[0])
         new = aggregate(
@@ -136,8 +198,8 @@ class CorrNoiseFedAvg(FedAvg):
             self.local_steps,
         )
         self.rounds.append(
-            {"round": server_round, "accepted": len(accepted), "rejected": rejected,
-             "errors": errors, "learners": [order for order, _ in accepted]}
+            {"round": self.round_offset + server_round, "accepted": len(accepted),
+             "rejected": rejected, "errors": errors, "learners": [order for order, _ in accepted]}
         )
         summary: dict[str, float] = {
             "num-updates": float(len(accepted)),

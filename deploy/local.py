@@ -1,0 +1,281 @@
+"""A whole Flower deployment on one machine: a SuperLink and N SuperNodes as real processes.
+
+Why: the deployment guide (``docs/deployment.md``) and the end-to-end tests need the same
+thing — real ``flower-superlink`` / ``flower-supernode`` processes talking over Flower's
+transport, with TLS and SuperNode authentication or in insecure mode, each SuperNode with
+its own partition and its own state directory — and must stop exactly the processes they
+started. Every process is started in a new session, so stopping it (``os.killpg`` on its
+own pid) also stops the SuperExec and app processes it spawned, and nothing else.
+
+Run it as a script to try a deployment (``python -m deploy.local --help``)::
+
+    python -m deploy.local --nodes 3 --tls --rounds 5
+
+Everything lives under ``--workdir``: ``flwr-home/`` (the ``flwr`` CLI's configuration, a
+``FLWR_HOME`` of its own), ``certs/``, ``state/node-<i>/`` (each learner's state),
+``logs/`` and ``results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "examples" / "logreg-app"
+CERT_SCRIPT = ROOT / "deploy" / "generate-certs.sh"
+CONNECTION = "local-deployment"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def toml_value(value: Any) -> str:
+    """One value as TOML, for ``--node-config`` / ``--run-config``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "") + "'"
+
+
+def config_arg(config: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
+
+
+class LocalDeployment:
+    """A SuperLink plus ``num_nodes`` SuperNodes on localhost.
+
+    ``node_config(i)`` gives SuperNode ``i``'s node config (``partition-id``,
+    ``num-partitions`` and ``state-dir`` are added unless given). With ``tls`` the
+    SuperLink serves HTTPS with certificates made by ``deploy/generate-certs.sh`` and
+    admits only registered SuperNodes (``--enable-supernode-auth``): each SuperNode has
+    its own key pair, so a restarted SuperNode keeps its node id.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        num_nodes: int,
+        *,
+        tls: bool = True,
+        node_config: Callable[[int], Mapping[str, Any]] | None = None,
+        app: str | os.PathLike[str] = APP,
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.num_nodes = num_nodes
+        self.tls = tls
+        self.node_config = node_config or (lambda i: {})
+        self.app = Path(app)
+        self.home = self.workdir / "flwr-home"
+        self.certs = self.workdir / "certs"
+        self.logs = self.workdir / "logs"
+        self.port = free_port()
+        self.node_ports = [free_port() for _ in range(num_nodes)]
+        self.superlink: subprocess.Popen[bytes] | None = None
+        self.nodes: dict[int, subprocess.Popen[bytes]] = {}
+        self.started: list[subprocess.Popen[bytes]] = []
+        for d in (self.home, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # -- environment ------------------------------------------------------------------
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "FLWR_HOME": str(self.home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def state_dir(self, i: int) -> Path:
+        return self.workdir / "state" / f"node-{i}"
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        log = open(self.logs / log_name, "ab")  # noqa: SIM115 - owned by the process
+        proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=self.workdir, start_new_session=True)
+        log.close()
+        self.started.append(proc)
+        return proc
+
+    # -- processes --------------------------------------------------------------------
+    def make_certificates(self) -> None:
+        if not (self.certs / "server.pem").exists():
+            subprocess.run(["bash", str(CERT_SCRIPT), str(self.certs), str(self.num_nodes)],
+                           check=True, capture_output=True)
+
+    def start_superlink(self, timeout: float = 60) -> None:
+        args = ["flower-superlink", "--port", str(self.port),
+                "--database", str(self.workdir / "superlink.db"),
+                "--disable-runtime-dependency-installation"]
+        if self.tls:
+            args += ["--ssl-ca-certfile", str(self.certs / "ca.crt"),
+                     "--ssl-certfile", str(self.certs / "server.pem"),
+                     "--ssl-keyfile", str(self.certs / "server.key"),
+                     "--enable-supernode-auth"]
+        else:
+            args += ["--insecure"]
+        self.superlink = self._spawn(args, "superlink.log")
+        self._wait_for_port(self.port, timeout, self.superlink)
+
+    def _wait_for_port(self, port: int, timeout: float, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"process exited with {proc.returncode}; see {self.logs}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"nothing listens on port {port} after {timeout} s; see {self.logs}")
+
+    def write_connection(self) -> None:
+        """The ``flwr`` CLI's connection to this SuperLink, in ``$FLWR_HOME/config.toml``."""
+        lines = ["[superlink]", f'default = "{CONNECTION}"', "",
+                 f"[superlink.{CONNECTION}]", f'address = "127.0.0.1:{self.port}"']
+        lines.append(f'root-certificates = "{self.certs / "ca.crt"}"' if self.tls
+                     else "insecure = true")
+        (self.home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["flwr", *args], env=self.env, cwd=self.workdir,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def register_nodes(self) -> None:
+        for i in range(self.num_nodes):
+            res = self.flwr("supernode", "register", str(self.certs / f"supernode-{i}.pub"),
+                            CONNECTION)
+            if res.returncode != 0 or "registered" not in res.stdout:
+                raise RuntimeError(f"registering SuperNode {i} failed: {res.stdout}{res.stderr}")
+
+    def full_node_config(self, i: int) -> dict[str, Any]:
+        return {"partition-id": i, "num-partitions": self.num_nodes,
+                "state-dir": str(self.state_dir(i)), **dict(self.node_config(i))}
+
+    def start_node(self, i: int) -> None:
+        args = ["flower-supernode", "--superlink", f"127.0.0.1:{self.port}",
+                "--port", str(self.node_ports[i]),
+                "--node-config", config_arg(self.full_node_config(i))]
+        if self.tls:
+            args += ["--root-certificates", str(self.certs / "ca.crt"),
+                     "--auth-supernode-private-key", str(self.certs / f"supernode-{i}.key")]
+        else:
+            args += ["--insecure"]
+        self.nodes[i] = self._spawn(args, f"supernode-{i}.log")
+
+    def kill(self, proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL) -> None:
+        """Stop ``proc`` and everything it started (its session), as a crash would."""
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+    def kill_node(self, i: int) -> None:
+        self.kill(self.nodes.pop(i, None))
+
+    def kill_superlink(self) -> None:
+        self.kill(self.superlink)
+        self.superlink = None
+
+    def start(self) -> LocalDeployment:
+        if self.tls:
+            self.make_certificates()
+        self.start_superlink()
+        self.write_connection()
+        if self.tls:
+            self.register_nodes()
+        for i in range(self.num_nodes):
+            self.start_node(i)
+        return self
+
+    def run_app(self, run_config: Mapping[str, Any], *,
+                timeout: float = 600) -> subprocess.Popen[str]:
+        """``flwr run`` of the app on this deployment, streaming its log to a file."""
+        args = ["flwr", "run", str(self.app), CONNECTION, "--stream",
+                "--run-config", config_arg(run_config)]
+        log = open(self.logs / "flwr-run.log", "a")  # noqa: SIM115 - owned by the process
+        proc = subprocess.Popen(args, env=self.env, cwd=self.workdir, stdout=log,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        log.close()
+        self.started.append(proc)  # type: ignore[arg-type]
+        return proc
+
+    def close(self) -> None:
+        """Stop every process this deployment started, newest first (the SuperLink last)."""
+        for proc in reversed(self.started):
+            self.kill(proc, signal.SIGTERM)
+
+    def __enter__(self) -> LocalDeployment:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=3, help="number of SuperNodes (learners)")
+    p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
+                   help="TLS and SuperNode authentication (default) or --no-tls (insecure)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--local-steps", type=int, default=2)
+    p.add_argument("--mechanism", default="blt")
+    p.add_argument("--epsilon", type=float, default=2.0)
+    p.add_argument("--delta", type=float, default=1e-3)
+    p.add_argument("--dim", type=int, default=20)
+    p.add_argument("--workdir", default=None, help="default: a new temporary directory")
+    args = p.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="flwr-corrnoise-deploy-"))
+    horizon = args.rounds * args.local_steps
+    learner = {"mechanism": args.mechanism, "epsilon": args.epsilon, "delta": args.delta,
+               "horizon": horizon}
+    run_config = {"num-learners": args.nodes, "dim": args.dim,
+                  "num-server-rounds": args.rounds, "local-steps": args.local_steps,
+                  "test-size": 500, "results-dir": str(workdir / "results"),
+                  "checkpoint-dir": str(workdir / "checkpoint"), "mechanism": args.mechanism,
+                  "epsilon": args.epsilon, "delta": args.delta}
+    print(f"deployment in {workdir} ({'TLS' if args.tls else 'insecure'}, "
+          f"{args.nodes} SuperNodes); logs in {workdir / 'logs'}", flush=True)
+    with LocalDeployment(workdir, args.nodes, tls=args.tls,
+                         node_config=lambda i: learner) as dep:
+        print(f"SuperLink on 127.0.0.1:{dep.port}; "
+              f"FLWR_HOME={shlex.quote(str(dep.home))}", flush=True)
+        run = dep.run_app(run_config)
+        log_path = dep.logs / "flwr-run.log"
+        shown = 0
+        while run.poll() is None:  # progress: follow the run's log
+            time.sleep(1)
+            text = log_path.read_text(errors="replace")
+            for line in text[shown:].splitlines():
+                if "[ROUND" in line or "flwr-corrnoise:" in line or "ERROR" in line:
+                    print(line.strip(), flush=True)
+            shown = len(text)
+        print(f"flwr run exited with {run.returncode}; results in {workdir / 'results'}")
+        return int(run.returncode)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
