@@ -178,6 +178,27 @@ class LocalDeployment:
             args += ["--insecure"]
         self.nodes[i] = self._spawn(args, f"supernode-{i}.log")
 
+    def restart_node(self, i: int, timeout: float = 240, retry: float = 3.0) -> None:
+        """Start SuperNode ``i`` again and keep restarting it, as a process supervisor
+        would, until it is admitted.
+
+        Why the retries: with SuperNode authentication the SuperLink refuses to activate a
+        node id it still believes online; after a crash that lasts until the node has
+        missed two heartbeats (about a minute), and ``flower-supernode`` exits meanwhile.
+        """
+        log = self.logs / f"supernode-{i}.log"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            before = log.read_text(errors="replace").count("SuperNode ID:") if log.exists() else 0
+            self.start_node(i)
+            proc = self.nodes[i]
+            while proc.poll() is None and time.monotonic() < deadline:
+                if log.read_text(errors="replace").count("SuperNode ID:") > before:
+                    return
+                time.sleep(0.2)
+            time.sleep(retry)
+        raise TimeoutError(f"SuperNode {i} was not admitted again within {timeout} s")
+
     def kill(self, proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGKILL) -> None:
         """Stop ``proc`` and everything it started (its session), as a crash would."""
         if proc is None or proc.poll() is not None:

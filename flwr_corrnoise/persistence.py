@@ -30,6 +30,7 @@ from pathlib import Path
 
 STATE_FILE = "learner.state"
 MARKER_FILE = "learner.started"
+LEDGER_FILE = "ledger.jsonl"
 
 
 class StateLostError(RuntimeError):
@@ -87,6 +88,29 @@ class StateStore:
             return self.state_path.read_bytes()
         except OSError as err:
             raise StateLostError(f"cannot read the learner state {self.state_path}: {err}") from err
+
+    def log_round(self, entry: dict[str, object]) -> None:
+        """Append one line to ``ledger.jsonl``, the learner's audit log of released steps.
+
+        Written (and fsynced) just *before* the state, so every committed round has a
+        line; a line whose ``first-step`` a later line repeats is a round that crashed
+        before its state was written and was redone with the same, never released, noise
+        indices. The effective lines' step ranges tile ``0..step`` without overlap.
+        """
+        path = self.directory / LEDGER_FILE
+        with open(path, "a") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def ledger(self) -> list[dict[str, object]]:
+        """The ledger's effective lines (the last line for each ``first-step``), in order."""
+        path = self.directory / LEDGER_FILE
+        if not path.exists():
+            return []
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        last = {int(e["first-step"]): e for e in lines}  # type: ignore[call-overload]
+        return [last[k] for k in sorted(last)]
 
     def save(self, data: bytes) -> None:
         """Store ``data`` atomically; the first save also writes the started-marker."""

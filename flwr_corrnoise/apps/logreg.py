@@ -6,7 +6,9 @@
 :func:`logreg_apps` builds the same pair around a given setup, for
 ``flwr.simulation.run_simulation`` (which takes no run config).
 
-Server-side run-config keys besides the experiment's: ``results-dir``; ``round-timeout``
+Server-side run-config keys besides the experiment's: ``results-dir``; ``min-learners``
+(the fewest connected learners a round starts with; the first round always waits for
+all ``num-learners``); ``round-timeout``
 (seconds the server waits for a round's replies; learners that have not answered by then
 are left out of that round — a dropped or late learner never blocks the run) and
 ``checkpoint-dir`` (save the server's progress after every round and resume from it when
@@ -107,7 +109,9 @@ def logreg_apps(
             server_learning_rate=s.eta_g,
             privacy=s.settings(),
             fraction_train=s.fraction_train,
-            min_available_nodes=s.num_learners,
+            # after the first round, go on with whoever is connected: a learner that crashed
+            # must not stall the others (it rejoins when it is back)
+            min_available_nodes=int(context.run_config.get("min-learners", 1)),
             checkpoint=ServerCheckpoint(ckpt_dir, key) if ckpt_dir else None,
         )
         evaluator = LogRegEvaluator(s, progress=progress, label=f"flower {s.label}")

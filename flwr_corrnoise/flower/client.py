@@ -19,6 +19,7 @@ server configuration with a clear error reply.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -185,7 +186,14 @@ class CorrNoiseLearner:
             ) from err
         shapes = [tuple(np.shape(p)) for p in parameters]
         state = self.load_state(shapes)
+        first_step, position = state.step, state.position
         result = local_round(parameters, self.gradient, state, self.settings, tau, eta)
+        if self.store is not None:  # the operator's audit log of the noise indices released
+            self.store.log_round({
+                "server-round": int(config.get("server-round", -1)),
+                "first-step": first_step, "steps": result.state.step - first_step,
+                "position": position, "time": time.time(),
+            })
         self.save_state(result.state)
         metrics = dict(result.metrics)
         pid = learner_config(self.context, self.defaults).get("partition-id")

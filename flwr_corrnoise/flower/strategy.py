@@ -90,6 +90,7 @@ class CorrNoiseFedAvg(FedAvg):
         self.checkpoint = checkpoint
         #: rounds completed before this process started (restored from the checkpoint)
         self.round_offset = 0
+        self._message_ttl: float | None = None
 
     def start(
         self,
@@ -129,6 +130,7 @@ class CorrNoiseFedAvg(FedAvg):
                 ))
             return res
 
+        self._message_ttl = float(timeout)
         result = super().start(
             grid=grid,
             initial_arrays=initial_arrays,
@@ -158,7 +160,15 @@ class CorrNoiseFedAvg(FedAvg):
         ]
         for key, value in self.round_config().items():
             config[key] = value
-        return super().configure_train(server_round, arrays, config, grid)
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        for msg in messages:
+            # rounds are numbered across restarts, so a learner's ledger names the true round
+            msg.content["config"]["server-round"] = self.round_offset + server_round
+            if self._message_ttl is not None:
+                # a learner that was down must not pick up a stale round when it is back
+                # (it would spend budget on an update nobody waits for any more)
+                msg.metadata.ttl = min(msg.metadata.ttl, self._message_ttl)
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -1,0 +1,211 @@
+"""End to end on Flower's real transport: a SuperLink and 3 SuperNodes as real processes.
+
+Each test starts its own ``flower-superlink`` and ``flower-supernode`` processes on free
+localhost ports with their own ``FLWR_HOME`` (:class:`deploy.local.LocalDeployment`), crashes
+one of them mid-run with SIGKILL, restarts it, and checks the run against an in-process
+replay of the same rounds with the same seeds: the final model must match, and every
+learner's on-disk state must be exactly where an uninterrupted stream would be — so no
+noise index was used twice. Every process is stopped by its own pid (its session).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from deploy.local import LocalDeployment
+from flwr_corrnoise.experiment import LogRegSetup, initial_parameters, logistic_gradient
+from flwr_corrnoise.flower.checkpoint import CHECKPOINT_FILE
+from flwr_corrnoise.learner import (
+    LearnerState,
+    PrivacySettings,
+    aggregate,
+    local_round,
+)
+from flwr_corrnoise.persistence import STATE_FILE, StateStore
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("flower-superlink") is None, reason="flwr not installed"),
+]
+
+SEED, ROUNDS, TAU = 11, 5, 2
+SETUP = LogRegSetup(num_learners=3, dim=6, rounds=ROUNDS, tau=TAU, mechanism="blt",
+                    seed=SEED, data_seed=4, test_size=100)
+#: what each SuperNode's operator sets; ``noise-seed`` only so the test can replay the run
+LEARNER = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-3, "horizon": ROUNDS * TAU}
+
+
+def noise_seed(i: int) -> int:
+    return 7000 + i  # node-config integers are TOML's 64-bit ones
+
+
+def node_config(i: int) -> dict[str, Any]:
+    return {**LEARNER, "noise-seed": noise_seed(i)}
+
+
+def run_config(out: Path, **extra: Any) -> dict[str, Any]:
+    return {"num-learners": 3, "dim": SETUP.dim, "num-server-rounds": ROUNDS,
+            "local-steps": TAU, "mechanism": "blt", "seed": SEED, "data-seed": 4,
+            "test-size": 100, "results-dir": str(out), **extra}
+
+
+def learner_state(dep: LocalDeployment, i: int) -> LearnerState | None:
+    path = dep.state_dir(i) / STATE_FILE
+    return LearnerState.from_bytes(path.read_bytes()) if path.exists() else None
+
+
+def wait_until(predicate, timeout: float, what: str, dep: LocalDeployment) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            logs = "\n".join(p.read_text(errors="replace")[-1500:]
+                             for p in sorted(dep.logs.glob("*.log")))
+            raise TimeoutError(f"timed out waiting for {what}\n{logs}")
+        time.sleep(0.2)
+
+
+def finish(dep: LocalDeployment, run, timeout: float = 300) -> dict[str, Any]:
+    try:
+        run.wait(timeout=timeout)
+    finally:
+        log = (dep.logs / "flwr-run.log").read_text(errors="replace")
+    assert run.returncode == 0, log[-4000:]
+    out = Path(run_config_out(dep))
+    wait_until(lambda: (out / "summary.json").exists(), 60, "summary.json", dep)
+    return json.loads((out / "summary.json").read_text())
+
+
+def run_config_out(dep: LocalDeployment) -> str:
+    return str(dep.workdir / "results")
+
+
+def ledger(dep: LocalDeployment, i: int) -> list[dict[str, Any]]:
+    """Learner ``i``'s effective ledger lines, checked to tile its noise indices: each
+    round's steps start where the previous round's ended, from index 0 — no index twice."""
+    lines = StateStore(dep.state_dir(i)).ledger()
+    assert [e["first-step"] for e in lines] == [TAU * k for k in range(len(lines))]
+    assert all(e["steps"] == TAU for e in lines)
+    state = learner_state(dep, i)
+    assert state is not None and state.step == TAU * len(lines)
+    return lines
+
+
+def replay(
+    participation: list[list[int]], trained: Mapping[int, list[int]]
+) -> tuple[list[np.ndarray], list[LearnerState]]:
+    """The run in process. ``trained[i]``: the (1-based) rounds learner ``i`` trained in,
+    from its ledger, once per time it trained; ``participation[r]``: the learners whose
+    update round ``r + 1`` aggregated. A learner can train in a round without being
+    aggregated (it crashed after its state was written, its reply came too late, or the
+    server died and ran the round again): those steps are spent, and a round run again
+    after a server crash starts from the same checkpointed model."""
+    defaults = LogRegSetup().to_run_config()
+    settings = PrivacySettings.from_config({**defaults, **LEARNER})
+    grads = [logistic_gradient(SETUP, i) for i in range(3)]
+    x = initial_parameters(SETUP)
+    shapes = [p.shape for p in x]
+    states = [LearnerState.create(settings, shapes, noise_seed(i)) for i in range(3)]
+    for r, chosen in enumerate(participation):
+        assert set(chosen) <= {i for i in range(3) if r + 1 in trained[i]}
+        updates = []
+        for i in range(3):
+            for _ in range(trained[i].count(r + 1)):  # the last of them may be aggregated
+                res = local_round(x, grads[i], states[i], settings, TAU, SETUP.eta)
+                states[i] = res.state
+            if i in chosen:
+                updates.append(res.update)
+        x = aggregate(x, updates, SETUP.eta, SETUP.eta_g, TAU)
+    return x, states
+
+
+def check_against_replay(dep: LocalDeployment, summary: Mapping[str, Any]) -> None:
+    participation = summary["participation"]
+    assert len(participation) == ROUNDS
+    trained = {i: [int(e["server-round"]) for e in ledger(dep, i)] for i in range(3)}
+    x, states = replay(participation, trained)
+    final = np.load(dep.workdir / "results" / "final_model.npy")
+    np.testing.assert_allclose(final, x[0], atol=1e-10, rtol=0)
+    assert_streams_continue(dep, states)
+
+
+def assert_streams_continue(dep: LocalDeployment, states: list[LearnerState]) -> None:
+    """Each learner's state on disk is the replayed one: same step (noise index), same data
+    position, same noise-stream state — i.e. the restart continued the sequence."""
+    for i, expected in enumerate(states):
+        got = learner_state(dep, i)
+        assert got is not None
+        assert (got.step, got.position, got.rounds) == (
+            expected.step, expected.position, expected.rounds), f"learner {i}"
+        assert got.noise is not None and expected.noise is not None
+        assert got.noise.to_bytes() == expected.noise.to_bytes(), f"learner {i}"
+
+
+@pytest.fixture
+def workdir():
+    path = Path(tempfile.mkdtemp(prefix="corrnoise-deploy-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_tls_deployment_survives_a_supernode_crash(workdir: Path) -> None:
+    """TLS + SuperNode auth; SuperNode 1 is SIGKILLed after its second round and
+    restarted with the same key and state directory."""
+    with LocalDeployment(workdir, 3, tls=True, node_config=node_config) as dep:
+        run = dep.run_app(run_config(workdir / "results", **{"round-timeout": 20.0}))
+        wait_until(lambda: (s := learner_state(dep, 1)) is not None and s.step >= 2 * TAU,
+                   240, "learner 1 to finish two rounds", dep)
+        dep.kill_node(1)
+        killed_at = learner_state(dep, 1)
+        dep.restart_node(1)  # admitted again once the SuperLink has seen it go
+        summary = finish(dep, run)
+        assert all(p.poll() is None for p in dep.nodes.values())
+    assert killed_at is not None and killed_at.step >= 2 * TAU
+    check_against_replay(dep, summary)
+    assert len(ledger(dep, 1)) >= 3  # it trained again after the restart
+
+
+def test_insecure_deployment_resumes_after_a_superlink_crash(workdir: Path) -> None:
+    """Insecure mode (local development); the SuperLink is SIGKILLed after round 2 is
+    checkpointed, restarted on the same database, and the run started again resumes."""
+    ckpt = workdir / "checkpoint"
+    cfg = run_config(workdir / "results", **{"checkpoint-dir": str(ckpt),
+                                             "round-timeout": 30.0})
+    with LocalDeployment(workdir, 3, tls=False, node_config=node_config) as dep:
+        run = dep.run_app(cfg)
+
+        def checkpointed_round() -> int:
+            try:
+                return json_round(ckpt / CHECKPOINT_FILE)
+            except (OSError, ValueError):
+                return 0
+
+        wait_until(lambda: checkpointed_round() >= 2, 240, "round 2's checkpoint", dep)
+        dep.kill_superlink()
+        crashed_after = checkpointed_round()
+        dep.kill(run)
+        dep.start_superlink()
+        for i in range(3):  # a SuperNode that gave up reconnecting is restarted
+            if dep.nodes[i].poll() is not None:
+                dep.start_node(i)
+        run = dep.run_app(cfg)
+        summary = finish(dep, run)
+    assert crashed_after < ROUNDS
+    history = (workdir / "results" / "history.csv").read_text().splitlines()
+    assert [int(float(line.split(",")[0])) for line in history[1:]] == list(range(ROUNDS + 1))
+    check_against_replay(dep, summary)
+
+
+def json_round(path: Path) -> int:
+    """The round number in a checkpoint file, without checking whose it is."""
+    from flwr_corrnoise.arraypack import unpack
+
+    return int(json.loads(unpack(path.read_bytes())["meta"].tobytes())["round"])
