@@ -102,3 +102,33 @@ def test_store_marker_and_atomic_save(tmp_path) -> None:
     store.save(b"two")
     assert store.started and store.load() == b"two"
     assert sorted(p.name for p in store.directory.iterdir()) == [MARKER_FILE, STATE_FILE]
+
+
+def test_ledger_tiles_the_released_noise_indices(tmp_path) -> None:
+    """Every committed round has a ledger line; the lines' step ranges tile 0..step."""
+    ctx = context(tmp_path / "s")
+    x = [np.zeros(SETUP.dim)]
+    for r in (1, 2, 3):
+        learner(ctx).train(x, {**CONFIG, "server-round": r})
+    lines = StateStore(tmp_path / "s").ledger()
+    assert [(e["server-round"], e["first-step"], e["steps"]) for e in lines] == [
+        (1, 0, 2), (2, 2, 2), (3, 4, 2)]
+    state = LearnerState.from_bytes((tmp_path / "s" / STATE_FILE).read_bytes())
+    assert state.step == 6 and [e["position"] for e in lines] == [0, 2, 4]
+
+
+def test_ledger_keeps_the_redone_round_not_the_crashed_one(tmp_path) -> None:
+    """A crash between the ledger line and the state write leaves a line whose steps
+    were never released; the redo repeats its first step and replaces it."""
+    store = StateStore(tmp_path / "s")
+    store.log_round({"server-round": 4, "first-step": 6, "steps": 2})  # crashed
+    store.log_round({"server-round": 5, "first-step": 6, "steps": 2})  # redone
+    store.log_round({"server-round": 6, "first-step": 8, "steps": 2})
+    assert [e["server-round"] for e in store.ledger()] == [5, 6]
+
+
+def test_refused_round_writes_no_ledger_line(tmp_path) -> None:
+    ctx = context(tmp_path / "s")
+    with pytest.raises(PrivacyConfigError):
+        learner(ctx).train([np.zeros(SETUP.dim)], {**CONFIG, "privacy-epsilon": 8.0})
+    assert StateStore(tmp_path / "s").ledger() == []
