@@ -262,7 +262,9 @@ class NoiseStream:
 
     def _next_dense(self) -> np.ndarray:
         if self._count == self._buf.shape[0]:
-            grown = np.zeros((max(16, 2 * self._count), self.dim))
+            # doubling, but never past the horizon: at d ≈ 3·10⁵ (a CNN) the rows are
+            # the learner's whole memory, and a buffer of 2N rows would double it
+            grown = np.zeros((min(self.horizon, max(16, 2 * self._count)), self.dim))
             grown[: self._count] = self._buf[: self._count]
             self._buf = grown
         self._buf[self._count] = self._draw()
