@@ -1,0 +1,279 @@
+"""Paper 000's CNN experiment (Sec. V-B, Fig. 4) on MNIST or Fashion-MNIST.
+
+Needs the ``torch`` extra. The CNN is the paper's: two 3×3 convolutions with 32 filters,
+2×2 max-pooling, fully connected 64 then 10 units, ReLU, cross-entropy. 10 learners; a
+part of the training set spread evenly at random, the rest split by class (class ``l`` to
+learner ``l``, :func:`~flwr_corrnoise.data.idx.paper_partition`); the test set evaluated
+on the server. Each local step uses the next ``batch_size`` images of the learner's stream
+(each image once): the step's gradient is the batch's mean gradient, clipped to ``B_g``
+as a whole, so one image changes one clipped step by at most ``2·B_g`` — the sensitivity
+the calibration assumes, whatever the batch size (the paper's setting is one image).
+
+Two engines run the same learners: :func:`run_cnn` (in process, for sweeps) and
+:func:`cnn_apps` (a ServerApp/ClientApp pair for Flower's Ray simulation); both call
+:func:`flwr_corrnoise.learner.local_round` through
+:class:`~flwr_corrnoise.pytorch.ModuleGradient`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from functools import cache
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from .data.idx import ImageDataset, load_dataset, paper_partition
+from .engine import run_inprocess
+from .flower import CorrNoiseFedAvg
+from .learner import NOISELESS, PrivacySettings
+from .pytorch import BatchStream, ModuleGradient, get_parameters, make_torch_client_app
+
+
+class PaperCNN(torch.nn.Module):
+    """conv 3×3×32 → ReLU → conv 3×3×32 → ReLU → max-pool 2×2 → FC 64 → ReLU → FC 10."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 32, 3)
+        self.conv2 = torch.nn.Conv2d(32, 32, 3)
+        self.fc1 = torch.nn.Linear(32 * 12 * 12, 64)
+        self.fc2 = torch.nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv1(x))
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+@dataclass(frozen=True)
+class CNNSetup:
+    """One CNN run. ``steps`` = ``R·τ`` (fixed across τ, as in the paper); ``train_size``
+    and ``iid_size`` shrink the data for reduced runs (``None``: the paper's 60,000 and
+    30,000)."""
+
+    dataset: str = "fashion-mnist"
+    data_root: str | None = None
+    num_learners: int = 10
+    steps: int = 200
+    tau: int = 1
+    batch_size: int = 10
+    mechanism: str = "blt"
+    epsilon: float = 2.0
+    delta: float = 1e-3
+    clip: float = 1.0
+    eta: float = 0.05
+    eta_g: float = 1.0
+    seed: int = 0
+    data_seed: int = 0
+    train_size: int | None = None
+    iid_size: int | None = None
+    test_size: int = 10000
+    eval_every: int = 0  # rounds between test evaluations; 0: about 20 points per run
+    threads: int = 0  # torch threads; 0: leave torch's default
+
+    @property
+    def rounds(self) -> int:
+        if self.steps % self.tau:
+            raise ValueError(f"steps {self.steps} is not a multiple of τ = {self.tau}")
+        return self.steps // self.tau
+
+    @property
+    def label(self) -> str:
+        return "noiseless" if self.mechanism == NOISELESS else self.mechanism
+
+    def settings(self) -> PrivacySettings:
+        return PrivacySettings(mechanism=self.mechanism, epsilon=self.epsilon,
+                               delta=self.delta, clip=self.clip, horizon=self.steps)
+
+    def with_(self, **changes: Any) -> CNNSetup:
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@cache
+def _dataset(name: str, root: str | None) -> ImageDataset:
+    return load_dataset(name, root)
+
+
+@dataclass
+class CNNData:
+    """The learners' streams and the test set of one setup."""
+
+    dataset: ImageDataset
+    streams: list[np.ndarray]  # per learner: indices into the training set, in stream order
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+
+def cnn_data(setup: CNNSetup) -> CNNData:
+    """Partition the (possibly reduced) training set and check every stream is long enough
+    for ``steps`` batches: a datum is never used twice (online learning)."""
+    ds = _dataset(setup.dataset, setup.data_root)
+    n = len(ds.train_y) if setup.train_size is None else min(setup.train_size, len(ds.train_y))
+    rng = np.random.default_rng([setup.data_seed, 0xC77])
+    subset = np.sort(rng.permutation(len(ds.train_y))[:n]) if n < len(ds.train_y) else (
+        np.arange(n))
+    iid = n // 2 if setup.iid_size is None else setup.iid_size
+    parts = paper_partition(ds.train_y[subset], setup.num_learners, iid, setup.data_seed)
+    streams = [subset[p] for p in parts]
+    need = setup.steps * setup.batch_size
+    short = [i for i, s in enumerate(streams) if len(s) < need]
+    if short:
+        raise ValueError(
+            f"learners {short} have fewer than steps·batch = {need} images "
+            f"(shortest: {min(len(streams[i]) for i in short)}); use fewer steps, a smaller "
+            f"batch or more training data"
+        )
+    m = min(setup.test_size, len(ds.test_y))
+    return CNNData(ds, streams, torch.from_numpy(ds.test_x[:m]), torch.from_numpy(ds.test_y[:m]))
+
+
+def batch_stream(data: CNNData, learner: int, batch_size: int) -> BatchStream:
+    """Position ``p`` of learner ``learner``'s stream: its images ``p·b … p·b + b − 1``."""
+    order = data.streams[learner]
+    x, y = data.dataset.train_x, data.dataset.train_y
+
+    def batch(position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = order[position * batch_size : (position + 1) * batch_size]
+        if len(idx) < batch_size:
+            raise IndexError(f"learner {learner}'s stream has no batch at position {position}")
+        return torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+
+    return batch
+
+
+def initial_model(setup: CNNSetup) -> PaperCNN:
+    torch.manual_seed(setup.seed)
+    return PaperCNN(10)
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, params: list[np.ndarray] | None, x: torch.Tensor,
+             y: torch.Tensor, batch: int = 2000) -> tuple[float, float]:
+    """Test accuracy and mean cross-entropy of ``params`` (loaded into ``model``)."""
+    from .pytorch import set_parameters
+
+    if params is not None:
+        set_parameters(model, params)
+    correct, loss = 0, 0.0
+    for i in range(0, len(y), batch):
+        out = model(x[i : i + batch])
+        loss += float(torch.nn.functional.cross_entropy(out, y[i : i + batch], reduction="sum"))
+        correct += int((out.argmax(1) == y[i : i + batch]).sum())
+    return correct / len(y), loss / len(y)
+
+
+class CNNEvaluator:
+    """Test accuracy of ``x^r`` every ``eval_every`` rounds (and the last); progress on
+    stderr; rows in :attr:`rows`."""
+
+    def __init__(self, setup: CNNSetup, data: CNNData, progress: bool = True,
+                 label: str = "") -> None:
+        self.setup, self.data, self.progress = setup, data, progress
+        self.every = setup.eval_every or max(1, setup.rounds // 20)
+        self.model = initial_model(setup)
+        self.rows: list[dict[str, float]] = []
+        self.label = label or f"{setup.label} τ={setup.tau}"
+        self._start = time.perf_counter()
+
+    def __call__(self, r: int, params: list[np.ndarray]) -> dict[str, float] | None:
+        if r % self.every and r != self.setup.rounds:
+            return None
+        if all(np.all(np.isfinite(p)) for p in params):
+            acc, loss = accuracy(self.model, params, self.data.test_x, self.data.test_y)
+        else:
+            acc, loss = float("nan"), float("nan")
+        row = {"round": float(r), "test-accuracy": acc, "test-loss": loss}
+        self.rows.append(row)
+        if self.progress:
+            print(f"  [{self.label}] round {r:>5}/{self.setup.rounds}  acc {acc:.3f}  "
+                  f"loss {loss:.3f}  ({time.perf_counter() - self._start:.0f} s)",
+                  file=sys.stderr, flush=True)
+        return row
+
+
+@dataclass
+class CNNResult:
+    setup: CNNSetup
+    rows: list[dict[str, float]]
+    params: list[np.ndarray]
+    seconds: float
+
+    @property
+    def final_accuracy(self) -> float:
+        return self.rows[-1]["test-accuracy"]
+
+
+def run_cnn(setup: CNNSetup, progress: bool = True) -> CNNResult:
+    """One run in process (the engine of :mod:`flwr_corrnoise.engine`)."""
+    if setup.threads:
+        torch.set_num_threads(setup.threads)
+    data = cnn_data(setup)
+    model = initial_model(setup)  # one module serves every learner: each call loads params
+    grads = [ModuleGradient(model, torch.nn.functional.cross_entropy,
+                            batch_stream(data, i, setup.batch_size))
+             for i in range(setup.num_learners)]
+    evaluator = CNNEvaluator(setup, data, progress)
+    start = time.perf_counter()
+    res = run_inprocess(
+        initial=get_parameters(initial_model(setup)), gradients=grads,
+        settings=setup.settings(), rounds=setup.rounds, tau=setup.tau, eta=setup.eta,
+        eta_g=setup.eta_g, seed=setup.seed, evaluate=evaluator,
+    )
+    return CNNResult(setup, evaluator.rows, res.params, time.perf_counter() - start)
+
+
+def cnn_apps(setup: CNNSetup, progress: bool = True,
+             on_finish: Callable[[CNNResult], None] | None = None
+             ) -> tuple[ServerApp, ClientApp]:
+    """The same run on Flower (``flwr.simulation.run_simulation``, Ray backend): learner
+    ``partition-id`` streams its part; the server evaluates on the test set."""
+    from .apps.logreg import wait_for_nodes
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        wait_for_nodes(grid, setup.num_learners)
+        data = cnn_data(setup)
+        evaluator = CNNEvaluator(setup, data, progress, label=f"flower {setup.label}")
+        strategy = CorrNoiseFedAvg(local_steps=setup.tau, learning_rate=setup.eta,
+                                   server_learning_rate=setup.eta_g,
+                                   privacy=setup.settings(),
+                                   min_available_nodes=setup.num_learners)
+
+        def evaluate_fn(r: int, arrays: ArrayRecord) -> MetricRecord | None:
+            row = evaluator(r, arrays.to_numpy_ndarrays())
+            return None if row is None else MetricRecord(row)
+
+        start = time.perf_counter()
+        result = strategy.start(grid=grid, initial_arrays=ArrayRecord(
+            get_parameters(initial_model(setup))), num_rounds=setup.rounds,
+            evaluate_fn=evaluate_fn)
+        if on_finish is not None:
+            on_finish(CNNResult(setup, evaluator.rows, result.arrays.to_numpy_ndarrays(),
+                                time.perf_counter() - start))
+
+    def model_fn(context: Context) -> torch.nn.Module:
+        if setup.threads:
+            torch.set_num_threads(setup.threads)
+        return initial_model(setup)
+
+    def batches_fn(context: Context) -> BatchStream:
+        return batch_stream(cnn_data(setup), int(context.node_config["partition-id"]),
+                            setup.batch_size)
+
+    defaults = {"mechanism": setup.mechanism, "epsilon": setup.epsilon,
+                "delta": setup.delta, "clip-norm": setup.clip, "horizon": setup.steps,
+                "seed": setup.seed}
+    return server_app, make_torch_client_app(model_fn, batches_fn, config_defaults=defaults)

@@ -1,0 +1,76 @@
+"""The CNN experiment at toy size, on IDX files the test makes: the in-process engine, the
+script's outputs, and one configuration on Flower's Ray simulation."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flwr_corrnoise.cnn import CNNSetup, PaperCNN, cnn_data, run_cnn  # noqa: E402
+from tests.test_idx import make_idx_dir  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("idx")
+    make_idx_dir(d, n_train=200, n_test=40, gz=True, seed=1)
+    return d
+
+
+def toy(root: Path, **kw) -> CNNSetup:
+    base = dict(dataset="mnist", data_root=str(root), num_learners=2, steps=4, tau=2,
+                batch_size=3, mechanism="blt", eta=0.05, test_size=40, threads=1)
+    return CNNSetup(**{**base, **kw})
+
+
+def test_paper_cnn_shape() -> None:
+    model = PaperCNN()
+    assert model(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
+    sizes = [p.numel() for p in model.parameters()]
+    assert sizes == [288, 32, 9216, 32, 294912, 64, 640, 10]  # the paper's layers
+
+
+def test_streams_use_each_image_once_and_refuse_too_short(root: Path) -> None:
+    data = cnn_data(toy(root))
+    both = np.concatenate(data.streams)
+    assert len(both) == len(np.unique(both)) == 200
+    with pytest.raises(ValueError, match="fewer than steps"):
+        cnn_data(toy(root, steps=200))
+
+
+def test_run_is_reproducible_and_noise_matters(root: Path) -> None:
+    a, b = run_cnn(toy(root), progress=False), run_cnn(toy(root), progress=False)
+    for x, y in zip(a.params, b.params, strict=True):
+        np.testing.assert_array_equal(x, y)
+    quiet = run_cnn(toy(root, mechanism="none"), progress=False)
+    assert max(float(np.max(np.abs(x - y)))
+               for x, y in zip(a.params, quiet.params, strict=True)) > 1e-3
+    assert [r["round"] for r in a.rows] == [0.0, 1.0, 2.0]
+    assert 0.0 <= a.final_accuracy <= 1.0
+
+
+def test_script_writes_csv_plot_and_checks_flower(root: Path, tmp_path: Path) -> None:
+    from simulations.cnn import HEADER, main
+
+    out = tmp_path / "out"
+    assert main(["--dataset", "mnist", "--data-root", str(root), "--learners", "2",
+                 "--steps", "4", "--taus", "1", "2", "--batch-size", "3", "--methods",
+                 "none", "blt", "--test-size", "40", "--threads", "1", "--flower",
+                 "--out", str(out)]) == 0
+    with open(out / "runs.csv") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0][:8] == ["dataset", "method", "tau", "rounds", "epsilon", "delta", "seed",
+                           "final_accuracy"] and rows[0] == HEADER
+    assert [(r[0], r[1], r[2], r[3]) for r in rows[1:]] == [
+        ("mnist", "none", "1", "4"), ("mnist", "blt", "1", "4"),
+        ("mnist", "none", "2", "2"), ("mnist", "blt", "2", "2")]
+    assert (out / "accuracy.png").stat().st_size > 10_000
+    diff = float((out / "flower-check.txt").read_text().split()[-1])
+    assert diff < 1e-6  # Flower's Ray simulation gives the in-process model
