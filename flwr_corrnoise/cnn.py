@@ -17,6 +17,7 @@ Two engines run the same learners: :func:`run_cnn` (in process, for sweeps) and
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -277,3 +278,26 @@ def cnn_apps(setup: CNNSetup, progress: bool = True,
                 "delta": setup.delta, "clip-norm": setup.clip, "horizon": setup.steps,
                 "seed": setup.seed}
     return server_app, make_torch_client_app(model_fn, batches_fn, config_defaults=defaults)
+
+
+def final_noise_to_signal(setup: CNNSetup, dim: int) -> float:
+    """How large the privacy noise in the final model is next to the most the data can
+    move it: ``‖noise‖ / (N·B_g)`` after ``N = R·τ`` steps, averaged over the learners.
+
+    Why this number explains the CNN results: the final model is
+    ``x⁰ − η·η_g·(1/n)·Σ_i Σ_k (g_i[k] + e_i[k])``; the data part has norm at most
+    ``η·η_g·N·B_g``, and the noise part's expected norm is
+    ``η·η_g·σ·‖b_{N−1}‖·√(d/n)`` (``b_{N−1}``: the last row of ``B``, so
+    ``σ·‖b_{N−1}‖`` is the per-coordinate std of a learner's noise prefix sum). η, η_g and
+    ``B_g`` (σ ∝ ``B_g``) cancel: only the mechanism, ``N``, ``d`` and ``n`` matter. Above
+    1 the noise outweighs any signal; the correlated mechanisms' ``‖b_{N−1}‖`` grows like
+    ``polylog(N)``, independent noise's like ``√N``, so longer horizons favour them.
+    """
+    from .mechanisms import build_factorization
+
+    cal = setup.settings().calibration()
+    if cal is None:
+        return 0.0
+    last = float(build_factorization(setup.mechanism, setup.steps).row_errors()[-1])
+    return cal.std * math.sqrt(last) * math.sqrt(dim / setup.num_learners) / (
+        setup.steps * setup.clip)

@@ -74,3 +74,23 @@ def test_script_writes_csv_plot_and_checks_flower(root: Path, tmp_path: Path) ->
     assert (out / "accuracy.png").stat().st_size > 10_000
     diff = float((out / "flower-check.txt").read_text().split()[-1])
     assert diff < 1e-6  # Flower's Ray simulation gives the in-process model
+
+
+@pytest.mark.parametrize("mechanism", ["independent", "tree", "blt"])
+def test_final_noise_to_signal_matches_a_sampled_stream(mechanism: str) -> None:
+    """The closed form against the noise streams themselves: sum every learner's N
+    increments, average over learners, compare the norm with N·B_g."""
+    from flwr_corrnoise.cnn import final_noise_to_signal
+    from flwr_corrnoise.learner import LearnerState
+
+    setup = CNNSetup(mechanism=mechanism, steps=32, num_learners=3, clip=0.7)
+    d = 20000
+    ratio = final_noise_to_signal(setup, d)
+    total = np.zeros(d)
+    for i in range(setup.num_learners):
+        noise = LearnerState.create(setup.settings(), [(d,)], seed=100 + i).noise
+        for _ in range(setup.steps):
+            total += noise.next()  # type: ignore[union-attr]
+    sampled = np.linalg.norm(total / setup.num_learners) / (setup.steps * setup.clip)
+    assert sampled == pytest.approx(ratio, rel=0.03)
+    assert final_noise_to_signal(setup.with_(mechanism="none"), d) == 0.0
