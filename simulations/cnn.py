@@ -72,53 +72,110 @@ def row(res: CNNResult) -> list:
             s.train_size or 60000, round(res.seconds, 1)]
 
 
-def plot(results: list[CNNResult], path: Path) -> None:
+def curve_rows(results: list[CNNResult]) -> list[list]:
+    return [[r.setup.dataset, r.setup.mechanism, r.setup.tau, r.setup.seed, int(row["round"]),
+             round(row["test-accuracy"], 4)] for r in results for row in r.rows]
+
+
+def plot(curves: list[list], runs: list[list], path: Path) -> None:
+    """Accuracy vs round, one panel per τ, mean ± std over seeds (from curves.csv rows)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    taus = sorted({r.setup.tau for r in results})
+    taus = sorted({int(c[2]) for c in curves})
     fig, axes = plt.subplots(1, len(taus), figsize=(4.2 * len(taus), 3.4), squeeze=False)
+    first = runs[0]
     for ax, tau in zip(axes[0], taus, strict=True):
-        for method in dict.fromkeys(r.setup.mechanism for r in results):
-            runs = [r for r in results if r.setup.tau == tau and r.setup.mechanism == method]
-            if not runs:
+        for method in sorted(dict.fromkeys(c[1] for c in curves), key=order):
+            sub = [c for c in curves if int(c[2]) == tau and c[1] == method]
+            if not sub:
                 continue
-            x = np.array([row["round"] for row in runs[0].rows])
-            acc = np.array([[row["test-accuracy"] for row in r.rows] for r in runs])
+            seeds = sorted({c[3] for c in sub})
+            x = np.array(sorted({int(c[4]) for c in sub}))
+            acc = np.array([[float(c[5]) for c in sub if c[3] == s] for s in seeds])
             mean, std = acc.mean(axis=0), acc.std(axis=0)
             ax.plot(x, mean, label=NAMES.get(method, method))
             ax.fill_between(x, mean - std, mean + std, alpha=0.2)
-        s = results[0].setup
-        ax.set_title(f"τ = {tau}, R = {s.steps // tau}")
+        ax.set_title(f"τ = {tau}, R = {int(first[8]) // tau}")
         ax.set_xlabel("communication round")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"test accuracy ({results[0].setup.dataset})")
+    axes[0][0].set_ylabel(f"test accuracy ({first[0]})")
     axes[0][-1].legend(fontsize=8, loc="lower right")
-    s = results[0].setup
-    fig.suptitle(f"CNN, ({s.epsilon:g}, {s.delta:g})-LDP, {s.num_learners} learners, "
-                 f"R·τ = {s.steps}, batch {s.batch_size}", fontsize=10)
+    fig.suptitle(f"CNN, ({first[4]}, {first[5]})-LDP, R·τ = {first[8]}, "
+                 f"batch {first[9]}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def read_csv(path: Path) -> list[list]:
+    with open(path) as fh:
+        return list(csv.reader(fh))[1:]
+
+
 def table(rows: list[list]) -> str:
-    """Mean ± std of the final accuracy per method (rows) and τ (columns)."""
-    taus = sorted({int(r[2]) for r in rows})
-    methods = list(dict.fromkeys(r[1] for r in rows))
-    lines = ["| method | " + " | ".join(f"τ = {t}" for t in taus) + " |",
-             "|---|" + "---|" * len(taus)]
-    for m in methods:
+    """Mean (± std over seeds) final accuracy per method (rows) and τ (columns), one
+    table per dataset, horizon and batch size."""
+    out = []
+    groups = dict.fromkeys((r[0], int(r[8]), int(r[9])) for r in rows)
+    for dataset, steps, batch in groups:
+        sub = [r for r in rows if (r[0], int(r[8]), int(r[9])) == (dataset, steps, batch)]
+        taus = sorted({int(r[2]) for r in sub})
+        methods = sorted(dict.fromkeys(r[1] for r in sub), key=order)
+        lines = [f"**{dataset}, R·τ = {steps} steps of {batch} image(s)**, final test "
+                 f"accuracy (ε = {sub[0][4]}, δ = {sub[0][5]}):", "",
+                 "| method | " + " | ".join(f"τ = {t}, R = {steps // t}" for t in taus) + " |",
+                 "|---|" + "---|" * len(taus)]
+        for m in methods:
+            cells = []
+            for t in taus:
+                acc = [float(r[7]) for r in sub if r[1] == m and int(r[2]) == t]
+                cells.append(f"{np.mean(acc):.3f} ± {np.std(acc):.3f}" if len(acc) > 1
+                             else f"{acc[0]:.3f}" if acc else "")
+            lines.append(f"| {NAMES.get(m, m)} | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def order(method: str) -> int:
+    keys = ["none", "independent", "tree", "optimized", "toeplitz", "blt"]
+    return keys.index(method) if method in keys else len(keys)
+
+
+def snr_table(horizons: list[int], learners: int = 10) -> str:
+    """``final_noise_to_signal`` of every mechanism at the given horizons for the CNN."""
+    from flwr_corrnoise.cnn import PaperCNN, final_noise_to_signal
+
+    d = sum(p.numel() for p in PaperCNN().parameters())
+    mechs = ["independent", "tree", "optimized", "toeplitz", "blt"]
+    lines = ["| R·τ | " + " | ".join(NAMES[m] for m in mechs) + " |",
+             "|---|" + "---|" * len(mechs)]
+    for n in horizons:
         cells = []
-        for t in taus:
-            acc = [float(r[7]) for r in rows if r[1] == m and int(r[2]) == t]
-            cells.append(f"{np.mean(acc):.3f} ± {np.std(acc):.3f}" if len(acc) > 1
-                         else f"{acc[0]:.3f}" if acc else "")
-        lines.append(f"| {NAMES.get(m, m)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        for m in mechs:
+            if m == "optimized" and n > 1000:  # a dense N×N solve; ≈ Toeplitz anyway
+                cells.append("(≈ Toeplitz)")
+                continue
+            setup = CNNSetup(mechanism=m, steps=n, num_learners=learners)
+            cells.append(f"{final_noise_to_signal(setup, d):.2f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\n(d = {d:,}, n = {learners} learners, ε = 2, δ = 10⁻³.)"
+
+
+def merge_docs_rows(path: Path, new: list[list]) -> list[list]:
+    """The docs CSV keeps every run; a rerun replaces the rows of the same configuration."""
+    same = {tuple(str(x) for x in (r[0], r[1], r[2], r[6], r[8], r[9])) for r in new}
+    old: list[list] = []
+    if path.exists():
+        with open(path) as fh:
+            reader = csv.reader(fh)
+            next(reader, None)
+            old = [r for r in reader
+                   if tuple(r[i] for i in (0, 1, 2, 6, 8, 9)) not in same]
+    return old + [[str(x) for x in r] for r in new]
 
 
 def update_marked_section(path: Path, name: str, text: str) -> None:
@@ -145,6 +202,31 @@ def flower_check(setup: CNNSetup, reference: CNNResult) -> float:
         raise RuntimeError("the Flower run did not finish")
     return max(float(np.max(np.abs(a - b)))
                for a, b in zip(out[0].params, reference.params, strict=True))
+
+
+def run_jobs(jobs: list[CNNSetup], out: Path, results: list[CNNResult]
+             ) -> tuple[list[list], list[list]]:
+    """Run every setup in process, writing runs.csv as it goes (progress on stderr)."""
+    start = time.perf_counter()
+    with open(out / "runs.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(HEADER)
+        for k, setup in enumerate(jobs, 1):
+            print(f"[{k}/{len(jobs)}] {setup.dataset} {setup.label} τ={setup.tau} "
+                  f"R={setup.rounds} seed={setup.seed}", file=sys.stderr, flush=True)
+            res = run_cnn(setup, progress=True)
+            results.append(res)
+            writer.writerow(row(res))
+            fh.flush()
+            print(f"[{k}/{len(jobs)}] final accuracy {res.final_accuracy:.3f} "
+                  f"({res.seconds:.0f} s; {time.perf_counter() - start:.0f} s in all)",
+                  file=sys.stderr, flush=True)
+    curves = curve_rows(results)
+    with open(out / "curves.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["dataset", "method", "tau", "seed", "round", "test_accuracy"])
+        writer.writerows(curves)
+    return [[str(x) for x in row(r)] for r in results], [[str(x) for x in c] for c in curves]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run the first configuration on Flower's Ray simulation")
     p.add_argument("--out", type=Path, default=Path("results/cnn"))
     p.add_argument("--docs", action="store_true", help="write docs/results-cnn.csv etc.")
+    p.add_argument("--from-runs", action="store_true",
+                   help="do not run: redo the plot, table and docs from --out's CSVs")
     args = p.parse_args(argv)
 
     if args.download:
@@ -183,40 +267,29 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     jobs = setups(args)
     results: list[CNNResult] = []
-    start = time.perf_counter()
-    with open(args.out / "runs.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(HEADER)
-        for k, setup in enumerate(jobs, 1):
-            print(f"[{k}/{len(jobs)}] {setup.dataset} {setup.label} τ={setup.tau} "
-                  f"R={setup.rounds} seed={setup.seed}", file=sys.stderr, flush=True)
-            res = run_cnn(setup, progress=True)
-            results.append(res)
-            writer.writerow(row(res))
-            fh.flush()
-            print(f"[{k}/{len(jobs)}] final accuracy {res.final_accuracy:.3f} "
-                  f"({res.seconds:.0f} s; {time.perf_counter() - start:.0f} s in all)",
-                  file=sys.stderr, flush=True)
-    with open(args.out / "curves.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["dataset", "method", "tau", "seed", "round", "test_accuracy"])
-        for res in results:
-            for r in res.rows:
-                writer.writerow([res.setup.dataset, res.setup.mechanism, res.setup.tau,
-                                 res.setup.seed, int(r["round"]), round(r["test-accuracy"], 4)])
-    plot(results, args.out / "accuracy.png")
-    rows = [row(r) for r in results]
+    if args.from_runs:  # redo the plot, table and docs from an earlier run's CSVs
+        rows, curves = read_csv(args.out / "runs.csv"), read_csv(args.out / "curves.csv")
+        args.steps, args.batch_size = int(rows[0][8]), int(rows[0][9])
+    else:
+        rows, curves = run_jobs(jobs, args.out, results)
+    plot(curves, rows, args.out / "accuracy.png")
     text = table(rows)
     print(text)
-    if args.flower:
+    if args.flower and results:
         diff = flower_check(jobs[0], results[0])
         print(f"Flower Ray simulation of {jobs[0].label} τ={jobs[0].tau}: max |Δx| = {diff:.2e}")
         (args.out / "flower-check.txt").write_text(f"{jobs[0]}\nmax abs difference {diff}\n")
     if args.docs:
-        shutil.copy(args.out / "runs.csv", ROOT / "docs" / "results-cnn.csv")
-        (ROOT / "docs" / "figures").mkdir(exist_ok=True)
-        shutil.copy(args.out / "accuracy.png", ROOT / "docs" / "figures" / "cnn-accuracy.png")
-        update_marked_section(ROOT / "docs" / "results-cnn.md", "cnn", text)
+        docs = ROOT / "docs"
+        merged = merge_docs_rows(docs / "results-cnn.csv", rows)
+        with open(docs / "results-cnn.csv", "w", newline="") as fh:
+            csv.writer(fh).writerows([HEADER, *merged])
+        (docs / "figures").mkdir(exist_ok=True)
+        shutil.copy(args.out / "accuracy.png",
+                    docs / "figures" / f"cnn-accuracy-{args.steps}x{args.batch_size}.png")
+        update_marked_section(docs / "results-cnn.md", "cnn", table(merged))
+        horizons = sorted({300, 5000, *(int(r[8]) for r in merged)})
+        update_marked_section(docs / "results-cnn.md", "snr", snr_table(horizons))
     print(f"results in {args.out.resolve()}")
     return 0
 

@@ -74,6 +74,22 @@ def test_script_writes_csv_plot_and_checks_flower(root: Path, tmp_path: Path) ->
     assert (out / "accuracy.png").stat().st_size > 10_000
     diff = float((out / "flower-check.txt").read_text().split()[-1])
     assert diff < 1e-6  # Flower's Ray simulation gives the in-process model
+    (out / "accuracy.png").unlink()
+    assert main(["--out", str(out), "--from-runs"]) == 0  # replot from the CSVs only
+    assert (out / "accuracy.png").exists()
+
+
+def test_tables() -> None:
+    from simulations.cnn import snr_table, table
+
+    rows = [["fashion-mnist", m, str(t), str(8 // t), "2.0", "0.001", str(s), str(acc), "8",
+             "3", "0.02", "60000", "1"]
+            for m, acc in (("none", 0.8), ("blt", 0.5)) for t in (1, 2) for s in (0, 1)]
+    text = table(rows)
+    assert "| noiseless | 0.800 ± 0.000 | 0.800 ± 0.000 |" in text
+    assert "τ = 2, R = 4" in text and "R·τ = 8 steps of 3 image(s)" in text
+    snr = snr_table([300])
+    assert snr.count("\n| 300 |") == 1 and "305,194" in snr
 
 
 @pytest.mark.parametrize("mechanism", ["independent", "tree", "blt"])
