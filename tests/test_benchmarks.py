@@ -43,3 +43,11 @@ def test_mechanisms_table(steps: str) -> None:
     rows = run("mechanisms_table.py", "--steps", steps)
     assert [r[1] for r in rows[1:7]] == ["optimized", "blt", "toeplitz", "efficient-tree",
                                          "tree", "independent"]
+
+
+def test_torch_step() -> None:
+    pytest.importorskip("torch")
+    rows = run("torch_step.py", "--steps", "3", "--repeats", "1",
+               "--mechanisms", "none", "blt")
+    assert [r[0] for r in rows[1:]] == ["none", "blt"]
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 and r[3].endswith("×") for r in rows[1:])
