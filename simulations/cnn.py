@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(args.out / "accuracy.png",
                     docs / "figures" / f"cnn-accuracy-{args.steps}x{args.batch_size}.png")
         update_marked_section(docs / "results-cnn.md", "cnn", table(merged))
-        horizons = sorted({300, 5000, *(int(r[8]) for r in merged)})
+        horizons = sorted({300, 1000, 5000, *(int(r[8]) for r in merged)})
         update_marked_section(docs / "results-cnn.md", "snr", snr_table(horizons))
     print(f"results in {args.out.resolve()}")
     return 0

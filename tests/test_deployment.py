@@ -160,7 +160,10 @@ def test_tls_deployment_survives_a_supernode_crash(workdir: Path) -> None:
     """TLS + SuperNode auth; SuperNode 1 is SIGKILLed after its second round and
     restarted with the same key and state directory."""
     with LocalDeployment(workdir, 3, tls=True, node_config=node_config) as dep:
-        run = dep.run_app(run_config(workdir / "results", **{"round-timeout": 20.0}))
+        # min-learners = 3: once the SuperLink has seen node 1 go, the next round waits
+        # for it to come back, so the restarted learner is sure to train again
+        run = dep.run_app(run_config(workdir / "results", **{"round-timeout": 90.0,
+                                                             "min-learners": 3}))
         wait_until(lambda: (s := learner_state(dep, 1)) is not None and s.step >= 2 * TAU,
                    240, "learner 1 to finish two rounds", dep)
         dep.kill_node(1)
