@@ -1,8 +1,10 @@
 """Paper 000, Sec. V-B (Fig. 4): the CNN under (2, 10⁻³)-LDP, τ ∈ {1, 2, 4} with R·τ fixed.
 
-Reduced size (what docs/results-cnn.md reports; ≈ 25 min on 2 cores):
+What docs/results-cnn.md reports (the paper's horizon, R·τ = 5000 steps of one image,
+the methods whose streams fit in memory; ≈ 60 min per τ on one core):
 
-    python -m simulations.cnn --out results/cnn --docs
+    python -m simulations.cnn --steps 5000 --batch-size 1 --taus 1 --methods none independent \
+        blt --eta 0.02 --threads 1 --out results/cnn-long     # and --taus 2, --taus 4
 
 Full size (the paper's: one image per step, every learner's whole stream, R·τ = 3000;
 needs ≈ 6 h per seed on 2 cores for the constant-memory mechanisms, and the optimized and
