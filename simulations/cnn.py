@@ -3,16 +3,14 @@
 What docs/results-cnn.md reports (the paper's horizon, R·τ = 5000 steps of one image,
 the methods whose streams fit in memory; ≈ 60 min per τ on one core):
 
-    python -m simulations.cnn --steps 5000 --batch-size 1 --taus 1 --methods none independent \
+    python -m simulations.cnn --steps 5000 --batch-size 1 --taus 1 --methods none independent \\
         blt --eta 0.02 --threads 1 --out results/cnn-long     # and --taus 2, --taus 4
 
-Full size (the paper's: one image per step, every learner's whole stream, R·τ = 3000;
-needs ≈ 6 h per seed on 2 cores for the constant-memory mechanisms, and the optimized and
-Toeplitz streams need N·d floats per learner — 7 GB each at d ≈ 3·10⁵, so only on a
-machine with ≥ 100 GB):
+Full size (every method and τ; the optimized and Toeplitz streams need N·d floats per
+learner — 12 GB each at N = 5000, d ≈ 3·10⁵ — so only on a machine with ≥ 150 GB):
 
-    python -m simulations.cnn --steps 3000 --batch-size 1 --train-size 60000 \\
-        --methods none independent tree blt optimized toeplitz --out results/cnn-full
+    python -m simulations.cnn --steps 5000 --batch-size 1 --taus 1 2 4 \\
+        --methods none independent tree optimized toeplitz blt --eta 0.02 --out results/cnn-full
 
 Toy size (what the tests run, on IDX files they make):
 
