@@ -22,8 +22,9 @@ or ``--download``); the default is Fashion-MNIST from Debian's ``dataset-fashion
 configuration on Flower's Ray simulation and checks it against the in-process run.
 Outputs in ``--out``: ``runs.csv`` (``dataset,method,tau,rounds,epsilon,delta,seed,
 final_accuracy`` and more), ``curves.csv`` (accuracy per round), ``accuracy.png`` (one
-panel per τ); ``--docs`` copies them to ``docs/results-cnn.csv`` and ``docs/figures/`` and
-puts the table into ``docs/results-cnn.md`` between its markers.
+panel per τ); ``--docs`` merges the rows into ``docs/results-cnn.csv`` (a rerun replaces
+its configurations' rows), copies the plot to ``docs/figures/`` and rewrites the tables of
+``docs/results-cnn.md``; ``--from-runs`` redoes plot, table and docs from ``--out``'s CSVs.
 """
 
 from __future__ import annotations
