@@ -134,3 +134,46 @@ def test_debian_fashion_mnist() -> None:
     assert ds.train_x.shape == (60000, 1, 28, 28) and ds.test_x.shape == (10000, 1, 28, 28)
     assert ds.num_classes == 10 and ds.source == FASHION_MNIST_DEBIAN
     assert np.bincount(ds.test_y).tolist() == [1000] * 10
+
+
+def test_gzip_is_detected_by_magic_not_name(tmp_path: Path) -> None:
+    arr = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    write_idx(tmp_path / "a.gz", arr)
+    (tmp_path / "a.gz").rename(tmp_path / "plain-name")
+    assert gzip.decompress((tmp_path / "plain-name").read_bytes())[:2] == b"\0\0"
+    np.testing.assert_array_equal(read_idx(tmp_path / "plain-name"), arr)
+
+
+def test_error_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "junk").write_bytes(b"\x01\x02\x03\x04")
+    with pytest.raises(ValueError, match="junk"):
+        read_idx(tmp_path / "junk")
+
+
+def test_labels_outside_0_9_are_refused(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    write_idx(d / FILES["train_x"], np.zeros((5, 28, 28), np.uint8))
+    write_idx(d / FILES["train_y"], np.array([0, 1, 2, 3, 10], np.uint8))
+    write_idx(d / FILES["test_x"], np.zeros((2, 28, 28), np.uint8))
+    write_idx(d / FILES["test_y"], np.array([0, 1], np.uint8))
+    with pytest.raises(ValueError, match=r"outside 0\.\.9"):
+        load_idx_dir(d, "mnist")
+
+
+def test_partition_balance_and_label_routing_with_learners_beyond_classes() -> None:
+    # 3 classes, 5 learners: learners 3 and 4 get only iid images, so their sizes show the
+    # iid spread (iid_size / 5, ±1); every other image of class l is on learner l.
+    labels = np.repeat(np.arange(3), [40, 30, 33])
+    iid_size = 52
+    parts = paper_partition(labels, num_learners=5, iid_size=iid_size, seed=1)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
+    for j in (3, 4):
+        assert len(parts[j]) in (iid_size // 5, -(-iid_size // 5))
+    non_iid = len(labels) - iid_size
+    own = sum(int(np.sum(labels[parts[j]] == j)) for j in range(3))
+    foreign = sum(int(np.sum(labels[parts[j]] != j)) for j in range(5))
+    assert own >= non_iid and foreign <= iid_size and own + foreign == len(labels)
+    # class l -> learner l % num_learners: with 2 learners, class 2 joins learner 0
+    two = paper_partition(labels, num_learners=2, iid_size=0)
+    assert sorted(two[0].tolist()) == np.flatnonzero(labels % 2 == 0).tolist()
