@@ -35,7 +35,13 @@ from .data.idx import ImageDataset, load_dataset, paper_partition
 from .engine import run_inprocess
 from .flower import CorrNoiseFedAvg
 from .learner import NOISELESS, PrivacySettings
-from .pytorch import BatchStream, ModuleGradient, get_parameters, make_torch_client_app
+from .pytorch import (
+    BatchStream,
+    ModuleGradient,
+    get_parameters,
+    make_torch_client_app,
+    set_parameters,
+)
 
 
 class PaperCNN(torch.nn.Module):
@@ -119,24 +125,34 @@ class CNNData:
 def cnn_data(setup: CNNSetup) -> CNNData:
     """Partition the (possibly reduced) training set and check every stream is long enough
     for ``steps`` batches: a datum is never used twice (online learning)."""
-    ds = _dataset(setup.dataset, setup.data_root)
-    n = len(ds.train_y) if setup.train_size is None else min(setup.train_size, len(ds.train_y))
-    rng = np.random.default_rng([setup.data_seed, 0xC77])
-    subset = np.sort(rng.permutation(len(ds.train_y))[:n]) if n < len(ds.train_y) else (
-        np.arange(n))
-    iid = n // 2 if setup.iid_size is None else setup.iid_size
-    parts = paper_partition(ds.train_y[subset], setup.num_learners, iid, setup.data_seed)
-    streams = [subset[p] for p in parts]
+    data = _partitioned(setup.dataset, setup.data_root, setup.num_learners, setup.train_size,
+                        setup.iid_size, setup.data_seed, setup.test_size)
     need = setup.steps * setup.batch_size
-    short = [i for i, s in enumerate(streams) if len(s) < need]
+    short = [i for i, s in enumerate(data.streams) if len(s) < need]
     if short:
         raise ValueError(
             f"learners {short} have fewer than steps·batch = {need} images "
-            f"(shortest: {min(len(streams[i]) for i in short)}); use fewer steps, a smaller "
-            f"batch or more training data"
+            f"(shortest: {min(len(data.streams[i]) for i in short)}); use fewer steps, a "
+            f"smaller batch or more training data"
         )
-    m = min(setup.test_size, len(ds.test_y))
-    return CNNData(ds, streams, torch.from_numpy(ds.test_x[:m]), torch.from_numpy(ds.test_y[:m]))
+    return data
+
+
+@cache
+def _partitioned(dataset: str, root: str | None, num_learners: int, train_size: int | None,
+                 iid_size: int | None, data_seed: int, test_size: int) -> CNNData:
+    """The split depends on these fields only; cached because every Flower message (one
+    per learner and round) and every method of a sweep asks for it again."""
+    ds = _dataset(dataset, root)
+    n = len(ds.train_y) if train_size is None else min(train_size, len(ds.train_y))
+    rng = np.random.default_rng([data_seed, 0xC77])
+    subset = np.sort(rng.permutation(len(ds.train_y))[:n]) if n < len(ds.train_y) else (
+        np.arange(n))
+    iid = n // 2 if iid_size is None else iid_size
+    parts = paper_partition(ds.train_y[subset], num_learners, iid, data_seed)
+    m = min(test_size, len(ds.test_y))
+    return CNNData(ds, [subset[p] for p in parts], torch.from_numpy(ds.test_x[:m]),
+                   torch.from_numpy(ds.test_y[:m]))
 
 
 def batch_stream(data: CNNData, learner: int, batch_size: int) -> BatchStream:
@@ -162,8 +178,6 @@ def initial_model(setup: CNNSetup) -> PaperCNN:
 def accuracy(model: torch.nn.Module, params: list[np.ndarray] | None, x: torch.Tensor,
              y: torch.Tensor, batch: int = 2000) -> tuple[float, float]:
     """Test accuracy and mean cross-entropy of ``params`` (loaded into ``model``)."""
-    from .pytorch import set_parameters
-
     if params is not None:
         set_parameters(model, params)
     correct, loss = 0, 0.0
@@ -227,7 +241,7 @@ def run_cnn(setup: CNNSetup, progress: bool = True) -> CNNResult:
     evaluator = CNNEvaluator(setup, data, progress)
     start = time.perf_counter()
     res = run_inprocess(
-        initial=get_parameters(initial_model(setup)), gradients=grads,
+        initial=get_parameters(model), gradients=grads,
         settings=setup.settings(), rounds=setup.rounds, tau=setup.tau, eta=setup.eta,
         eta_g=setup.eta_g, seed=setup.seed, evaluate=evaluator,
     )

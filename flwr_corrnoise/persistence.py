@@ -65,6 +65,7 @@ class StateStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.state_path = self.directory / STATE_FILE
         self.marker_path = self.directory / MARKER_FILE
+        self.ledger_path = self.directory / LEDGER_FILE
 
     @property
     def started(self) -> bool:
@@ -97,18 +98,17 @@ class StateStore:
         before its state was written and was redone with the same, never released, noise
         indices. The effective lines' step ranges tile ``0..step`` without overlap.
         """
-        path = self.directory / LEDGER_FILE
-        with open(path, "a") as fh:
+        with open(self.ledger_path, "a") as fh:
             fh.write(json.dumps(entry, sort_keys=True) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
     def ledger(self) -> list[dict[str, object]]:
         """The ledger's effective lines (the last line for each ``first-step``), in order."""
-        path = self.directory / LEDGER_FILE
-        if not path.exists():
+        if not self.ledger_path.exists():
             return []
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = [json.loads(line) for line in self.ledger_path.read_text().splitlines()
+                 if line.strip()]
         last = {int(e["first-step"]): e for e in lines}  # type: ignore[call-overload]
         return [last[k] for k in sorted(last)]
 

@@ -79,13 +79,9 @@ def finish(dep: LocalDeployment, run, timeout: float = 300) -> dict[str, Any]:
     finally:
         log = (dep.logs / "flwr-run.log").read_text(errors="replace")
     assert run.returncode == 0, log[-4000:]
-    out = Path(run_config_out(dep))
+    out = dep.workdir / "results"
     wait_until(lambda: (out / "summary.json").exists(), 60, "summary.json", dep)
     return json.loads((out / "summary.json").read_text())
-
-
-def run_config_out(dep: LocalDeployment) -> str:
-    return str(dep.workdir / "results")
 
 
 def ledger(dep: LocalDeployment, i: int) -> list[dict[str, Any]]:
