@@ -21,6 +21,8 @@ cancellation of ``x^r − z``).
 from __future__ import annotations
 
 import io
+import json
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,9 +32,11 @@ from typing import Any
 import numpy as np
 
 from . import arraypack
-from .mechanisms import MECHANISMS, build_factorization
+from .mechanisms import MECHANISMS, FactorizationChangedError, build_factorization
 from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
-from .streams import HorizonExhaustedError, NoiseStream
+from .streams import HorizonExhaustedError, NoiseStream, new_seed
+
+log = logging.getLogger(__name__)
 
 #: the mechanism name that means "no noise, no clipping" (Mitra et al.'s online FedAvg)
 NOISELESS = "none"
@@ -92,8 +96,23 @@ class PrivacySettings:
         return _calibration(self) if self.private else None
 
     def epsilon_spent(self, steps: int) -> float:
-        """ε of what has been released after ``steps`` of the horizon (memoized)."""
+        """ε of what has been released after ``steps`` of the horizon (memoized).
+
+        Never above the budget: the calibrated std provably meets ``(ε, δ)`` for the whole
+        release (checked in exact arithmetic by :func:`~flwr_corrnoise.privacy.calibrate`),
+        and every prefix has at most the full sensitivity, so a float root a hair above ε
+        is rounding, reported as ε.
+        """
         return _epsilon_spent(self, int(steps)) if self.private else 0.0
+
+    def binding(self, factorization_digest: str = "") -> dict[str, Any]:
+        """What a stored learner state was made with, compared on every restore."""
+        return {
+            "mechanism": self.mechanism, "epsilon": float(self.epsilon),
+            "delta": float(self.delta), "clip-norm": float(self.clip),
+            "horizon": int(self.horizon), "calibration": self.method,
+            "factorization": factorization_digest,
+        }
 
     # -- Flower config (kebab-case keys, as in context.run_config / node_config) ---------
     @classmethod
@@ -188,10 +207,11 @@ def _calibration(settings: PrivacySettings) -> Calibration:
 @lru_cache(maxsize=8192)
 def _epsilon_spent(settings: PrivacySettings, steps: int) -> float:
     cal = _calibration(settings)
-    return epsilon_spent(
+    spent = epsilon_spent(
         cal.std, settings.delta, settings.clip, settings.mechanism, settings.horizon, steps,
         settings.method,  # type: ignore[arg-type]
     )
+    return min(spent, float(settings.epsilon))
 
 
 @dataclass
@@ -206,6 +226,11 @@ class LearnerState:
     position: int = 0
     rounds: int = 0
     noise: NoiseStream | None = None
+    #: the noise seed (secret, like the generator state beside it; kept so an operator
+    #: can audit or replay their own learner, never sent anywhere)
+    seed: int | None = None
+    #: the settings and factorization this state was made with (:meth:`PrivacySettings.binding`)
+    binding: dict[str, Any] | None = None
 
     @classmethod
     def create(
@@ -214,9 +239,43 @@ class LearnerState:
         """A fresh learner. ``seed=None`` draws the noise seed from OS entropy."""
         cal = settings.calibration()
         noise = None
+        seed = new_seed() if seed is None else int(seed)
+        digest = ""
         if cal is not None:
             noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std, seed)
-        return cls(noise=noise)
+            digest = noise.factorization.digest
+        return cls(noise=noise, seed=seed, binding=settings.binding(digest))
+
+    def check_binding(self, settings: PrivacySettings) -> None:
+        """Refuse to continue under other settings or another factorization than the
+        state was made with: its noise is calibrated for those, and reporting new ones
+        would misstate the privacy spent. The error names old and new."""
+        if self.binding is None:
+            return  # a state written before bindings existed: nothing to compare
+        digest = self.noise.factorization.digest if self.noise is not None else ""
+        now = settings.binding(str(self.binding.get("factorization", "")))
+        old = dict(self.binding)
+        if self.noise is not None and digest != old.get("factorization"):
+            raise PrivacyConfigError(
+                f"the stored noise stream's factorization {digest[:16]}… is not the one the "
+                f"state records ({str(old.get('factorization'))[:16]}…)"
+            )
+        if now != old:
+            diff = "; ".join(f"{k}: stored {old.get(k)!r}, now {now.get(k)!r}"
+                             for k in sorted(set(now) | set(old)) if now.get(k) != old.get(k))
+            raise PrivacyConfigError(
+                "the stored learner state was made with other privacy settings than this "
+                f"learner has now ({diff}); its noise is calibrated for the stored ones, so it "
+                "refuses to continue (restore the old settings, or start a new learner with a "
+                "new state directory)"
+            )
+        if self.noise is not None:
+            fresh = build_factorization(settings.mechanism, settings.horizon).digest
+            if fresh != digest:
+                log.warning("the %s factorization for N = %d in this process (%s…) differs "
+                            "from the one this stream was made with (%s…); the stream keeps "
+                            "its own", settings.mechanism, settings.horizon, fresh[:16],
+                            digest[:16])
 
     def to_bytes(self) -> bytes:
         arrays: dict[str, np.ndarray] = {
@@ -224,6 +283,10 @@ class LearnerState:
         }
         if self.noise is not None:
             arrays["noise"] = np.frombuffer(self.noise.to_bytes(), dtype=np.uint8)
+        if self.seed is not None:
+            arrays["seed"] = np.array(str(self.seed))
+        if self.binding is not None:
+            arrays["binding"] = np.array(json.dumps(self.binding, sort_keys=True))
         return arraypack.pack(arrays)
 
     @classmethod
@@ -236,11 +299,16 @@ class LearnerState:
                 arrays = arraypack.unpack(data)
             step, position, rounds = (int(x) for x in arrays["counters"])
             noise = NoiseStream.from_bytes(arrays["noise"].tobytes()) if "noise" in arrays else None
+            seed = int(str(arrays["seed"])) if "seed" in arrays else None
+            binding = json.loads(str(arrays["binding"])) if "binding" in arrays else None
+        except FactorizationChangedError as err:
+            raise PrivacyConfigError(str(err)) from err
         except (OSError, ValueError, KeyError, EOFError, TypeError) as err:
             raise ValueError(f"unreadable learner state: {err}") from err
         if noise is not None and noise.step != step:
             raise ValueError("learner state is inconsistent: noise step != step counter")
-        return cls(step=step, position=position, rounds=rounds, noise=noise)
+        return cls(step=step, position=position, rounds=rounds, noise=noise, seed=seed,
+                   binding=binding)
 
 
 @dataclass
@@ -249,7 +317,11 @@ class RoundResult:
 
     update: list[np.ndarray]  # ĝ, same shapes as the parameters
     state: LearnerState  # the advanced state (the same object that was passed in)
+    #: what may leave the learner: functions of its settings and counters only
     metrics: dict[str, float] = field(default_factory=dict)
+    #: data-dependent diagnostics (clipped steps, non-finite steps, loss): **never
+    #: released**; the learner logs them and a deployed learner keeps them on disk
+    diagnostics: dict[str, float] = field(default_factory=dict)
 
 
 def clip_by_global_norm(g: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
@@ -284,8 +356,16 @@ def local_round(
     """Run ``τ`` local steps from ``params`` (paper 000, Algorithm 1 lines 5–14).
 
     ``state`` is advanced in place (and returned in the result). On any error (horizon used
-    up, non-finite gradient, a failing gradient oracle) it is rolled back to exactly what
-    it was: a failed round releases nothing, so no released noise is ever reused.
+    up, a non-finite model from the server, a failing gradient oracle) it is rolled back to
+    exactly what it was: a failed round releases nothing, so no released noise is ever
+    reused.
+
+    A **non-finite gradient** (NaN/Inf, or the oracle raising
+    :class:`NonFiniteError` for a non-finite loss) is *not* an error: whether a datum's
+    gradient is finite depends on the data, so an error reply would leak it. That step's
+    clipped gradient counts as zero (a change of at most ``B_g`` from any finite one, within
+    the ``2·B_g`` sensitivity), its noise increment is still added, and the event is
+    counted in :attr:`RoundResult.diagnostics`, which never leaves the learner.
     """
     if isinstance(tau, bool) or int(tau) != tau or tau < 1:
         raise PrivacyConfigError(f"local steps τ must be a positive integer, got {tau!r}")
@@ -317,14 +397,18 @@ def local_round(
         z = x.copy()
         total = np.zeros_like(x)
         clipped = 0
+        nonfinite = 0
         for _ in range(int(tau)):
-            g = _flatten(gradient(_split(z, shapes), state.position))
-            if g.shape != x.shape:
+            try:
+                g = _flatten(gradient(_split(z, shapes), state.position))
+            except NonFiniteError:
+                g = None
+            if g is not None and g.shape != x.shape:
                 raise ValueError(f"gradient has {g.size} entries, the model {x.size}")
-            if not np.all(np.isfinite(g)):
-                raise NonFiniteError(
-                    f"non-finite gradient at stream position {state.position}; step not applied"
-                )
+            if g is None or not np.all(np.isfinite(g)):
+                # data-dependent: a zero contribution, the same reply as any other step
+                nonfinite += 1
+                g = np.zeros_like(x)
             state.position += 1
             if settings.private:
                 g, norm = clip_by_global_norm(g, settings.clip)
@@ -340,10 +424,9 @@ def local_round(
             state.noise.rollback(token)  # type: ignore[union-attr]
         raise
     update = total / tau
-    metrics: dict[str, float] = {
-        "steps": float(state.step),
-        "clipped-fraction": clipped / tau,
-    }
+    metrics: dict[str, float] = {"steps": float(state.step)}
+    diagnostics = {"clipped-steps": float(clipped), "nonfinite-steps": float(nonfinite),
+                   "local-steps": float(tau)}
     cal = settings.calibration()
     if cal is not None:
         metrics.update(
@@ -355,7 +438,8 @@ def local_round(
                 "horizon": float(settings.horizon),
             }
         )
-    return RoundResult(update=_split(update, shapes), state=state, metrics=metrics)
+    return RoundResult(update=_split(update, shapes), state=state, metrics=metrics,
+                       diagnostics=diagnostics)
 
 
 def aggregate(

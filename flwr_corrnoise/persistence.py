@@ -23,18 +23,28 @@ the operator's explicit choice and the documentation says what it costs
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 STATE_FILE = "learner.state"
 MARKER_FILE = "learner.started"
 LEDGER_FILE = "ledger.jsonl"
+DIAGNOSTICS_FILE = "diagnostics.jsonl"
+LOCK_FILE = "learner.lock"
 
 
 class StateLostError(RuntimeError):
     """The learner trained before but its state is missing or unreadable."""
+
+
+class StateBusyError(RuntimeError):
+    """Another execution holds this learner's state directory."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -66,6 +76,39 @@ class StateStore:
         self.state_path = self.directory / STATE_FILE
         self.marker_path = self.directory / MARKER_FILE
         self.ledger_path = self.directory / LEDGER_FILE
+        self.diagnostics_path = self.directory / DIAGNOSTICS_FILE
+        self.lock_path = self.directory / LOCK_FILE
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the directory's exclusive lock, or refuse at once.
+
+        Why: two executions on one state directory would both load step ``k`` and release
+        the same noise indices with different data — the noise cancels in the difference
+        of the two releases. ``flock`` is released by the kernel when a process dies, so a
+        crash never leaves a stale lock.
+        """
+        with open(self.lock_path, "a+") as fh:  # closing the file releases the lock
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as err:
+                fh.seek(0)
+                owner = fh.read().strip() or "unknown"
+                raise StateBusyError(
+                    f"the learner state directory {self.directory} is in use by another "
+                    f"execution ({owner}); one state directory serves one learner at a time"
+                ) from err
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} on {socket.gethostname()}")
+            fh.flush()
+            yield
+
+    def log_diagnostics(self, entry: dict[str, object]) -> None:
+        """Append the round's data-dependent diagnostics (clipping, non-finite steps):
+        the operator's to read, never sent anywhere."""
+        with open(self.diagnostics_path, "a") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
 
     @property
     def started(self) -> bool:

@@ -16,6 +16,13 @@ Two calibrations of ``V`` for that one Gaussian mechanism:
   than ``"zcdp"``.
 
 The inverse (:func:`epsilon_for_std`) tells what ε a given ``V`` buys at a given ``δ``.
+
+**Safe side.** A root finder in float64 lands within ~1e−13 of the exact ``V``, on either
+side: ``δ`` could overshoot the budget by ~1e−11. :func:`calibrate` therefore checks the
+returned ``V`` in 60-digit arithmetic (``mpmath``) and rounds it *up*, one float at a time,
+until ``δ(ε, Δ/V) ≤ δ`` (or ``ρ(V) ≤ ρ(ε, δ)`` for zCDP) holds exactly for the float that is
+returned; :func:`epsilon_for_std` returns the upper end of its bracket, the side on which
+``δ(ε) ≤ δ`` holds.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+import mpmath
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
@@ -110,6 +118,45 @@ def _solve_mu(epsilon: float, delta: float) -> float:
     return brentq(lambda m: gaussian_delta(epsilon, m) - delta, lo, hi, xtol=1e-14, rtol=1e-13)
 
 
+#: working precision (decimal digits) of the exact checks
+_DPS = 60
+
+
+def gaussian_delta_exact(epsilon: float, mu: float) -> mpmath.mpf:
+    """:func:`gaussian_delta` in ``_DPS``-digit arithmetic, for checks that must not round."""
+    with mpmath.workdps(_DPS):
+        eps, m = mpmath.mpf(epsilon), mpmath.mpf(mu)
+        if m <= 0:
+            return mpmath.mpf(0)
+        a = m / 2 - eps / m
+        b = -m / 2 - eps / m
+        return mpmath.ncdf(a) - mpmath.exp(eps) * mpmath.ncdf(b)
+
+
+def std_satisfies(
+    std: float, epsilon: float, delta: float, l2_sens: float, method: str
+) -> bool:
+    """Whether noise std ``std`` makes a Gaussian mechanism with L2 sensitivity ``l2_sens``
+    ``(ε, δ)``-DP, decided in ``_DPS``-digit arithmetic on the exact float inputs."""
+    with mpmath.workdps(_DPS):
+        mu = mpmath.mpf(l2_sens) / mpmath.mpf(std)
+        if method == "zcdp":
+            ln = mpmath.log(1 / mpmath.mpf(delta))
+            rho_budget = (mpmath.sqrt(mpmath.mpf(epsilon) + ln) - mpmath.sqrt(ln)) ** 2
+            return mu * mu / 2 <= rho_budget
+        return gaussian_delta_exact(epsilon, mu) <= mpmath.mpf(delta)
+
+
+def _round_up(std: float, epsilon: float, delta: float, l2_sens: float, method: str) -> float:
+    """The smallest float ``≥ std`` (searched upwards) that passes :func:`std_satisfies`."""
+    for _ in range(10_000):
+        if std_satisfies(std, epsilon, delta, l2_sens, method):
+            return std
+        # the float root is within ~1e−13 relative: step by growing multiples of an ulp
+        std = math.nextafter(std, math.inf) if _ < 64 else std * (1 + 1e-12)
+    raise PrivacyBudgetError("could not find a noise std that provably meets the budget")
+
+
 @dataclass(frozen=True)
 class Calibration:
     """The result of a calibration, with everything needed to audit it."""
@@ -154,6 +201,7 @@ def calibrate(
         std = delta_l2 / math.sqrt(2.0 * zcdp_rho(eps, dlt))
     else:
         std = delta_l2 / _solve_mu(eps, dlt)
+    std = _round_up(std, eps, dlt, delta_l2, method)
     return Calibration(
         std=std,
         epsilon=eps,
@@ -192,7 +240,13 @@ def epsilon_for_std(
     hi = 1.0
     while gaussian_delta(hi, mu) > dlt:
         hi *= 2.0
-    return brentq(lambda e: gaussian_delta(e, mu) - dlt, 0.0, hi, xtol=1e-13, rtol=1e-13)
+    root = brentq(lambda e: gaussian_delta(e, mu) - dlt, 0.0, hi, xtol=1e-13, rtol=1e-13)
+    # report the safe side: the smallest ε found with δ(ε) ≤ δ in exact arithmetic
+    for _ in range(200):
+        if gaussian_delta_exact(root, mu) <= dlt:
+            return root
+        root += max(abs(root) * 1e-13, 1e-15)
+    return hi
 
 
 def delta_for_std(

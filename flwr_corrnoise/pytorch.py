@@ -23,7 +23,7 @@ the tree and BLT mechanisms) and is what ``context.state`` and the state directo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,9 +61,11 @@ class ModuleGradient:
 
     ``gradient(params, position)`` sets the module's parameters to ``params``, evaluates
     ``loss_fn(model(x), y)`` on ``batches(position)`` (moved to the model's device) and
-    returns the gradient of every parameter as float64 arrays. A non-finite loss or
-    gradient raises :class:`~flwr_corrnoise.learner.NonFiniteError`: ``local_round`` then
-    rolls the round back and the model the learner holds is not poisoned.
+    returns the gradient of every parameter as float64 arrays. A non-finite loss raises
+    :class:`~flwr_corrnoise.learner.NonFiniteError`: ``local_round`` then counts that step's
+    gradient as zero (the reply must not depend on whether a datum's loss is finite) and
+    the model the learner holds is not poisoned. The last finite loss is kept in
+    ``last_loss`` for the learner's own diagnostics; it is never sent.
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn: LossFn, batches: BatchStream) -> None:
@@ -118,8 +120,8 @@ def torch_local_round(
         raise
     z = [p - eta * tau * u for p, u in zip(start, result.update, strict=True)]
     set_parameters(model, z)
-    if math.isfinite(grad.last_loss):
-        result.metrics["train-loss"] = grad.last_loss
+    if math.isfinite(grad.last_loss):  # data-dependent: local diagnostics only
+        result.diagnostics["train-loss"] = grad.last_loss
     return result
 
 
@@ -161,6 +163,8 @@ def make_torch_client_app(
     batches_fn: Callable[[Context], BatchStream],
     loss_fn: LossFn = torch.nn.functional.cross_entropy,
     config_defaults: Mapping[str, Any] | None = None,
+    *,
+    release_metrics: Iterable[str] = (),
 ) -> ClientApp:
     """A Message-API ``ClientApp`` whose learners train ``model_fn(context)`` privately on
     ``batches_fn(context)`` (see :func:`flwr_corrnoise.flower.make_client_app`)."""
@@ -168,4 +172,5 @@ def make_torch_client_app(
     def gradient_factory(context: Context) -> ModuleGradient:
         return ModuleGradient(model_fn(context), loss_fn, batches_fn(context))
 
-    return make_client_app(gradient_factory, config_defaults=config_defaults)
+    return make_client_app(gradient_factory, config_defaults=config_defaults,
+                           release_metrics=release_metrics)

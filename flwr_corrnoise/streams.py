@@ -40,7 +40,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import arraypack
-from .mechanisms import build_factorization, check_horizon, check_mechanism
+from .mechanisms import (
+    Factorization,
+    build_factorization,
+    check_horizon,
+    check_mechanism,
+    factorization_by_digest,
+)
 from .mechanisms.blt import BufferedToeplitz
 from .mechanisms.tree import BinaryTree
 
@@ -119,6 +125,7 @@ class NoiseStream:
         step: int = 0,
         levels: list[int] | None = None,
         rows: np.ndarray | list[np.ndarray] | None = None,
+        factorization: Factorization | None = None,
     ) -> None:
         self.mechanism = check_mechanism(mechanism)
         self.horizon = check_horizon(horizon)
@@ -129,7 +136,10 @@ class NoiseStream:
         self.std = float(std)
         self.step = int(step)
         self._rng = rng
-        self._factorization = build_factorization(self.mechanism, self.horizon)
+        # the exact factorization (restored streams pass the one their digest names)
+        self._factorization = factorization or build_factorization(self.mechanism, self.horizon)
+        if (self._factorization.name, self._factorization.n) != (self.mechanism, self.horizon):
+            raise ValueError("the factorization does not match the stream's mechanism and N")
         self.kind = self._factorization.stream_kind
         # tree: levels and estimates of the current dyadic cover (stack, largest first);
         # toeplitz/dense: every past ξ row, in a buffer that grows by doubling;
@@ -278,6 +288,11 @@ class NoiseStream:
             coef = self._factorization.Cinv[k, : k + 1]  # type: ignore[attr-defined]
         return coef @ self._buf[: self._count]
 
+    @property
+    def factorization(self) -> Factorization:
+        """The exact factorization this stream's noise comes from."""
+        return self._factorization
+
     # -- cheap undo, for a round that fails half-way ---------------------------------
     def checkpoint(self) -> tuple:
         """A token to :meth:`rollback` to; O(log N) work and no copy of the history
@@ -324,6 +339,7 @@ class NoiseStream:
             "step": np.array(self.step, dtype=np.int64),
             "rng": _pack_rng(self._rng),
             "levels": np.array(self._levels, dtype=np.int64),
+            "factorization": np.array(self._factorization.digest),
             "rows": rows,
         }
 
@@ -340,15 +356,22 @@ class NoiseStream:
                 shapes.append(tuple(dims[offset : offset + n]))
                 offset += n
             rows = np.asarray(state["rows"], dtype=np.float64)
+            mechanism, horizon = str(state["mechanism"]), int(state["horizon"])
+            # the exact factorization the stream was made with, never a newer cache entry
+            factorization = (
+                factorization_by_digest(mechanism, horizon, str(state["factorization"]))
+                if "factorization" in state else None  # states written before digests
+            )
             stream = cls(
-                mechanism=str(state["mechanism"]),
-                horizon=int(state["horizon"]),
+                mechanism=mechanism,
+                horizon=horizon,
                 shapes=normalize_shapes(shapes),
                 std=float(state["std"]),
                 rng=_unpack_rng(np.asarray(state["rng"])),
                 step=int(state["step"]),
                 levels=[int(x) for x in state["levels"]],
                 rows=rows,
+                factorization=factorization,
             )
         except (KeyError, TypeError, IndexError) as err:
             raise ValueError(f"malformed noise-stream state: {err!r}") from err

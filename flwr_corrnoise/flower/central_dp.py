@@ -16,15 +16,20 @@ noise to the wrapped strategy's *output* would not be: an adaptive optimizer's s
 nonlinear function of the data.)
 
 **Guarantee.** Neighbouring datasets replace one datum of one learner; each datum is used
-in one round (online learning). Weights are made uniform (the wrapped strategy's
-``weighted_by_key`` metric is set to 1 in every reply: a learner's weight must not depend on
-its data) and a round is only released if at least ``min_learners`` replies are valid, so
-the average moves by at most ``2B/min_learners`` in one round, and the released sequence is
-one Gaussian mechanism with L2 sensitivity ``2·B·max_j‖c_j‖/min_learners`` over the ``R×R``
-factorization — calibrated by :func:`flwr_corrnoise.privacy.calibrate`. The server is
-trusted: it sees every learner's clipped update. Rounds with fewer valid replies release
-nothing and use no noise; replies with wrong shapes or non-finite values are dropped.
-Not for robust (non-linear) aggregators such as the median or Krum.
+in one round (online learning). **Whether and what the server releases never depends on
+one reply's content**: a round is released iff at least ``min_learners`` replies arrived
+(any kind — participation, not data, decides), and every reply that is an error, malformed
+or non-finite counts as a **zero contribution** (``Δ_i = 0``) instead of being dropped
+(dropping it would change the denominator, and whether the round is released, with one
+learner's data). The released model is ``x^r + (1/m)·Σ_i clip(Δ_i) + e[r]`` with ``m`` the
+number of replies (``≥ min_learners``), so one datum moves it by at most
+``2B/min_learners``, and the released sequence is one Gaussian mechanism with L2
+sensitivity ``2·B·max_j‖c_j‖/min_learners`` over the ``R×R`` factorization — calibrated by
+:func:`flwr_corrnoise.privacy.calibrate`. The wrapped strategy receives that one noised
+average (every carrier reply holds it, with weight 1), so its own step is post-processing;
+**no un-noised client metrics** are released: the wrapped strategy's aggregated metrics are
+replaced by the wrapper's privacy report. The server is trusted: it sees every learner's
+clipped update. Not for robust (non-linear) aggregators such as the median or Krum.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -77,6 +82,7 @@ class CorrNoiseCentralDP(Strategy):
         self.seed = seed
         self.stream: NoiseStream | None = None
         self.current: list[np.ndarray] | None = None
+        self.keys: list[str] | None = None
         self.released = 0
         #: per-round log: accepted and dropped replies, ε spent after the round
         self.rounds: list[dict[str, Any]] = []
@@ -86,36 +92,42 @@ class CorrNoiseCentralDP(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self.current = [np.asarray(a, dtype=np.float64) for a in arrays.to_numpy_ndarrays()]
+        self.keys = list(arrays.keys())
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        if self.current is None:
+        if self.current is None or self.keys is None:
             raise RuntimeError("configure_train must run before aggregate_train")
         x = self.current
-        valid: list[tuple[Message, str, list[str], np.ndarray]] = []
-        dropped: list[dict[str, Any]] = []
+        replies = list(replies)
+        total = np.zeros(sum(p.size for p in x))
+        carriers: list[tuple[Message, str]] = []
+        zeroed: list[dict[str, Any]] = []
         for msg in replies:
             node = int(msg.metadata.src_node_id)
             try:
                 if msg.has_error():
-                    raise ValueError(f"error reply: {msg.error.reason}")
+                    raise ValueError(f"error reply {msg.error.code}")
                 ((name, record),) = msg.content.array_records.items()
+                carriers.append((msg, name))
                 update = record.to_numpy_ndarrays()
                 check_update(update, x)
                 delta = np.concatenate([(np.asarray(u, dtype=np.float64) - p).ravel()
                                         for u, p in zip(update, x, strict=True)])
-                valid.append((msg, name, list(record.keys()), delta))
-            except Exception as err:  # a bad reply is dropped, never averaged in
-                dropped.append({"node": node, "reason": f"{type(err).__name__}: {err}"})
-                log.warning("round %d: dropped the reply of node %d: %s", server_round, node, err)
-        entry: dict[str, Any] = {"round": server_round, "accepted": len(valid),
-                                 "dropped": dropped, "released": False}
+            except Exception as err:  # a zero contribution, never a change of what is released
+                zeroed.append({"node": node, "reason": f"{type(err).__name__}: {err}"})
+                log.warning("round %d: the reply of node %d counts as zero: %s", server_round,
+                            node, err)
+                continue
+            total += clip_by_global_norm(delta, self.calibration.clip)[0]
+        entry: dict[str, Any] = {"round": server_round, "replies": len(replies),
+                                 "zeroed": zeroed, "released": False}
         self.rounds.append(entry)
-        if len(valid) < self.min_learners:
-            log.warning("round %d: %d valid replies < min_learners = %d: nothing released",
-                        server_round, len(valid), self.min_learners)
+        if len(replies) < self.min_learners:
+            log.warning("round %d: %d replies < min_learners = %d: nothing released",
+                        server_round, len(replies), self.min_learners)
             return None, None
         if self.released >= self.num_rounds:
             log.warning("round %d: the noise is calibrated for %d rounds, all used: nothing "
@@ -125,32 +137,34 @@ class CorrNoiseCentralDP(Strategy):
             self.stream = NoiseStream.create(self.mechanism, self.num_rounds,
                                              [np.shape(p) for p in x], self.noise_std,
                                              self.seed)
-        noise = self.stream.next()
+        flat = np.concatenate([p.ravel() for p in x]) + total / len(replies) + self.stream.next()
         self.released += 1
-        weight_key = getattr(self.strategy, "weighted_by_key", None)
-        prepared = []
-        for msg, name, keys, delta in valid:
-            clipped, _ = clip_by_global_norm(delta, self.calibration.clip)
-            flat = np.concatenate([p.ravel() for p in x]) + clipped + noise
-            arrays, offset = {}, 0
-            for key, p in zip(keys, x, strict=True):
-                arrays[key] = Array(flat[offset : offset + p.size].reshape(p.shape))
-                offset += p.size
-            msg.content[name] = ArrayRecord(arrays)
-            if weight_key is not None:  # uniform weights: a weight must not leak data
-                for mname, mrec in msg.content.metric_records.items():
-                    msg.content[mname] = MetricRecord({**dict(mrec), weight_key: 1})
-            prepared.append(msg)
-        arrays_out, metrics = self.strategy.aggregate_train(server_round, prepared)
-        spent = epsilon_spent(self.calibration.std, self.calibration.delta,
-                              self.calibration.clip, self.mechanism, self.num_rounds,
-                              self.released, self.method)  # type: ignore[arg-type]
+        arrays, offset = {}, 0
+        for key, p in zip(self.keys, x, strict=True):
+            arrays[key] = Array(flat[offset : offset + p.size].reshape(p.shape))
+            offset += p.size
+        content = RecordDict({"arrays": ArrayRecord(arrays),
+                              "metrics": MetricRecord({self._weight_key(): 1.0})})
+        if carriers:
+            prepared = []
+            for msg, _ in carriers:  # every carrier holds the same noised average
+                msg.content = content
+                prepared.append(msg)
+        else:
+            prepared = [Message(content, reply_to=replies[0])]
+        arrays_out, _ = self.strategy.aggregate_train(server_round, prepared)
+        spent = min(epsilon_spent(self.calibration.std, self.calibration.delta,
+                                  self.calibration.clip, self.mechanism, self.num_rounds,
+                                  self.released, self.method),  # type: ignore[arg-type]
+                    self.calibration.epsilon)
         entry.update({"released": True, "epsilon-spent": spent})
-        report = dict(metrics or {})
-        report.update({"central-epsilon-spent": spent, "central-noise-std": self.noise_std,
-                       "central-rounds-released": float(self.released),
-                       "num-dropped": float(len(dropped))})
+        report = {"central-epsilon-spent": spent, "central-noise-std": self.noise_std,
+                  "central-rounds-released": float(self.released),
+                  "num-zeroed": float(len(zeroed))}
         return arrays_out, MetricRecord(report)
+
+    def _weight_key(self) -> str:
+        return str(getattr(self.strategy, "weighted_by_key", "num-examples"))
 
     # -- everything else is the wrapped strategy's ------------------------------------------
     def configure_evaluate(

@@ -25,42 +25,46 @@ local models are never released, and the whole round update, not one gradient, i
 one datum changes every round's update and this calibration does not cover it.
 
 State (noise stream, rounds done) lives in ``context.state`` like the per-step learner's,
-and for a deployed learner (node config ``state-dir``) also on disk, written atomically
-after every round and required on restart (``flwr_corrnoise.persistence``);
-its privacy settings come from the app's defaults < run config < node config, with
-``horizon`` = the number of rounds the noise is calibrated for (default
-``num-server-rounds``); a server proposal that would weaken them is refused with an
-``Error`` reply before the wrapped app runs, and so are non-finite updates and rounds past
-the horizon — in each case nothing is applied and the stored state is unchanged.
+and for a deployed learner (node config ``state-dir``) also on disk, locked, written
+atomically after every round, with a ledger of the noise indices it released; settings,
+seed, state and replies come from the shared
+:class:`~flwr_corrnoise.flower.session.LearnerSession`, with ``horizon`` = the number of
+rounds the noise is calibrated for (default ``num-server-rounds``, in simulation).
+
+**What the reply holds** (the release gate): the noised arrays and the privacy metadata.
+The wrapped app's own metrics and any other records are dropped (allow-list a metric with
+the node config's ``release-metrics`` or ``release_metrics=``; it is then unaccounted), and
+``num-examples`` is 1 for every learner (uniform weights: a weight must not depend on data).
+If the wrapped app fails, replies with an error or returns a non-finite update, the round's
+update counts as **zero** and the noise is still released: the reply's kind must not depend
+on the data. Error replies are only for reasons that are functions of the configuration,
+the state and the server's message (a weaker proposal, the horizon used up, a lost state).
+
+**Attach it to the whole app**, ``ClientApp(mods=[CorrNoiseRoundMod()])``: it then also
+refuses evaluate and query messages (their answers depend on the data and no budget covers
+them) unless the learner opts in (``allow_evaluation=True`` or node config
+``client-evaluation = true``). Attached with ``@app.train(mods=[...])`` it guards the train
+messages only, and the app's evaluate function would answer the server unguarded.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from ..learner import LearnerState, NonFiniteError, PrivacyConfigError, PrivacySettings
-from ..persistence import StateLostError, StateStore
+from ..learner import PrivacyConfigError, PrivacySettings
 from ..streams import HorizonExhaustedError
 from ..variants import round_release
-from .client import (
-    deployed,
-    error_code,
-    learner_config,
-    learner_seed,
-    run_config_proposal,
-)
+from .session import ROUND_STATE_KEY, LearnerSession, PrivateLearnerGuard
 
 log = logging.getLogger(__name__)
 
-#: key of the mod's record in ``context.state`` (separate from the per-step learner's)
-ROUND_STATE_KEY = "flwr-corrnoise-round"
+__all__ = ["ROUND_STATE_KEY", "CorrNoiseRoundMod", "round_settings"]
 
 
 def round_settings(cfg: Mapping[str, Any]) -> PrivacySettings:
@@ -75,55 +79,60 @@ class CorrNoiseRoundMod:
 
     ``settings`` (optional) fixes the privacy settings in code; otherwise they are read from
     the context as described in the module docstring. ``config_defaults`` are the app's
-    defaults for the kebab-case keys.
+    defaults for the kebab-case keys; ``release_metrics`` and ``allow_evaluation`` are the
+    app's (unaccounted) opt-ins.
     """
 
     def __init__(
         self,
         settings: PrivacySettings | None = None,
         config_defaults: Mapping[str, Any] | None = None,
+        *,
+        release_metrics: Iterable[str] = (),
+        allow_evaluation: bool = False,
     ) -> None:
         if settings is not None and not settings.private:
             raise PrivacyConfigError("CorrNoiseRoundMod needs a noise mechanism, not 'none'")
         self.settings = settings
         self.defaults = dict(config_defaults or {})
+        self.release_metrics = tuple(release_metrics)
+        self.guard = PrivateLearnerGuard(allow_evaluation)
 
     def __call__(self, msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+        if msg.metadata.message_type.split(".")[0] != "train":
+            return self.guard(msg, ctxt, call_next)
         try:
-            settings = self.settings or round_settings(learner_config(ctxt, self.defaults))
-            if not settings.private:
+            session = LearnerSession(ctxt, kind="round", defaults=self.defaults,
+                                     settings=self.settings,
+                                     release_metrics=self.release_metrics)
+            if not session.settings.private:
                 raise PrivacyConfigError("CorrNoiseRoundMod needs a noise mechanism, not 'none'")
             config = dict(msg.content["config"]) if "config" in msg.content else {}
-            settings.check_proposal({**run_config_proposal(ctxt), **config})
+            session.check_proposal(config)
             received = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
-            state = self._load(ctxt, settings, received)
-            if state.step >= settings.horizon:
-                raise HorizonExhaustedError(
-                    f"this learner's per-round noise is calibrated for {settings.horizon} "
-                    f"rounds and all of them have been used; it stops contributing"
-                )
-        except Exception as err:  # refuse before the wrapped app runs: nothing applied
-            return self._error(msg, err)
-        reply = call_next(msg, ctxt)
-        if reply.has_error():
-            return reply
-        token = None
+            keys = list(msg.content["arrays"].keys())  # type: ignore[union-attr]
+            with session.locked():
+                return self._round(msg, ctxt, call_next, session, config, received, keys)
+        except Exception as err:  # refused before anything was released: nothing applied
+            return LearnerSession.error_reply(msg, err)
+
+    def _round(
+        self, msg: Message, ctxt: Context, call_next: ClientAppCallable,
+        session: LearnerSession, config: Mapping[str, Any], received: list[np.ndarray],
+        keys: list[str],
+    ) -> Message:
+        settings = session.settings
+        state = session.load([np.shape(a) for a in received])
+        if state.step >= settings.horizon:
+            raise HorizonExhaustedError(
+                f"this learner's per-round noise is calibrated for {settings.horizon} "
+                f"rounds and all of them have been used; it stops contributing"
+            )
+        delta, failure = self._wrapped_update(msg, ctxt, call_next, received)
+        token = state.noise.checkpoint()  # type: ignore[union-attr]
         try:
-            record = reply.content["arrays"]
-            if not isinstance(record, ArrayRecord):
-                raise TypeError("the wrapped app's reply has no 'arrays' ArrayRecord")
-            keys = list(record.keys())
-            returned = record.to_numpy_ndarrays()
-            if [np.shape(a) for a in returned] != [np.shape(a) for a in received]:
-                raise ValueError("the wrapped app returned arrays of other shapes than it got")
-            delta = np.concatenate([
-                (np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).ravel()
-                for a, b in zip(returned, received, strict=True)
-            ])
-            if not np.all(np.isfinite(delta)):
-                raise NonFiniteError("the wrapped app's round update is not finite")
-            token = state.noise.checkpoint()  # type: ignore[union-attr]
             noisy, norm = round_release(delta, settings.clip, state.noise)  # type: ignore[arg-type]
+            first = state.step
             state.step += 1
             state.rounds += 1
             out, offset = [], 0
@@ -133,66 +142,41 @@ class CorrNoiseRoundMod:
                 dtype = base.dtype if np.issubdtype(base.dtype, np.floating) else np.float64
                 out.append((base.astype(np.float64) + part).astype(dtype))
                 offset += base.size
-            self._save(ctxt, state)
+            session.commit(state, first_step=first, position=first,
+                           server_round=int(config.get("server-round", -1)),
+                           diagnostics={"update-norm-clipped": float(norm > settings.clip),
+                                        "wrapped-app-failed": failure})
+        except BaseException:
+            state.noise.rollback(token)  # type: ignore[union-attr]
+            raise
+        arrays = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(keys, out, strict=True)})
+        return session.reply(msg, arrays, state, num_examples=1.0)
+
+    @staticmethod
+    def _wrapped_update(
+        msg: Message, ctxt: Context, call_next: ClientAppCallable, received: list[np.ndarray]
+    ) -> tuple[np.ndarray, str]:
+        """The wrapped app's flat round update, or zeros if it failed in any way (the
+        failure is data-dependent: it must not change the reply). Returns the update and
+        what failed (kept local)."""
+        zero = np.zeros(sum(np.size(a) for a in received))
+        try:
+            reply = call_next(msg, ctxt)
+            if reply.has_error():
+                return zero, f"error reply {reply.error.code}"
+            record = reply.content["arrays"]
+            if not isinstance(record, ArrayRecord):
+                return zero, "no 'arrays' ArrayRecord"
+            returned = record.to_numpy_ndarrays()
+            if [np.shape(a) for a in returned] != [np.shape(a) for a in received]:
+                return zero, "arrays of other shapes"
+            delta = np.concatenate([
+                (np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).ravel()
+                for a, b in zip(returned, received, strict=True)
+            ])
         except Exception as err:
-            if token is not None:  # nothing was released: the increment may be reused
-                state.noise.rollback(token)  # type: ignore[union-attr]
-            return self._error(msg, err)
-        reply.content["arrays"] = ArrayRecord(
-            {k: Array(np.asarray(v)) for k, v in zip(keys, out, strict=True)}
-        )
-        cal = settings.calibration()
-        assert cal is not None
-        metrics = dict(reply.content["metrics"]) if "metrics" in reply.content else {}
-        metrics.update({
-            "epsilon-spent": settings.epsilon_spent(state.step),
-            "epsilon": settings.epsilon,
-            "delta": settings.delta,
-            "noise-std": cal.std,
-            "rounds-noised": float(state.step),
-            "horizon": float(settings.horizon),
-            "update-clipped": float(norm > settings.clip),
-        })
-        reply.content["metrics"] = MetricRecord(
-            {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-        )
-        return reply
-
-    @staticmethod
-    def _store(ctxt: Context) -> StateStore | None:
-        """A deployed learner's on-disk state (``state-dir``/round-mod), else ``None``."""
-        if not deployed(ctxt):
-            return None
-        return StateStore(Path(str(ctxt.node_config["state-dir"])) / "round-mod")
-
-    def _load(
-        self, ctxt: Context, settings: PrivacySettings, arrays: list[np.ndarray]
-    ) -> LearnerState:
-        store = self._store(ctxt)
-        if store is not None:
-            data = store.load()  # StateLostError if it trained before and the state is gone
-            if data is not None:
-                try:
-                    return LearnerState.from_bytes(data)
-                except ValueError as err:
-                    raise StateLostError(f"the mod's state {store.state_path} is corrupt, "
-                                         f"refusing to train: {err}") from err
-        elif ROUND_STATE_KEY in ctxt.state:
-            record = ctxt.state[ROUND_STATE_KEY]
-            return LearnerState.from_bytes(bytes(record["learner"]))  # type: ignore[index]
-        seed = learner_seed(ctxt, self.defaults)
-        return LearnerState.create(settings, [np.shape(a) for a in arrays], seed)
-
-    def _save(self, ctxt: Context, state: LearnerState) -> None:
-        data = state.to_bytes()
-        store = self._store(ctxt)
-        if store is not None:
-            store.save(data)  # before the reply leaves: a crash releases nothing
-        ctxt.state[ROUND_STATE_KEY] = ConfigRecord({"learner": data})
-
-    @staticmethod
-    def _error(msg: Message, err: Exception) -> Message:
-        reason = f"flwr-corrnoise: {type(err).__name__}: {err}"
-        log.warning("CorrNoiseRoundMod refuses the round: %s", reason)
-        return Message(Error(code=error_code(err), reason=reason), reply_to=msg)
-
+            log.error("the wrapped app failed; its round update counts as zero", exc_info=err)
+            return zero, type(err).__name__
+        if not np.all(np.isfinite(delta)):
+            return zero, "non-finite update"
+        return delta, ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from . import cache
 from .base import (
     Factorization,
     check_horizon,
@@ -60,18 +61,54 @@ def build_factorization(name: str, n: int) -> Factorization:
     return Optimized(n)
 
 
+class FactorizationChangedError(ValueError):
+    """A stream was made with a factorization that can no longer be rebuilt exactly."""
+
+
+def factorization_by_digest(name: str, n: int, digest: str) -> Factorization:
+    """The exact factorization ``(name, N)`` whose :attr:`~Factorization.digest` is
+    ``digest``: the current one if it matches, else the write-once copy that was cached
+    under that digest when it was built (solved kinds). Raises
+    :class:`FactorizationChangedError`, naming old and new, if neither exists."""
+    current = build_factorization(name, n)
+    if current.digest == digest:
+        return current
+    found: Factorization | None = None
+    if name == "optimized":
+        stored = cache.load(cache.digest_key(name, n, digest), ("v", "report"))
+        if stored is not None:
+            import json
+
+            found = Optimized.from_dual(n, stored["v"], json.loads(str(stored["report"])))
+    elif name == "blt":
+        stored = cache.load(cache.digest_key(name, n, digest), ("theta", "omega"))
+        if stored is not None:
+            found = BufferedToeplitz(n, params=BLTParams(stored["theta"], stored["omega"]),
+                                     use_cache=False)
+    if found is None or found.digest != digest:
+        raise FactorizationChangedError(
+            f"the noise stream was made with the {name} factorization for N = {n} with digest "
+            f"{digest[:16]}…, but this process builds digest {current.digest[:16]}… and the "
+            f"original is not in the cache ({cache.cache_dir()}); refusing to continue the "
+            f"stream with other noise"
+        )
+    return found
+
+
 __all__ = [
     "MECHANISMS",
     "BLTParams",
     "BinaryTree",
     "BufferedToeplitz",
     "Factorization",
+    "FactorizationChangedError",
     "Independent",
     "Optimized",
     "ToeplitzSqrt",
     "build_factorization",
     "check_horizon",
     "check_mechanism",
+    "factorization_by_digest",
     "prefix_sum_matrix",
     "prefix_sum_singular_values",
     "rmse_lower_bound",

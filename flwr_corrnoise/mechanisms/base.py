@@ -12,6 +12,7 @@ Single-letter matrix names are used on purpose: they are the papers' names.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -72,6 +73,33 @@ class Factorization(ABC):
 
     def __init__(self, n: int) -> None:
         self.n = check_horizon(n)
+
+    # -- identity -------------------------------------------------------------------------
+    def defining_arrays(self) -> dict[str, np.ndarray]:
+        """The numbers that generate this factorization's noise, besides its name and N
+        (closed forms have none; solved ones return their parameters)."""
+        return {}
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the name, ``N`` and :meth:`defining_arrays`: the identity of the
+        exact factorization a noise stream uses.
+
+        Why: two factorizations with the same name and horizon can differ (a tighter
+        ``--gap`` solve, another BLT optimum); a stream restored under another one would
+        silently change its noise and its privacy accounting. Streams record this digest
+        and refuse to continue under any other.
+        """
+        cached = getattr(self, "_digest", None)
+        if cached is None:
+            h = hashlib.sha256(f"{self.name}|{self.n}".encode())
+            for key, value in sorted(self.defining_arrays().items()):
+                arr = np.ascontiguousarray(np.asarray(value, dtype=np.float64))
+                h.update(f"|{key}:{arr.shape}".encode())
+                h.update(arr.tobytes())
+            cached = h.hexdigest()
+            self._digest = cached
+        return cached
 
     # -- privacy side -------------------------------------------------------------------
     @abstractmethod

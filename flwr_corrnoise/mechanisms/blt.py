@@ -233,6 +233,9 @@ class BufferedToeplitz(Factorization):
         else:
             self.report = {"buffers": params.buffers, "seconds": 0.0, "given": True}
         self.params = params
+        if use_cache:  # write-once copy under the digest: streams restore exactly this one
+            cache.store_once(cache.digest_key(self.name, self.n, self.digest),
+                             theta=params.theta, omega=params.omega)
         if np.max(np.abs(params.inverse()[0])) >= 1.0:
             # the noise e = C⁻¹ξ would grow without bound over the horizon
             raise ValueError("these BLT parameters have an unstable inverse (C⁻¹ diverges)")
@@ -249,6 +252,9 @@ class BufferedToeplitz(Factorization):
     @property
     def buffers(self) -> int:
         return self.params.buffers
+
+    def defining_arrays(self) -> dict[str, np.ndarray]:
+        return {"theta": self.theta, "omega": self.omega}
 
     @property
     def theta(self) -> np.ndarray:

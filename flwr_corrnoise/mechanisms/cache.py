@@ -41,6 +41,18 @@ def load(key: str, names: tuple[str, ...]) -> dict[str, np.ndarray] | None:
         return None
 
 
+def digest_key(name: str, n: int, digest: str) -> str:
+    """The content-addressed key of one exact factorization (never overwritten)."""
+    return f"{name}-N{n}-sha256-{digest}"
+
+
+def store_once(key: str, **arrays: np.ndarray | str) -> None:
+    """Store under ``key`` unless an entry exists: content-addressed entries are immutable,
+    so a later solve can never change the factorization an in-flight stream uses."""
+    if not path_for(key).exists():
+        store(key, **arrays)
+
+
 def store(key: str, **arrays: np.ndarray | str) -> None:
     """Store ``arrays`` under ``key`` atomically; failures are logged, not raised."""
     path = path_for(key)

@@ -159,12 +159,32 @@ class Optimized(Factorization):
             point = evaluate_dual(workload_gram(self.n), v)
             C, lb = primal_from_dual(point.X), point.lower_bound
         self.dual = v
+        if use_cache:  # write-once copy under the digest: streams restore exactly this one
+            cache.store_once(cache.digest_key(self.name, self.n, self.digest), v=v,
+                             report=json.dumps(report))
         self.report = report
         self.C = C
         self.lower_bound = lb
         self._Cinv: np.ndarray | None = None
         self._row_errors: np.ndarray | None = None
         self._prefix_sens: np.ndarray | None = None
+
+    def defining_arrays(self) -> dict[str, np.ndarray]:
+        return {"dual": self.dual}
+
+    @classmethod
+    def from_dual(cls, n: int, v: np.ndarray, report: dict[str, float]) -> Optimized:
+        """The factorization of a given dual point (how a stream restores its own)."""
+        self = cls.__new__(cls)
+        Factorization.__init__(self, n)
+        point = evaluate_dual(workload_gram(self.n), np.asarray(v, dtype=float))
+        self.C, self.lower_bound = primal_from_dual(point.X), point.lower_bound
+        self.dual = np.asarray(v, dtype=float)
+        self.report = dict(report)
+        self._Cinv = None
+        self._row_errors = None
+        self._prefix_sens = None
+        return self
 
     # -- cache ----------------------------------------------------------------------------
     def _cache_key(self) -> str:

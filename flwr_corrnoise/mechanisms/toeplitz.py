@@ -50,6 +50,9 @@ class ToeplitzSqrt(Factorization):
         self.g_reversed = np.ascontiguousarray(self.g[::-1])  # for the stream's dot products
         self._cum = np.cumsum(self.h**2)
 
+    def defining_arrays(self) -> dict[str, np.ndarray]:
+        return {"g": self.g}
+
     def column_norms(self) -> np.ndarray:
         # column j has the first N − j coefficients
         return np.sqrt(self._cum[::-1])

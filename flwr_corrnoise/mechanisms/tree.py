@@ -88,6 +88,9 @@ class BinaryTree(Factorization):
             self.alpha = np.ones(self.max_level + 1)
             self.level_var = np.ones(self.max_level + 1)
 
+    def defining_arrays(self) -> dict[str, np.ndarray]:
+        return {"alpha": self.alpha}
+
     def column_norms(self) -> np.ndarray:
         return self._column_norms(self.n)
 

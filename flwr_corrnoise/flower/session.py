@@ -1,0 +1,410 @@
+"""One private learner on Flower: settings, seed, state, ledger, lock — and the release gate.
+
+Every learner front end (:func:`~flwr_corrnoise.flower.make_client_app`,
+:class:`~flwr_corrnoise.flower.CorrNoiseNumPyClient` behind
+:func:`~flwr_corrnoise.flower.numpy_client_app`, the PyTorch helpers, and
+:class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`) goes through a :class:`LearnerSession`,
+and every reply a private learner sends is built by :meth:`LearnerSession.reply` or
+:meth:`LearnerSession.error_reply`. Why one gate: a reply may hold the noised arrays and
+metadata that is a **function of the learner's settings, counters and the server's
+message** (steps, horizon, ε, δ, ε spent, noise std, round) — nothing else. A clipping
+rate, a loss, a data-dependent error message or reply kind is a release with ε = ∞; one
+place that builds replies is one place to audit.
+
+Who decides what (see ``docs/threat-model.md``):
+
+* **Simulation** (Flower's simulation engine, detected by :func:`in_simulation`): the app's
+  defaults < run config < node config, and reproducible seeds (node-config ``noise-seed``,
+  else derived from the run's ``seed`` and the ``partition-id``). One party runs the whole
+  simulation, so the run config is the learner's too.
+* **A real SuperNode** (anything else): the app's defaults < node config, the run config's
+  privacy keys are only a *proposal* that is refused if weaker, and the noise seed always
+  comes from OS entropy — a seed in the node or run config is refused, so a wiped state
+  can never replay noise and the server can never know a seed.
+
+Data-dependent diagnostics (clipped steps, non-finite steps, loss) go to the learner's log
+and, with a ``state-dir``, to ``diagnostics.jsonl`` there — never into a reply. A learner
+may allow-list metrics it accepts to leak (node config ``release-metrics``, or
+``release_metrics=`` in app code; never the run config): they are **not accounted** in ε.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+
+from ..learner import (
+    LearnerState,
+    NonFiniteError,
+    PrivacyConfigError,
+    PrivacySettings,
+    derive_seed,
+)
+from ..persistence import StateBusyError, StateLostError, StateStore
+from ..privacy import PrivacyBudgetError
+from ..streams import HorizonExhaustedError
+
+log = logging.getLogger(__name__)
+
+#: keys of the learner's records in ``context.state``: per-step learner, per-round mod
+STATE_KEY = "flwr-corrnoise"
+ROUND_STATE_KEY = "flwr-corrnoise-round"
+
+
+class QueryRefusedError(PermissionError):
+    """A data-dependent query (evaluate, query) the learner's budget does not cover."""
+
+
+#: error codes of the replies a learner sends instead of an update; every one is a function
+#: of the learner's configuration, its state and the server's message — never of its data
+ERROR_CODES: dict[type[Exception], int] = {
+    PrivacyConfigError: 4101,
+    PrivacyBudgetError: 4101,
+    HorizonExhaustedError: 4102,
+    NonFiniteError: 4103,  # the *server's* model is not finite
+    StateLostError: 4104,
+    StateBusyError: 4105,
+    QueryRefusedError: 4106,
+}
+GENERIC_ERROR = 4100
+
+#: what a private learner's reply may hold besides the noised arrays: functions of its
+#: settings, counters and the server's message only
+RELEASED_METRICS = frozenset({
+    "steps", "horizon", "epsilon", "delta", "epsilon-spent", "noise-std", "rounds-noised",
+    "num-examples", "learner-id", "server-round",
+})
+
+#: run-config keys that carry privacy settings, and the proposal key each one maps to
+RUN_CONFIG_PROPOSAL = {
+    "mechanism": "privacy-mechanism",
+    "epsilon": "privacy-epsilon",
+    "delta": "privacy-delta",
+    "clip-norm": "privacy-clip-norm",
+    "horizon": "privacy-horizon",
+}
+
+
+def error_code(err: BaseException) -> int:
+    for kind, code in ERROR_CODES.items():
+        if isinstance(err, kind):
+            return code
+    return GENERIC_ERROR
+
+
+def in_simulation() -> bool:
+    """Whether this ClientApp runs inside Flower's simulation engine (a Ray actor).
+
+    Why Ray: Flower 1.41 runs simulated ClientApps in Ray actors, and a real SuperNode
+    runs them in its own process or a ``flwr-clientapp`` process without Ray. The server
+    cannot make a SuperNode start Ray, so it cannot switch a learner into the simulation
+    rules (reproducible seeds, run config as the learner's own).
+    """
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        return bool(ray.is_initialized()) and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # any doubt: the strict rules
+        return False
+
+
+def deployed(context: Context) -> bool:
+    """A learner with a ``state-dir`` in its node config keeps its state on disk."""
+    return "state-dir" in context.node_config
+
+
+def learner_config(
+    context: Context, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The learner's own configuration: the app's ``defaults``, overridden by the run
+    config (in simulation only), overridden by the node config (its operator's)."""
+    run = dict(context.run_config) if in_simulation() else {}
+    return {**dict(defaults or {}), **run, **dict(context.node_config)}
+
+
+def run_config_proposal(context: Context) -> dict[str, Any]:
+    """On a real SuperNode the run config's privacy keys are the server's proposal."""
+    if in_simulation():
+        return {}
+    rc = context.run_config
+    return {prop: rc[key] for key, prop in RUN_CONFIG_PROPOSAL.items() if key in rc}
+
+
+def learner_seed(context: Context, defaults: Mapping[str, Any] | None = None) -> int | None:
+    """The noise seed: in simulation the node config's ``noise-seed``, else one derived from
+    the run's ``seed`` and the ``partition-id`` (reproducible runs), else OS entropy
+    (``None``). On a real SuperNode always OS entropy: a fixed seed would replay its noise
+    after a wiped state, and one from the run config would be known to the server."""
+    cfg = learner_config(context, defaults)
+    if not in_simulation():
+        for source, where in ((context.node_config, "node config"), (defaults or {}, "app")):
+            if source.get("noise-seed") is not None:
+                raise PrivacyConfigError(
+                    f"a 'noise-seed' in the {where} is for simulations only: a learner on a "
+                    "real SuperNode draws its seed from OS entropy, so that its noise can "
+                    "never be replayed or known to anyone else"
+                )
+        return None
+    if cfg.get("noise-seed") is not None:
+        return int(cfg["noise-seed"])
+    if cfg.get("seed") is not None and cfg.get("partition-id") is not None:
+        return derive_seed(int(cfg["seed"]), int(cfg["partition-id"]))
+    return None
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "unaccounted")
+    return bool(value)
+
+
+def _names(value: Any) -> set[str]:
+    if value is None:
+        return set()
+    if isinstance(value, str):
+        return {v.strip() for v in value.replace(",", " ").split() if v.strip()}
+    return {str(v) for v in value}
+
+
+def metric_record(metrics: Mapping[str, Any]) -> MetricRecord:
+    """A MetricRecord of the numeric entries (Flower metrics are numbers)."""
+    return MetricRecord({
+        k: float(v) for k, v in metrics.items()
+        if isinstance(v, int | float | np.floating | np.integer) and not isinstance(v, bool)
+    })
+
+
+class LearnerSession:
+    """One learner's privacy identity for one Flower message.
+
+    ``kind`` is ``"step"`` (paper 000's per-step learner) or ``"round"`` (paper 001's mod:
+    the horizon counts rounds). ``settings``/``seed`` given in code override the context
+    (tests, in-process engines); ``release_metrics`` and ``allow_evaluation`` are the app
+    code's opt-ins, added to the node config's ``release-metrics`` and
+    ``client-evaluation`` (the run config can set neither).
+    """
+
+    def __init__(
+        self,
+        context: Context,
+        *,
+        kind: str = "step",
+        defaults: Mapping[str, Any] | None = None,
+        settings: PrivacySettings | None = None,
+        seed: int | str | None = "from-context",
+        release_metrics: Iterable[str] = (),
+        allow_evaluation: bool = False,
+    ) -> None:
+        if kind not in ("step", "round"):
+            raise ValueError(f"kind must be 'step' or 'round', got {kind!r}")
+        self.context = context
+        self.kind = kind
+        self.defaults = dict(defaults or {})
+        self.simulation = in_simulation()
+        self.config = learner_config(context, self.defaults)
+        node = context.node_config
+        self.allowed = _names(release_metrics) | _names(node.get("release-metrics"))
+        self.allow_evaluation = bool(allow_evaluation) or _flag(
+            node.get("client-evaluation", False))
+        self.key = STATE_KEY if kind == "step" else ROUND_STATE_KEY
+        self.store: StateStore | None = None
+        if deployed(context):
+            base = Path(str(node["state-dir"]))
+            self.store = StateStore(base if kind == "step" else base / "round-mod")
+        self.settings = settings or self._settings_from_config()
+        if seed == "from-context":
+            self.seed = learner_seed(context, self.defaults)
+        elif seed is not None and not self.simulation:
+            raise PrivacyConfigError(
+                "a fixed noise seed given in code is for simulations only: on a real "
+                "SuperNode a learner draws its seed from OS entropy")
+        else:
+            self.seed = seed  # type: ignore[assignment]
+
+    def _settings_from_config(self) -> PrivacySettings:
+        cfg = self.config
+        if self.kind == "round":
+            horizon = cfg.get("horizon") or cfg.get("num-server-rounds")
+            if not horizon:
+                raise PrivacyConfigError(
+                    "the per-round learner needs its horizon in rounds ('horizon', or "
+                    "'num-server-rounds' in a simulation)")
+            return PrivacySettings.from_config({**cfg, "horizon": int(horizon)})
+        if not (cfg.get("horizon") or cfg.get("num-server-rounds")):
+            where = "its app defaults or run config" if self.simulation else "its node config"
+            raise PrivacyConfigError(
+                f"the learner needs its horizon ('horizon' or 'num-server-rounds' × "
+                f"'local-steps') in {where}; on a real SuperNode the run config is the "
+                f"server's and is only a proposal"
+            )
+        return PrivacySettings.from_config(cfg)
+
+    # -- the server's proposal --------------------------------------------------------------
+    def check_proposal(self, config: Mapping[str, Any]) -> None:
+        """Refuse a round config or run config that would weaken this learner's privacy."""
+        self.settings.check_proposal({**run_config_proposal(self.context), **dict(config)})
+
+    # -- state --------------------------------------------------------------------------------
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the state directory's lock for the whole message (no-op without one)."""
+        if self.store is None:
+            yield
+            return
+        with self.store.lock():
+            yield
+
+    def load(self, shapes: list[tuple[int, ...]]) -> LearnerState:
+        """The stored state, checked against the current settings, or a fresh one on the
+        learner's first round; a lost or corrupt state is an error, never a fresh start."""
+        data: bytes | None = None
+        where = ""
+        if self.store is not None:
+            data = self.store.load()  # StateLostError if it trained before and lost it
+            where = str(self.store.state_path)
+        elif self.key in self.context.state:
+            data = bytes(self.context.state[self.key]["learner"])  # type: ignore[index]
+            where = f"context.state[{self.key!r}]"
+        if data is None:
+            return LearnerState.create(self.settings, shapes, self.seed)
+        try:
+            state = LearnerState.from_bytes(data)
+        except PrivacyConfigError:
+            raise
+        except ValueError as err:
+            raise StateLostError(f"the learner state {where} is corrupt, refusing to "
+                                 f"train: {err}") from err
+        state.check_binding(self.settings)
+        return state
+
+    def commit(
+        self,
+        state: LearnerState,
+        *,
+        first_step: int,
+        position: int,
+        server_round: int,
+        diagnostics: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record the round (ledger, local diagnostics) and store the state — before the
+        reply leaves, so a crash afterwards releases nothing that could be reused."""
+        diag = {"server-round": server_round, "first-step": first_step,
+                **dict(diagnostics or {})}
+        log.info("flwr-corrnoise learner diagnostics (local only, never sent): %s", diag)
+        if self.store is not None:
+            self.store.log_round({
+                "server-round": server_round, "first-step": first_step,
+                "steps": state.step - first_step, "position": position, "time": time.time(),
+            })
+            self.store.log_diagnostics({**diag, "time": time.time()})
+            self.store.save(state.to_bytes())
+        self.context.state[self.key] = ConfigRecord({"learner": state.to_bytes()})
+
+    # -- what leaves the learner ------------------------------------------------------------
+    def privacy_metrics(self, state: LearnerState) -> dict[str, float]:
+        """ε spent and the settings: functions of the settings and the counters only."""
+        s = self.settings
+        out: dict[str, float] = {"steps": float(state.step), "horizon": float(s.horizon)}
+        if self.kind == "round":
+            out["rounds-noised"] = float(state.step)
+        cal = s.calibration()
+        if cal is not None:
+            std = state.noise.std if state.noise is not None else cal.std
+            out.update({"epsilon": float(s.epsilon), "delta": float(s.delta),
+                        "epsilon-spent": s.epsilon_spent(state.step), "noise-std": std})
+        pid = self.config.get("partition-id")
+        if pid is not None:
+            out["learner-id"] = float(pid)
+        return out
+
+    def reply(
+        self,
+        msg: Message,
+        arrays: ArrayRecord | list[np.ndarray],
+        state: LearnerState,
+        *,
+        num_examples: float,
+        user_metrics: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """**The release gate**: the one place a private learner's train reply is built.
+
+        It holds ``arrays`` (the noised release), :meth:`privacy_metrics`, ``num-examples``
+        (a function of the server's message: τ, or 1 for the mod's uniform weights), the
+        server's round, and of ``user_metrics`` only the names the learner allow-listed.
+        """
+        metrics: dict[str, Any] = self.privacy_metrics(state)
+        metrics["num-examples"] = float(num_examples)
+        config = msg.content.get("config", {})
+        if "server-round" in config:
+            metrics["server-round"] = float(config["server-round"])  # type: ignore[arg-type]
+        dropped = []
+        for name, value in dict(user_metrics or {}).items():
+            if name in self.allowed:
+                metrics[name] = value  # the learner's explicit, unaccounted choice
+            elif name not in metrics:
+                dropped.append(name)
+        if dropped:
+            log.debug("release gate: kept on the learner: %s", sorted(dropped))
+        record = arrays if isinstance(arrays, ArrayRecord) else ArrayRecord(list(arrays))
+        return Message(RecordDict({"arrays": record, "metrics": metric_record(metrics)}),
+                       reply_to=msg)
+
+    @staticmethod
+    def error_reply(msg: Message, err: BaseException) -> Message:
+        """An ``Error`` reply whose code and reason depend on config, state and the server's
+        message only. Errors of other kinds (the user's own code) are reported with a fixed
+        reason: their text may hold data; the details stay in the learner's log."""
+        code = error_code(err)
+        if code == GENERIC_ERROR:
+            log.error("flwr-corrnoise: the learner's code failed (details stay local)",
+                      exc_info=err)
+            reason = ("flwr-corrnoise: the learner's code failed; the details stay in the "
+                      "learner's log")
+        else:
+            reason = f"flwr-corrnoise: {type(err).__name__}: {err}"
+            log.warning("learner refuses the message: %s", reason)
+        return Message(Error(code=code, reason=reason), reply_to=msg)
+
+
+def refuse_query(msg: Message) -> Message:
+    """The reply to a data-dependent query a private learner does not answer."""
+    kind = msg.metadata.message_type
+    return LearnerSession.error_reply(msg, QueryRefusedError(
+        f"a private learner does not answer {kind!r} messages: their answer depends on its "
+        f"data and is not covered by its privacy budget. Evaluate on the server, or opt in "
+        f"on the learner (node config client-evaluation = true, or allow_evaluation=True in "
+        f"the app code) to unaccounted client-side evaluation"))
+
+
+class PrivateLearnerGuard:
+    """A ClientApp-level mod that lets only train messages reach a private learner.
+
+    Attach it to the whole app (``ClientApp(mods=[PrivateLearnerGuard()])``, as
+    :func:`~flwr_corrnoise.flower.make_client_app` does) so that *every* message type is
+    guarded: evaluate and query messages are refused (code 4106) unless the learner opted
+    in to unaccounted client-side evaluation (node config ``client-evaluation = true`` or
+    ``allow_evaluation=True`` here); query messages are always refused.
+    """
+
+    def __init__(self, allow_evaluation: bool = False) -> None:
+        self.allow_evaluation = bool(allow_evaluation)
+
+    def __call__(self, msg: Message, ctxt: Context, call_next: Any) -> Message:
+        kind = msg.metadata.message_type.split(".")[0]
+        if kind == "train":
+            return call_next(msg, ctxt)
+        allowed = self.allow_evaluation or _flag(ctxt.node_config.get("client-evaluation"))
+        if kind == "evaluate" and allowed:
+            log.warning("answering an evaluate message: unaccounted client-side evaluation "
+                        "(the learner opted in)")
+            return call_next(msg, ctxt)
+        return refuse_query(msg)
