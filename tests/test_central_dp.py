@@ -102,19 +102,51 @@ def test_calibration_on_the_average() -> None:
     assert acc.get_epsilon(1e-3) == pytest.approx(2.0, rel=2e-3)
 
 
-def test_bad_replies_are_dropped_and_too_few_release_nothing() -> None:
+def test_bad_replies_count_as_zero_and_too_few_release_nothing() -> None:
+    """Whether and what is released must not depend on one reply being finite: a non-finite
+    reply and an error reply count as zero contributions over all replies received."""
     dp = wrapped(FedAvg(fraction_evaluate=0.0), min_learners=2)
     list(dp.configure_train(1, ArrayRecord(X), ConfigRecord(), FakeGrid()))
     bad = replies([[np.full((2, 2), np.nan), np.zeros(3)], UPDATES[1], UPDATES[2]])
     bad.append(reply(Error(code=4101, reason="refused"), node=9))
-    out, _ = dp.aggregate_train(1, bad)
+    out, metrics = dp.aggregate_train(1, bad)
     replica = NoiseStream.create("toeplitz", 3, [(2, 2), (3,)], dp.noise_std, seed=17)
-    want = flat(X) + expected_mean(UPDATES[1:]) + replica.next()
+    clipped = [clip_by_global_norm(flat(u), 0.5)[0] for u in UPDATES[1:]]
+    want = flat(X) + np.sum(clipped, axis=0) / 4 + replica.next()
     np.testing.assert_allclose(flat(out.to_numpy_ndarrays()), want, atol=1e-12)
-    assert len(dp.rounds[-1]["dropped"]) == 2
+    assert len(dp.rounds[-1]["zeroed"]) == 2
+    assert set(metrics.keys()) == {"central-epsilon-spent", "central-noise-std",
+                                   "central-rounds-released", "num-zeroed"}
     list(dp.configure_train(2, ArrayRecord(X), ConfigRecord(), FakeGrid()))
     assert dp.aggregate_train(2, replies([UPDATES[0]], weights=(4,))) == (None, None)
     assert dp.stream.step == 1  # no noise used by the round that released nothing
+
+
+def test_release_does_not_depend_on_one_reply_being_finite() -> None:
+    """Neighbouring rounds: learner 0's reply finite vs non-finite. Both rounds are
+    released, with the same metadata; only the noised model differs."""
+    outs = []
+    for first in (UPDATES[0], [np.full((2, 2), np.inf), np.zeros(3)]):
+        dp = wrapped(FedAvg(fraction_evaluate=0.0), min_learners=3)
+        list(dp.configure_train(1, ArrayRecord(X), ConfigRecord(), FakeGrid()))
+        out, metrics = dp.aggregate_train(1, replies([first, UPDATES[1], UPDATES[2]]))
+        assert out is not None
+        outs.append((dict(metrics), dp.stream.step))
+    (m0, s0), (m1, s1) = outs
+    assert s0 == s1 == 1
+    assert {k: v for k, v in m0.items() if k != "num-zeroed"} == {
+        k: v for k, v in m1.items() if k != "num-zeroed"}
+
+
+def test_wrapped_strategy_metrics_are_not_released() -> None:
+    """Client metrics (a loss, an accuracy) are un-noised: they never reach the output."""
+    dp = wrapped(FedAvg(fraction_evaluate=0.0), min_learners=3)
+    list(dp.configure_train(1, ArrayRecord(X), ConfigRecord(), FakeGrid()))
+    msgs = replies(UPDATES)
+    for m in msgs:
+        m.content["metrics"] = MetricRecord({**dict(m.content["metrics"]), "train-loss": 0.7})
+    _, metrics = dp.aggregate_train(1, msgs)
+    assert "train-loss" not in metrics
 
 
 SMALL = LogRegSetup(num_learners=3, dim=5, rounds=3, tau=2, eta=0.3, test_size=50,

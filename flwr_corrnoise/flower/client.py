@@ -43,6 +43,7 @@ from .session import (
     learner_config,
     learner_seed,
     metric_record,
+    refuse_query,
     run_config_proposal,
 )
 
@@ -202,8 +203,8 @@ def make_client_app(
         except Exception as err:  # every failure becomes a clear, data-free reply
             return LearnerSession.error_reply(msg, err)
 
-    if evaluate is not None:
-        app.evaluate()(evaluate)
+    app.evaluate()(evaluate or _refuse)
+    app.query()(_refuse)
     return app
 
 
@@ -248,4 +249,11 @@ def numpy_client_app(
         record = metric_record({**metrics, "loss": loss, "num-examples": num})
         return Message(RecordDict({"metrics": record}), reply_to=msg)
 
+    app.query()(_refuse)
     return app
+
+
+def _refuse(msg: Message, context: Context) -> Message:
+    """Registered for the message types a private learner does not answer, so that the
+    server gets a clear refusal (code 4106) instead of Flower's "no function registered"."""
+    return refuse_query(msg)
