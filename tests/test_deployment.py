@@ -40,16 +40,13 @@ pytestmark = [
 SEED, ROUNDS, TAU = 11, 5, 2
 SETUP = LogRegSetup(num_learners=3, dim=6, rounds=ROUNDS, tau=TAU, mechanism="blt",
                     seed=SEED, data_seed=4, test_size=100)
-#: what each SuperNode's operator sets; ``noise-seed`` only so the test can replay the run
+#: what each SuperNode's operator sets. No seed: a learner on a real SuperNode draws it
+#: from OS entropy; the test reads it back from the learner's own state to replay the run
 LEARNER = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-3, "horizon": ROUNDS * TAU}
 
 
-def noise_seed(i: int) -> int:
-    return 7000 + i  # node-config integers are TOML's 64-bit ones
-
-
 def node_config(i: int) -> dict[str, Any]:
-    return {**LEARNER, "noise-seed": noise_seed(i)}
+    return dict(LEARNER)
 
 
 def run_config(out: Path, **extra: Any) -> dict[str, Any]:
@@ -96,7 +93,7 @@ def ledger(dep: LocalDeployment, i: int) -> list[dict[str, Any]]:
 
 
 def replay(
-    participation: list[list[int]], trained: Mapping[int, list[int]]
+    participation: list[list[int]], trained: Mapping[int, list[int]], seeds: list[int]
 ) -> tuple[list[np.ndarray], list[LearnerState]]:
     """The run in process. ``trained[i]``: the (1-based) rounds learner ``i`` trained in,
     from its ledger, once per time it trained; ``participation[r]``: the learners whose
@@ -109,7 +106,7 @@ def replay(
     grads = [logistic_gradient(SETUP, i) for i in range(3)]
     x = initial_parameters(SETUP)
     shapes = [p.shape for p in x]
-    states = [LearnerState.create(settings, shapes, noise_seed(i)) for i in range(3)]
+    states = [LearnerState.create(settings, shapes, seeds[i]) for i in range(3)]
     for r, chosen in enumerate(participation):
         assert set(chosen) <= {i for i in range(3) if r + 1 in trained[i]}
         updates = []
@@ -127,7 +124,8 @@ def check_against_replay(dep: LocalDeployment, summary: Mapping[str, Any]) -> No
     participation = summary["participation"]
     assert len(participation) == ROUNDS
     trained = {i: [int(e["server-round"]) for e in ledger(dep, i)] for i in range(3)}
-    x, states = replay(participation, trained)
+    seeds = [learner_state(dep, i).seed for i in range(3)]  # type: ignore[union-attr]
+    x, states = replay(participation, trained, seeds)
     final = np.load(dep.workdir / "results" / "final_model.npy")
     np.testing.assert_allclose(final, x[0], atol=1e-10, rtol=0)
     assert_streams_continue(dep, states)

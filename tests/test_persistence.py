@@ -31,7 +31,7 @@ def learner(ctx: Context) -> CorrNoiseLearner:
     return CorrNoiseLearner(ctx, logistic_gradient(SETUP, 0))
 
 
-def test_restarted_learner_continues_exactly(tmp_path) -> None:
+def test_restarted_learner_continues_exactly(tmp_path, simulated) -> None:
     x = [np.zeros(4)]
     ctx = context(tmp_path, **{"noise-seed": 3})
     uninterrupted = [learner(ctx).train(x, CONFIG)[0][0] for _ in range(3)]
@@ -82,8 +82,10 @@ def test_deployed_seed_is_never_derived_from_the_run_config(tmp_path) -> None:
     a = learner(context(tmp_path / "a", run_config=run)).train([np.zeros(4)], CONFIG)[0][0]
     b = learner(context(tmp_path / "b", run_config=run)).train([np.zeros(4)], CONFIG)[0][0]
     assert not np.allclose(a, b)  # same data, same run config, independent noise
+
+def test_simulations_keep_reproducible_seeds(simulated) -> None:
     sim = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
-                  run_config=run)
+                  run_config={"seed": 7})
     assert learner_seed(sim) is not None  # simulations stay reproducible
 
 
