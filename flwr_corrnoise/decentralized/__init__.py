@@ -22,3 +22,9 @@ from flwr_corrnoise.decentralized.graphs import ring as ring
 from flwr_corrnoise.decentralized.graphs import second_singular_value as second_singular_value
 from flwr_corrnoise.decentralized.graphs import spectral_gap as spectral_gap
 from flwr_corrnoise.decentralized.graphs import watts_strogatz as watts_strogatz
+from flwr_corrnoise.decentralized.laplace import LaplaceStream as LaplaceStream
+from flwr_corrnoise.decentralized.laplace import ScaleSchedule as ScaleSchedule
+from flwr_corrnoise.decentralized.laplace import basic_composition as basic_composition
+from flwr_corrnoise.decentralized.laplace import epsilon_of_laplace as epsilon_of_laplace
+from flwr_corrnoise.decentralized.laplace import laplace as laplace
+from flwr_corrnoise.decentralized.laplace import scale_for_epsilon as scale_for_epsilon
