@@ -7,6 +7,14 @@ accountants and a vectorized in-process engine. Nothing here imports Flower; the
 """
 
 # One `import name as name` line per public name, so that modules can append theirs.
+from flwr_corrnoise.decentralized.baselines import DOLA as DOLA
+from flwr_corrnoise.decentralized.baselines import DSGD as DSGD
+from flwr_corrnoise.decentralized.baselines import PDOP as PDOP
+from flwr_corrnoise.decentralized.chen_wang import ChenWang as ChenWang
+from flwr_corrnoise.decentralized.chen_wang import StepSizes as StepSizes
+from flwr_corrnoise.decentralized.engine import RunResult as RunResult
+from flwr_corrnoise.decentralized.engine import run as run
+from flwr_corrnoise.decentralized.engine import run_from_config as run_from_config
 from flwr_corrnoise.decentralized.graphs import Graph as Graph
 from flwr_corrnoise.decentralized.graphs import GraphError as GraphError
 from flwr_corrnoise.decentralized.graphs import complete as complete
@@ -28,3 +36,13 @@ from flwr_corrnoise.decentralized.laplace import basic_composition as basic_comp
 from flwr_corrnoise.decentralized.laplace import epsilon_of_laplace as epsilon_of_laplace
 from flwr_corrnoise.decentralized.laplace import laplace as laplace
 from flwr_corrnoise.decentralized.laplace import scale_for_epsilon as scale_for_epsilon
+from flwr_corrnoise.decentralized.protocol import ALGORITHMS as ALGORITHMS
+from flwr_corrnoise.decentralized.protocol import Inbox as Inbox
+from flwr_corrnoise.decentralized.protocol import NodeAlgorithm as NodeAlgorithm
+from flwr_corrnoise.decentralized.protocol import PrivacyProposalError as PrivacyProposalError
+from flwr_corrnoise.decentralized.protocol import build_algorithm as build_algorithm
+from flwr_corrnoise.decentralized.protocol import register as register
+from flwr_corrnoise.decentralized.tasks import LogisticTask as LogisticTask
+from flwr_corrnoise.decentralized.tasks import Task as Task
+from flwr_corrnoise.decentralized.tasks import build_task as build_task
+from flwr_corrnoise.decentralized.tasks import register_task as register_task
