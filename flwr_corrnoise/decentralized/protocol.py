@@ -268,11 +268,14 @@ class NodeAlgorithm(ABC):
         raise NotImplementedError(f"{self.name} needs explicit privacy settings")
 
     def privacy_from_config(self, node: int, cfg: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """A node's own settings from its (kebab-case) node config, defaults otherwise."""
+        """A node's own settings from its (kebab-case) node config, defaults otherwise.
+
+        Only the plain keys (``noise-scale``) are read: ``privacy-<name>`` keys are what a
+        server *proposes* and are checked with :func:`check_privacy_proposal`, never used."""
         base = self.default_privacy(np.array([node]))
         out = {}
         for name in self.privacy_fields:
-            raw = cfg.get(f"privacy-{name}", cfg.get(name))
+            raw = cfg.get(name)
             out[name] = base[name] if raw is None else np.array([float(raw)])
             if not np.all(np.isfinite(out[name])):
                 raise PrivacyProposalError(f"node {node}: privacy setting {name} is not finite")
