@@ -127,12 +127,15 @@ class LogisticTask(Task):
             coef = coef * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
         return np.einsum("km,kmd->kd", coef, X) / X.shape[1] + self.reg * theta
 
-    # full-data objective (for θ* by noise-free centralized gradient descent)
-    def pooled(self, nodes_t: Sequence[tuple[int, int]] | None = None) -> tuple[np.ndarray,
-                                                                               np.ndarray]:
+    def pooled(self) -> tuple[np.ndarray, np.ndarray]:
         """All shards pooled (``X [N, dim], y [N]``)."""
         return (np.concatenate([X for X, _ in self.shards]),
                 np.concatenate([y for _, y in self.shards]))
+
+    def accuracy(self, theta: np.ndarray) -> np.ndarray:
+        """Accuracy of each row of ``theta [k, dim]`` on all shards pooled."""
+        X, y = self.pooled()
+        return ((X @ theta.T > 0) == (y[:, None] > 0.5)).mean(axis=0)
 
 
 def synthetic_shards(num_nodes: int, dim: int, samples: int = 200, seed: int = 0,
