@@ -1,0 +1,234 @@
+"""Paper 003's baselines (Sec. VII): DSGD, DOLA and PDOP with Laplace-noised messages.
+
+All three use the classical mixing matrix ``A = I + W`` (003's ring: 0.4 on the diagonal, 0.3
+to each neighbour) and the *current* sample's gradient only (no history), which is why their
+sensitivity does not decay and their per-step-summed budgets grow with ``T``:
+
+* **DSGD** (Pu et al.; 003 runs it "with the same stepsize sequence and the same Laplace DP
+  noise" as Algorithm 1): ``θ⁺ = Proj(A_ii θ_i + Σ_{j≠i} A_ij y_j − λ_t ∇l(θ_i, ξ_t))`` — the
+  node mixes its *own un-noised* state with its neighbours' releases.
+* **DOLA** (Li et al., TKDE 2018): ``b_i = Σ_j A_ij ŵ_j`` over *released* values (its own
+  included), ``w⁺ = Proj(b_i − α_{t+1} ∇f_t(b_i))``, ``α_t = α₀/√t`` (convex case); 003's
+  noise ``ϱ_t = 0.07/(0.2(t+1))`` (schedule ``inverse``, ``ϱ₀ = 0.35``).
+* **PDOP** (Huang, Mitra, Vaidya 2015): the same structure with geometric steps and noise,
+  ``γ_k = c p^k``, ``ϱ_k = c_b q^k``, ``0 < p < q < 1``; 003's noise ``0.5 · 0.98^k``.
+
+Because DOLA and PDOP only mix released values, a datum changes exactly one release — under a
+rigorous per-datum accounting their budgets stay bounded (PDOP) or grow only as the ratio
+step/noise grows (DOLA); see :mod:`.chen_wang_privacy`, which reports both accountings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from flwr_corrnoise.decentralized.chen_wang import project_ball
+from flwr_corrnoise.decentralized.chen_wang_privacy import (
+    PER_DATUM,
+    PER_STEP,
+    baseline_epsilon_per_datum,
+    baseline_epsilon_per_step,
+    gradient_constants,
+)
+from flwr_corrnoise.decentralized.graphs import Graph, laplacian_weights
+from flwr_corrnoise.decentralized.laplace import ScaleSchedule
+from flwr_corrnoise.decentralized.protocol import (
+    Inbox,
+    NodeAlgorithm,
+    State,
+    draw_laplace,
+    node_seeds,
+    register,
+)
+from flwr_corrnoise.decentralized.tasks import Task
+
+__all__ = ["DOLA", "DSGD", "PDOP", "MixingBaseline"]
+
+
+class MixingBaseline(NodeAlgorithm):
+    """Common machinery; subclasses fix the update form and the default schedules.
+
+    Step sizes: ``step_kind`` ``power`` (``s₀ (t+1)^{−rate}``) or ``geometric`` (``s₀ rate^t``);
+    the step used after release ``t`` is ``step(t)``. Noise: ``ϱ_t`` from a
+    :class:`~.laplace.ScaleSchedule` of ``noise_kind`` whose base and rate are the node's own
+    privacy settings ``noise-scale`` and ``noise-rate`` (both: larger = more noise).
+    """
+
+    mixes_own_state: ClassVar[bool] = False
+    noise_kind: ClassVar[str] = "power"
+    privacy_fields: ClassVar[dict[str, int]] = {"noise-scale": +1, "noise-rate": +1}
+
+    def __init__(self, graph: Graph, task: Task, *, step0: float, step_rate: float,
+                 step_kind: str = "power", W: np.ndarray | None = None, radius: float = 1e5,
+                 clip: float | None = None, default_noise_scale: float = 1.0,
+                 default_noise_rate: float = 0.1, default_rate_step: float = 0.0) -> None:
+        super().__init__(graph, task.dim)
+        if task.num_nodes != graph.num_nodes:
+            raise ValueError(f"task has {task.num_nodes} nodes, graph {graph.num_nodes}")
+        if step_kind not in ("power", "geometric"):
+            raise ValueError(f"step kind must be power or geometric, got {step_kind!r}")
+        if not (math.isfinite(step0) and step0 >= 0 and math.isfinite(step_rate)):
+            raise ValueError("step sizes must be finite and ≥ 0")
+        self.task = task
+        self.step0, self.step_rate, self.step_kind = float(step0), float(step_rate), step_kind
+        W = laplacian_weights(graph, 0.3) if W is None else np.asarray(W, dtype=float)
+        self.A = np.eye(graph.num_nodes) + W
+        self.radius = float(radius)
+        self.clip = clip
+        self.default_noise = (float(default_noise_scale), float(default_noise_rate),
+                              float(default_rate_step))
+
+    def step_size(self, t: int | np.ndarray) -> np.ndarray | float:
+        tt = np.asarray(t, dtype=float)
+        if self.step_kind == "power":
+            return self.step0 * (tt + 1.0) ** (-self.step_rate)
+        return self.step0 * self.step_rate**tt
+
+    @classmethod
+    def from_config(cls, graph: Graph, task: Task, config: Mapping[str, Any]
+                    ) -> MixingBaseline:
+        cfg = dict(config)
+        d = cls.defaults()
+        clip = cfg.get("clip")
+        return cls(graph, task, step0=float(cfg.get("step0", d["step0"])),
+                   step_rate=float(cfg.get("step-rate", d["step-rate"])),
+                   step_kind=str(cfg.get("step-kind", d["step-kind"])),
+                   W=laplacian_weights(graph, float(cfg.get("w", 0.3))),
+                   radius=float(cfg.get("radius", 1e5)),
+                   clip=None if clip in (None, "", 0, 0.0) else float(clip),
+                   default_noise_scale=float(cfg.get("noise-scale", d["noise-scale"])),
+                   default_noise_rate=float(cfg.get("noise-rate", d["noise-rate"])),
+                   default_rate_step=float(cfg.get("noise-rate-step", d["noise-rate-step"])))
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def schedule(self, scale: float, rate: float) -> ScaleSchedule:
+        return ScaleSchedule(self.noise_kind, scale, rate)
+
+    def default_privacy(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
+        b0, r0, dr = self.default_noise
+        nodes = np.asarray(nodes, dtype=float)
+        return {"noise-scale": np.full(nodes.size, b0), "noise-rate": r0 + dr * (nodes + 1)}
+
+    def init(self, nodes: np.ndarray, run_seed: int,
+             privacy: Mapping[str, np.ndarray]) -> State:
+        nodes = np.asarray(nodes, dtype=int)
+        scale = np.asarray(privacy["noise-scale"], dtype=float).reshape(nodes.size)
+        rate = np.asarray(privacy["noise-rate"], dtype=float).reshape(nodes.size)
+        for b, r in zip(scale, rate, strict=True):
+            self.schedule(float(b), float(r))  # validates
+        return {
+            "node": nodes.copy(),
+            "theta": np.zeros((nodes.size, self.dim)),
+            "step": np.zeros(nodes.size, dtype=np.int64),
+            "rng": node_seeds(run_seed, nodes),
+            "noise": np.zeros((nodes.size, self.dim)),
+            "privacy_noise-scale": scale.copy(),
+            "privacy_noise-rate": rate.copy(),
+        }
+
+    def noise_scale(self, state: State) -> np.ndarray:
+        return np.array([
+            self.schedule(float(b), float(r)).scale(int(t))
+            for b, r, t in zip(state["privacy_noise-scale"], state["privacy_noise-rate"],
+                               state["step"], strict=True)
+        ])
+
+    def release(self, state: State) -> tuple[dict[str, np.ndarray], State]:
+        noise, words = draw_laplace(state["rng"], self.noise_scale(state), self.dim)
+        return {"y": state["theta"] + noise}, dict(state, rng=words, noise=noise)
+
+    def update(self, state: State, inbox: Inbox) -> State:
+        t = int(state["step"][0])
+        if np.any(state["step"] != t):
+            raise ValueError("nodes in one batch must be at the same step")
+        nodes, theta = state["node"], state["theta"]
+        a_self = self.A[nodes, nodes][:, None]
+        neigh = inbox.mix("y", inbox.weights(self.A))
+        if self.mixes_own_state:  # DSGD: own un-noised state, gradient at θ_i
+            point = theta
+            mixed = a_self * theta + neigh
+        else:  # DOLA / PDOP: own *released* value, gradient at the mixed point
+            mixed = a_self * (theta + state["noise"]) + neigh
+            point = mixed
+        X, y = self.task.batch(nodes, t)
+        g = self.task.grad(point, X, y, self.clip)
+        new = mixed - self.step_size(t) * g
+        if not np.all(np.isfinite(new)):
+            raise FloatingPointError(f"non-finite parameters at step {t}")
+        return dict(state, theta=project_ball(new, self.radius), step=state["step"] + 1)
+
+    def decision(self, state: State) -> np.ndarray:
+        return state["theta"]
+
+    def contraction(self, node: int, T: int) -> np.ndarray:
+        """Own-state propagation factor per step (0 when only released values are mixed)."""
+        if not self.mixes_own_state:
+            return np.zeros(T)
+        _, L = gradient_constants(self)
+        return self.A[node, node] + L * np.asarray(self.step_size(np.arange(T)))
+
+    def epsilon(self, state: State, steps: int) -> dict[str, np.ndarray]:
+        """Both accountings per node (see :mod:`.chen_wang_privacy`)."""
+        C, _ = gradient_constants(self)
+        out: dict[str, list[float]] = {PER_STEP: [], PER_DATUM: []}
+        t = np.arange(steps)
+        lam = np.asarray(self.step_size(t), dtype=float).reshape(steps)
+        for k, node in enumerate(state["node"]):
+            sched = self.schedule(float(state["privacy_noise-scale"][k]),
+                                  float(state["privacy_noise-rate"][k]))
+            if steps == 0:
+                out[PER_STEP].append(0.0)
+                out[PER_DATUM].append(0.0)
+                continue
+            scales = np.asarray(sched.scale(t), dtype=float).reshape(steps)
+            out[PER_STEP].append(float(baseline_epsilon_per_step(lam, scales, C, self.dim)[-1]))
+            out[PER_DATUM].append(baseline_epsilon_per_datum(
+                lam, self.contraction(int(node), steps), scales, C, self.dim))
+        return {k: np.asarray(v) for k, v in out.items()}
+
+
+@register("dsgd")
+class DSGD(MixingBaseline):
+    """DSGD with Algorithm 1's step size and noise (003 Sec. VII)."""
+
+    name = "dsgd"
+    mixes_own_state = True
+    noise_kind = "power"
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return {"step0": 1.0, "step-rate": 0.77, "step-kind": "power", "noise-scale": 1.0,
+                "noise-rate": 0.1, "noise-rate-step": 0.01}
+
+
+@register("dola")
+class DOLA(MixingBaseline):
+    """DOLA: mix released values, step ``α₀/√(t+1)``, noise ``ϱ₀/(t+1)``."""
+
+    name = "dola"
+    noise_kind = "inverse"
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return {"step0": 0.1, "step-rate": 0.5, "step-kind": "power", "noise-scale": 0.35,
+                "noise-rate": 0.0, "noise-rate-step": 0.0}
+
+
+@register("pdop")
+class PDOP(MixingBaseline):
+    """PDOP: mix released values, step ``c p^k``, noise ``c_b q^k`` (``p < q``)."""
+
+    name = "pdop"
+    noise_kind = "geometric"
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        return {"step0": 0.5, "step-rate": 0.97, "step-kind": "geometric", "noise-scale": 0.5,
+                "noise-rate": 0.98, "noise-rate-step": 0.0}

@@ -1,0 +1,203 @@
+"""Pure-ε accounting for paper 003 (Chen & Wang) and its baselines (DSGD, DOLA, PDOP).
+
+Adjacency: one datum ``ξ_k`` of learner ``i``'s stream replaced. The learner's releases are
+``y_t = θ_t + Lap(ϱ_t)^d``, and — LDP as 003 defines it — everything it *receives* is held
+fixed (a neighbour's message is external information). Lemma 2: the cumulative budget after
+releasing steps ``0..T−1`` is at most ``Σ_t Δ_t / ϱ_t``, ``Δ_t`` the ℓ1 sensitivity of ``θ_t``
+(basic composition of Laplace releases; ``Δ_0 = 0``: ``θ_0`` does not depend on data).
+
+Two bounds on ``Δ_t = √d Φ_t`` (``Φ_t = ‖θ_t − θ'_t‖₂``), both labelled wherever reported:
+
+* ``tight (eq. 22)`` — the recursion the paper uses to prove a finite budget as ``T → ∞``:
+  ``Φ_0 = 0``, ``Φ_{t+1} = (|1 − |w_ii| γ_t| + L λ_t) Φ_t + λ_t C / (t+1)``: the replaced
+  datum is one of ``t+1`` in the all-history gradient, so its weight decays like ``1/(t+1)``.
+  Worst case is ``k = 0`` (a later ``k`` only drops non-negative terms). The learner's own
+  ``|w_ii|`` is used (the derivation, eq. (17), only involves learner ``i``'s row).
+* ``Theorem 5(i)`` — the bound the paper states for finite ``T``:
+  ``Δ_t ≤ √d C τ_t``, ``τ_t = Σ_{p=1}^{t−1} λ_{p−1} Π_{q=p}^{t−1}(1 − w̄γ_q + Lλ_q) + λ_{t−1}``,
+  ``w̄ = min_i |w_ii|`` — it drops the ``1/(t+1)`` and grows without bound in ``T``; with the
+  paper's own settings it is orders of magnitude above the tight value.
+
+``C`` bounds ``‖∇l(θ, ξ) − ∇l(θ, ξ')‖₂`` (Assumption 5: twice the per-sample clip norm, or
+``2 max‖a‖`` for logistic regression), ``L`` the per-sample gradient's Lipschitz constant.
+
+Baselines, two accountants each (labelled):
+
+* ``per-step summation`` — what the baselines' papers (and 003's Fig. 1(c)) do: every release
+  is charged the one-step sensitivity ``√d · step_{t−1} · C`` and the charges are summed over
+  all ``T`` releases, so the budget grows without bound;
+* ``per-datum`` — rigorous for the same adjacency: datum ``ξ_k`` enters the update of step
+  ``k`` only; afterwards the difference propagates through the learner's *own* state with
+  factor ``a_t`` (DSGD: ``A_ii + L λ_t``; DOLA and PDOP mix only *released* values, so
+  ``a_t = 0`` and a datum affects exactly one release). ``ε = max_k Σ_{t>k} √d Φ_t^{(k)}/ϱ_t``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flwr_corrnoise.decentralized.protocol import State
+
+if TYPE_CHECKING:
+    from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes
+
+__all__ = [
+    "THM5",
+    "TIGHT",
+    "baseline_epsilon_per_datum",
+    "baseline_epsilon_per_step",
+    "chen_wang_epsilon",
+    "chen_wang_epsilons",
+    "cumulative_epsilon",
+    "noise_scale_for_epsilon",
+    "thm5_sensitivity",
+    "tight_sensitivity",
+]
+
+TIGHT = "tight (eq. 22)"
+THM5 = "Theorem 5(i)"
+PER_STEP = "per-step summation (papers)"
+PER_DATUM = "per-datum (rigorous)"
+
+
+def _check(T: int, C: float, L: float, dim: int) -> None:
+    if int(T) != T or T < 0:
+        raise ValueError(f"T must be an integer ≥ 0, got {T!r}")
+    if not (math.isfinite(C) and C >= 0 and math.isfinite(L) and L >= 0):
+        raise ValueError(f"C and L must be finite and ≥ 0, got C={C!r}, L={L!r}")
+    if int(dim) != dim or dim < 1:
+        raise ValueError(f"dim must be a positive integer, got {dim!r}")
+
+
+def tight_sensitivity(T: int, steps: StepSizes, w_self: float, L: float, C: float,
+                      dim: int) -> np.ndarray:
+    """ℓ1 sensitivities ``Δ_0..Δ_{T−1}`` of the released ``θ_t`` by eq. (22)."""
+    _check(T, C, L, dim)
+    t = np.arange(T, dtype=float)
+    a = np.abs(1.0 - abs(w_self) * steps.gamma(t)) + L * steps.lam(t)
+    inject = steps.lam(t) * C / (t + 1.0)
+    phi = np.zeros(T)
+    for s in range(T - 1):
+        phi[s + 1] = a[s] * phi[s] + inject[s]
+    return math.sqrt(dim) * phi
+
+
+def thm5_sensitivity(T: int, steps: StepSizes, w_bar: float, L: float, C: float,
+                     dim: int) -> np.ndarray:
+    """ℓ1 sensitivities ``√d C τ_t`` of Theorem 5(i) for ``t = 0..T−1`` (``τ_0 = 0``)."""
+    _check(T, C, L, dim)
+    t = np.arange(T, dtype=float)
+    a = 1.0 - abs(w_bar) * steps.gamma(t) + L * steps.lam(t)
+    lam = steps.lam(t)
+    tau = np.zeros(T)
+    for s in range(T - 1):  # τ_{s+1} = a_s τ_s + λ_s reproduces the printed double sum
+        tau[s + 1] = a[s] * tau[s] + lam[s]
+    return math.sqrt(dim) * C * tau
+
+
+def cumulative_epsilon(sensitivity: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Lemma 2: ``ε(T') = Σ_{t<T'} Δ_t / ϱ_t`` for ``T' = 1..T`` (``inf`` where ϱ_t = 0 < Δ_t)."""
+    sens = np.asarray(sensitivity, dtype=float)
+    sc = np.asarray(scales, dtype=float)
+    if sens.shape != sc.shape:
+        raise ValueError("sensitivity and scales must have the same length")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(sens == 0, 0.0, sens / sc)
+    return np.cumsum(terms)
+
+
+def chen_wang_epsilon(T: int, steps: StepSizes, *, w_self: float, L: float, C: float,
+                      dim: int, noise_scale: float, exponent: float,
+                      accountant: str = TIGHT, w_bar: float | None = None) -> np.ndarray:
+    """Cumulative ε of one learner after ``1..T`` releases, ``ϱ_t = noise_scale (t+1)^exponent``.
+    """
+    t = np.arange(T, dtype=float)
+    scales = noise_scale * (t + 1.0) ** exponent
+    if accountant == TIGHT:
+        sens = tight_sensitivity(T, steps, w_self, L, C, dim)
+    elif accountant == THM5:
+        sens = thm5_sensitivity(T, steps, w_self if w_bar is None else w_bar, L, C, dim)
+    else:
+        raise ValueError(f"unknown accountant {accountant!r}; use {TIGHT!r} or {THM5!r}")
+    return cumulative_epsilon(sens, scales)
+
+
+def noise_scale_for_epsilon(epsilon: float, T: int, steps: StepSizes, *, w_self: float,
+                            L: float, C: float, dim: int, exponent: float,
+                            accountant: str = TIGHT, w_bar: float | None = None) -> float:
+    """The ``ϱ₀`` (``= σ/√2``) that spends exactly ``epsilon`` over ``T`` releases: ε is
+    ``∝ 1/ϱ₀``, so ``ϱ₀ = ε(T; ϱ₀ = 1) / epsilon`` (003's "σ^i = Σ_t …/ε_i")."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"ε must be finite and > 0, got {epsilon!r}")
+    if T < 1:
+        raise ValueError("need at least one release")
+    unit = chen_wang_epsilon(T, steps, w_self=w_self, L=L, C=C, dim=dim, noise_scale=1.0,
+                             exponent=exponent, accountant=accountant, w_bar=w_bar)[-1]
+    return float(unit / epsilon)
+
+
+def chen_wang_epsilons(algo: ChenWang, state: State, steps: int) -> dict[str, np.ndarray]:
+    """ε per node (both accountants) for the nodes in ``state`` after ``steps`` releases."""
+    C, L = gradient_constants(algo)
+    w_diag = np.abs(np.diag(algo.W))
+    w_bar = float(w_diag.min())
+    out: dict[str, np.ndarray] = {TIGHT: [], THM5: []}  # type: ignore[dict-item]
+    for k, node in enumerate(state["node"]):
+        b0 = float(state["privacy_noise-scale"][k])
+        s = float(state["privacy_noise-exponent"][k])
+        for acc in (TIGHT, THM5):
+            if steps == 0:
+                out[acc].append(0.0)  # type: ignore[attr-defined]
+                continue
+            if b0 == 0:
+                out[acc].append(math.inf)  # type: ignore[attr-defined]
+                continue
+            eps = chen_wang_epsilon(steps, algo.steps, w_self=float(w_diag[int(node)]), L=L,
+                                    C=C, dim=algo.dim, noise_scale=b0, exponent=s,
+                                    accountant=acc, w_bar=w_bar)[-1]
+            out[acc].append(float(eps))  # type: ignore[attr-defined]
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def gradient_constants(algo: object) -> tuple[float, float]:
+    """``(C, L)`` of an algorithm's task: ``C = 2·clip`` (or ``2 max‖a‖`` unclipped, for
+    logistic regression), ``L`` the per-sample smoothness."""
+    task = algo.task  # type: ignore[attr-defined]
+    clip = getattr(algo, "clip", None)
+    L = float(task.smoothness)
+    C = 2.0 * float(clip) if clip is not None else 2.0 * float(task.row_norm_max)
+    return C, L
+
+
+# -- baselines ---------------------------------------------------------------------------
+def baseline_epsilon_per_step(step_sizes: np.ndarray, scales: np.ndarray, C: float,
+                              dim: int) -> np.ndarray:
+    """The papers' accounting: release ``t ≥ 1`` is charged ``√d · step_{t−1} · C / ϱ_t``;
+    cumulative over ``1..T`` releases (release 0 is data-independent)."""
+    step_sizes = np.asarray(step_sizes, dtype=float)
+    scales = np.asarray(scales, dtype=float)
+    sens = np.zeros_like(scales)
+    sens[1:] = math.sqrt(dim) * step_sizes[:-1] * C
+    return cumulative_epsilon(sens, scales)
+
+
+def baseline_epsilon_per_datum(step_sizes: np.ndarray, contraction: np.ndarray,
+                               scales: np.ndarray, C: float, dim: int) -> float:
+    """Rigorous per-datum ε over releases ``0..T−1``: ``max_k C·step_k·H_{k+1}``,
+    ``H_j = √d/ϱ_j + a_j H_{j+1}`` (``H_T = 0``), ``a_j`` the own-state propagation factor."""
+    step_sizes = np.asarray(step_sizes, dtype=float)
+    a = np.asarray(contraction, dtype=float)
+    scales = np.asarray(scales, dtype=float)
+    T = scales.size
+    if T < 2:
+        return 0.0
+    H = np.zeros(T + 1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(scales > 0, 1.0 / np.maximum(scales, 1e-300), math.inf)
+    for j in range(T - 1, 0, -1):
+        H[j] = math.sqrt(dim) * inv[j] + (a[j] * H[j + 1] if a[j] != 0 else 0.0)
+    per_k = C * step_sizes[: T - 1] * H[1:T]
+    return float(per_k.max())
