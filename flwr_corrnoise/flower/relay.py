@@ -57,7 +57,7 @@ from flwr_corrnoise.decentralized.protocol import (
     state_from_bytes,
     state_to_bytes,
 )
-from flwr_corrnoise.flower.client import _error_reply, deployed, learner_config
+from flwr_corrnoise.flower.session import LearnerSession, deployed, learner_config
 from flwr_corrnoise.persistence import StateLostError, StateStore
 
 __all__ = [
@@ -316,7 +316,7 @@ def make_relay_client_app(config_defaults: Mapping[str, Any] | None = None) -> C
         try:
             idx = _node_index(learner_config(context, defaults))
         except Exception as err:
-            return _error_reply(msg, err)
+            return LearnerSession.error_reply(msg, err)
         return Message(RecordDict({"metrics": MetricRecord({"node-index": idx})}),
                        reply_to=msg)
 
@@ -328,7 +328,7 @@ def make_relay_client_app(config_defaults: Mapping[str, Any] | None = None) -> C
             outbox, metrics = node.round(int(cfg["step"]), int(cfg["steps"]),  # type: ignore[index]
                                          msg.content["inbox"])  # type: ignore[arg-type]
         except Exception as err:  # every refusal is a clear Error reply, state unchanged
-            return _error_reply(msg, err)
+            return LearnerSession.error_reply(msg, err)
         out = ArrayRecord()
         for key, arr in outbox.items():
             out[key] = Array(np.ascontiguousarray(arr))
