@@ -11,7 +11,10 @@
 #        SERVER_NAMES="DNS:link.example.org,IP:10.0.0.5" deploy/generate-certs.sh OUT_DIR 3
 #
 # Every SuperNode gets ca.crt (to verify the SuperLink) and its own supernode-<i>.key;
-# the SuperLink gets ca.crt, server.pem and server.key. Needs openssl.
+# the SuperLink gets ca.crt, server.pem and server.key. Needs openssl, and the Python with
+# flwr installed ($PYTHON, default python3) for the SuperNode keys.
+# The app publisher's signing key (which FABs the SuperNodes run) is made separately:
+# python -m deploy.trusted_apps keygen DIR (docs/deployment.md, "App code the operator trusts").
 set -euo pipefail
 
 out="${1:?usage: $0 OUT_DIR [NUM_SUPERNODES]}"
@@ -43,7 +46,7 @@ rm -f server.csr server.ext ca.srl
 # SuperNode keys in OpenSSH format, as flower-supernode and `flwr supernode register` read
 # them; made with `cryptography` (installed with flwr) so no ssh-keygen is needed.
 if ((nodes > 0)); then
-    python - "$nodes" <<'PY'
+    "${PYTHON:-python3}" - "$nodes" <<'PY'
 import sys
 from cryptography.hazmat.primitives import serialization as s
 from cryptography.hazmat.primitives.asymmetric import ec

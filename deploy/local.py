@@ -7,6 +7,15 @@ its own partition and its own state directory — and must stop exactly the proc
 started. Every process is started in a new session, so stopping it (``os.killpg`` on its
 own pid) also stops the SuperExec and app processes it spawned, and nothing else.
 
+With ``trusted_apps`` (the default of ``--tls``) the SuperNodes run only app code the
+operator trusts: each gets ``--trusted-entities`` naming a publisher's Ed25519 key, and the
+app reaches the SuperLink signed, through a Flower-Hub-compatible registry
+(:mod:`deploy.trusted_apps`); a FAB uploaded unsigned, modified, or signed by another key
+is refused by every SuperNode before it is installed.
+
+Flower's executables are started from beside ``sys.executable`` (the environment this
+package is installed in), not from ``PATH``.
+
 Run it as a script to try a deployment (``python -m deploy.local --help``)::
 
     python -m deploy.local --nodes 3 --tls --rounds 5
@@ -31,10 +40,29 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from deploy.trusted_apps import (
+    PUBLISHER,
+    TRUSTED_ENTITIES,
+    AppRegistry,
+    build_fab,
+    generate_publisher_key,
+    sign_fab,
+    write_trusted_entities,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "examples" / "logreg-app"
 CERT_SCRIPT = ROOT / "deploy" / "generate-certs.sh"
 CONNECTION = "local-deployment"
+
+
+def flower_bin(name: str) -> str:
+    """A Flower executable of *this* environment (beside ``sys.executable``), so a
+    deployment never picks up another installation's ``flower-supernode`` from ``PATH``."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        raise FileNotFoundError(f"{name} is not installed beside {sys.executable}")
+    return str(path)
 
 
 def free_port() -> int:
@@ -64,6 +92,11 @@ class LocalDeployment:
     SuperLink serves HTTPS with certificates made by ``deploy/generate-certs.sh`` and
     admits only registered SuperNodes (``--enable-supernode-auth``): each SuperNode has
     its own key pair, so a restarted SuperNode keeps its node id.
+
+    With ``trusted_apps`` every SuperNode gets ``--trusted-entities`` (a publisher key made
+    under ``trust/``) and runs only FABs signed by it; :meth:`run_app` then builds the app's
+    FAB, signs it, publishes it in a local app registry (``registry/``) that the SuperLink
+    uses as its Flower Hub (``FLWR_SUPERGRID_API_URL``), and runs ``@publisher/name==x.y.z``.
     """
 
     def __init__(
@@ -74,12 +107,16 @@ class LocalDeployment:
         tls: bool = True,
         node_config: Callable[[int], Mapping[str, Any]] | None = None,
         app: str | os.PathLike[str] = APP,
+        trusted_apps: bool = False,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.num_nodes = num_nodes
         self.tls = tls
         self.node_config = node_config or (lambda i: {})
         self.app = Path(app)
+        self.trusted_apps = trusted_apps
+        self.trust = self.workdir / "trust"
+        self.registry: AppRegistry | None = None
         self.home = self.workdir / "flwr-home"
         self.certs = self.workdir / "certs"
         self.logs = self.workdir / "logs"
@@ -105,9 +142,11 @@ class LocalDeployment:
     def state_dir(self, i: int) -> Path:
         return self.workdir / "state" / f"node-{i}"
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log_name: str,
+               env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.logs / log_name, "ab")  # noqa: SIM115 - owned by the process
-        proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([flower_bin(args[0]), *args[1:]], env={**self.env, **(env or {})},
+                                stdout=log, stderr=subprocess.STDOUT,
                                 cwd=self.workdir, start_new_session=True)
         log.close()
         self.started.append(proc)
@@ -117,7 +156,8 @@ class LocalDeployment:
     def make_certificates(self) -> None:
         if not (self.certs / "server.pem").exists():
             subprocess.run(["bash", str(CERT_SCRIPT), str(self.certs), str(self.num_nodes)],
-                           check=True, capture_output=True)
+                           check=True, capture_output=True,
+                           env={**os.environ, "PYTHON": sys.executable})
 
     def start_superlink(self, timeout: float = 60) -> None:
         args = ["flower-superlink", "--port", str(self.port),
@@ -130,7 +170,11 @@ class LocalDeployment:
                      "--enable-supernode-auth"]
         else:
             args += ["--insecure"]
-        self.superlink = self._spawn(args, "superlink.log")
+        env = {}
+        if self.registry is not None:  # the SuperLink's Flower Hub is the local registry
+            env = {"FLWR_SUPERGRID_API_URL": self.registry.url,
+                   "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+        self.superlink = self._spawn(args, "superlink.log", env)
         self._wait_for_port(self.port, timeout, self.superlink)
 
     def _wait_for_port(self, port: int, timeout: float, proc: subprocess.Popen[bytes]) -> None:
@@ -153,7 +197,7 @@ class LocalDeployment:
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["flwr", *args], env=self.env, cwd=self.workdir,
+        return subprocess.run([flower_bin("flwr"), *args], env=self.env, cwd=self.workdir,
                               capture_output=True, text=True, timeout=timeout)
 
     def register_nodes(self) -> None:
@@ -176,6 +220,8 @@ class LocalDeployment:
                      "--auth-supernode-private-key", str(self.certs / f"supernode-{i}.key")]
         else:
             args += ["--insecure"]
+        if self.trusted_apps:
+            args += ["--trusted-entities", str(self.trust / TRUSTED_ENTITIES)]
         self.nodes[i] = self._spawn(args, f"supernode-{i}.log")
 
     def restart_node(self, i: int, timeout: float = 240, retry: float = 3.0) -> None:
@@ -220,9 +266,32 @@ class LocalDeployment:
         self.kill(self.superlink)
         self.superlink = None
 
+    def setup_trusted_apps(self) -> None:
+        """The publisher's key (``trust/publisher.key``, in real life on the publisher's
+        machine), the SuperNodes' ``trust/trusted-entities.yaml`` naming its public key,
+        and the app registry the SuperLink fetches signed FABs from."""
+        if not (self.trust / f"{PUBLISHER}.key").exists():
+            generate_publisher_key(self.trust)
+            write_trusted_entities(self.trust / TRUSTED_ENTITIES,
+                                   [self.trust / f"{PUBLISHER}.pub"])
+        if self.registry is None:
+            self.registry = AppRegistry(self.workdir / "registry").serve()
+
+    def publish(self, app: str | os.PathLike[str] | None = None,
+                key: str | os.PathLike[str] | None = None) -> str:
+        """Build ``app``'s FAB (default: this deployment's app), sign it with ``key``
+        (default: the trusted publisher key), publish it in the registry; return the app
+        spec to ``flwr run``."""
+        if self.registry is None:
+            raise RuntimeError("publish needs trusted_apps=True and a started deployment")
+        fab = build_fab(app or self.app)
+        return self.registry.publish(fab, [sign_fab(fab, key or self.trust / f"{PUBLISHER}.key")])
+
     def start(self) -> LocalDeployment:
         if self.tls:
             self.make_certificates()
+        if self.trusted_apps:
+            self.setup_trusted_apps()
         self.start_superlink()
         self.write_connection()
         if self.tls:
@@ -231,10 +300,14 @@ class LocalDeployment:
             self.start_node(i)
         return self
 
-    def run_app(self, run_config: Mapping[str, Any], *,
+    def run_app(self, run_config: Mapping[str, Any], *, app: str | None = None,
                 timeout: float = 600) -> subprocess.Popen[str]:
-        """``flwr run`` of the app on this deployment, streaming its log to a file."""
-        args = ["flwr", "run", str(self.app), CONNECTION, "--stream",
+        """``flwr run`` of ``app`` (an app directory or ``@publisher/name==x.y.z``) on this
+        deployment, streaming its log to a file. By default the deployment's app: with
+        ``trusted_apps`` signed and published first, else uploaded from its directory."""
+        if app is None:
+            app = self.publish() if self.trusted_apps else str(self.app)
+        args = [flower_bin("flwr"), "run", app, CONNECTION, "--stream",
                 "--run-config", config_arg(run_config)]
         log = open(self.logs / "flwr-run.log", "a")  # noqa: SIM115 - owned by the process
         proc = subprocess.Popen(args, env=self.env, cwd=self.workdir, stdout=log,
@@ -247,6 +320,9 @@ class LocalDeployment:
         """Stop every process this deployment started, newest first (the SuperLink last)."""
         for proc in reversed(self.started):
             self.kill(proc, signal.SIGTERM)
+        if self.registry is not None:
+            self.registry.close()
+            self.registry = None
 
     def __enter__(self) -> LocalDeployment:
         return self.start()
@@ -261,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=3, help="number of SuperNodes (learners)")
     p.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True,
                    help="TLS and SuperNode authentication (default) or --no-tls (insecure)")
+    p.add_argument("--trusted-apps", action=argparse.BooleanOptionalAction, default=None,
+                   help="SuperNodes run only FABs signed by a trusted publisher key "
+                        "(default: on with --tls)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--local-steps", type=int, default=2)
     p.add_argument("--mechanism", default="blt")
@@ -280,11 +359,16 @@ def main(argv: list[str] | None = None) -> int:
                   "epsilon": args.epsilon, "delta": args.delta}
     print(f"deployment in {workdir} ({'TLS' if args.tls else 'insecure'}, "
           f"{args.nodes} SuperNodes); logs in {workdir / 'logs'}", flush=True)
-    with LocalDeployment(workdir, args.nodes, tls=args.tls,
+    trusted = args.tls if args.trusted_apps is None else args.trusted_apps
+    with LocalDeployment(workdir, args.nodes, tls=args.tls, trusted_apps=trusted,
                          node_config=lambda i: learner) as dep:
         print(f"SuperLink on 127.0.0.1:{dep.port}; "
               f"FLWR_HOME={shlex.quote(str(dep.home))}", flush=True)
         run = dep.run_app(run_config)
+        if trusted:
+            print(f"SuperNodes trust only {dep.trust / TRUSTED_ENTITIES}; the app runs "
+                  f"signed from the registry at {dep.registry.url if dep.registry else '?'}",
+                  flush=True)
         log_path = dep.logs / "flwr-run.log"
         shown = 0
         while run.poll() is None:  # progress: follow the run's log

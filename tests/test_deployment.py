@@ -151,9 +151,12 @@ def workdir():
 
 
 def test_tls_deployment_survives_a_supernode_crash(workdir: Path) -> None:
-    """TLS + SuperNode auth; SuperNode 1 is SIGKILLed after its second round and
-    restarted with the same key and state directory."""
-    with LocalDeployment(workdir, 3, tls=True, node_config=node_config) as dep:
+    """TLS + SuperNode auth, and SuperNodes that run only the app signed by the trusted
+    publisher key (``--trusted-entities``; tests/test_trusted_apps.py shows the refusals);
+    SuperNode 1 is SIGKILLed after its second round and restarted with the same key,
+    trusted entities and state directory."""
+    with LocalDeployment(workdir, 3, tls=True, trusted_apps=True,
+                         node_config=node_config) as dep:
         # min-learners = 3: once the SuperLink has seen node 1 go, the next round waits
         # for it to come back, so the restarted learner is sure to train again
         run = dep.run_app(run_config(workdir / "results", **{"round-timeout": 90.0,
