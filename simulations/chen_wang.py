@@ -45,6 +45,7 @@ from flwr_corrnoise.data.mushrooms import load_mushrooms, split_by_class
 from flwr_corrnoise.decentralized.baselines import DOLA, DSGD, PDOP
 from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes
 from flwr_corrnoise.decentralized.chen_wang_privacy import (
+    CONTRACTIVE,
     PER_DATUM,
     PER_STEP,
     THM5,
@@ -60,8 +61,9 @@ from flwr_corrnoise.decentralized.tasks import LogisticTask
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 5
-NAMES = {"chen-wang": "Algorithm 1 (Chen & Wang)", "dsgd": "DSGD", "dola": "DOLA",
-         "pdop": "PDOP"}
+NAMES = {"chen-wang": "Algorithm 1 (Chen & Wang)", "chen-wang-tuned": "Algorithm 1, λ₀ tuned",
+         "dsgd": "DSGD", "dola": "DOLA", "pdop": "PDOP"}
+BASES = {"chen-wang-tuned": 1.0, "dsgd": 1.0, "dola": 0.1, "pdop": 0.5}
 
 
 def log(msg: str) -> None:
@@ -163,55 +165,62 @@ def metrics(task: LogisticTask, decisions: np.ndarray, grid: np.ndarray, stars: 
 def build(name: str, task: LogisticTask, args: argparse.Namespace, step0: float | None = None,
           steps: StepSizes | None = None):
     graph = ring(N)
-    if name == "chen-wang":
-        return ChenWang(graph, task, steps or StepSizes(1.0, 0.77, 1.0, 0.65),
-                        W=laplacian_weights(graph, 0.3))
+    if name in ("chen-wang", "chen-wang-tuned"):
+        if steps is None:  # the parameter-free rule allows any λ₀ > 0 (Sec. V)
+            steps = StepSizes(1.0 if step0 is None else step0, 0.77, 1.0, 0.65)
+        return ChenWang(graph, task, steps, W=laplacian_weights(graph, 0.3))
     cls = {"dsgd": DSGD, "dola": DOLA, "pdop": PDOP}[name]
     cfg = {} if step0 is None else {"step0": step0}
     return cls.from_config(graph, task, cfg)
 
 
-def privacy_for(algo, equal_to: np.ndarray | None, args: argparse.Namespace) -> dict:
+def privacy_for(algo, equal_to: np.ndarray | None, args: argparse.Namespace,
+                accountant: str = PER_STEP) -> dict:
     """The paper's noise, or (``equal_to``) the baseline's noise scaled to spend ``equal_to``
-    per learner over T under its own per-step summation accounting."""
+    per learner over T under ``accountant`` (both are ∝ 1/noise scale)."""
     nodes = np.arange(N)
     priv = algo.default_privacy(nodes)
     if equal_to is None or algo.name == "chen-wang":
         return priv
     state = algo.init(nodes, 0, priv)
-    spent = algo.epsilon(state, args.steps)[PER_STEP]
+    spent = algo.epsilon(state, args.steps)[accountant]
     return dict(priv, **{"noise-scale": priv["noise-scale"] * spent / equal_to})
 
 
 def tune(name: str, shards: list, args: argparse.Namespace) -> float:
-    """Largest-safe step by doubling: smallest final tracking error on the tuning seed."""
+    """003's rule for the baselines, "near-optimal: doubling the step diverges": start at
+    ``base × --tune-grid[0]`` and double while the final tracking error on a tuning seed
+    (not used later) improves; return the best."""
     task = make_task(shards, args, seed=10_000)
     grid = np.array([args.steps - 1])
     star = optimum_path(task, grid)
-    base = {"dsgd": 1.0, "dola": 0.1, "pdop": 0.5}[name]
-    best, best_err = base, math.inf
-    for mult in args.tune_grid:
-        algo = build(name, task, args, step0=base * mult)
+    step = BASES[name] * args.tune_grid[0]
+    best, best_err = step, math.inf
+    for _ in range(args.tune_doublings):
+        algo = build(name, task, args, step0=step)
         try:
             res = run(algo, args.steps, run_seed=10_000)
             err = metrics(task, res.decisions, grid, star)[0][-1]
         except FloatingPointError:
             err = math.inf
-        log(f"  tune {name}: step0 = {base * mult:g} → final error {err:.4g}")
-        if np.isfinite(err) and err < best_err:
-            best, best_err = base * mult, err
+        log(f"  tune {name}: step0 = {step:g} → final error {err:.4g}")
+        if not (np.isfinite(err) and err < best_err):
+            break
+        best, best_err = step, err
+        step *= 2
     return best
 
 
 # -- parts ----------------------------------------------------------------------------------
 def fig1(args: argparse.Namespace, shards: list, source: str, out: Path) -> dict:
     grid = eval_grid(args.steps)
-    algos = ["chen-wang", "dsgd", "dola", "pdop"]
+    algos = ["chen-wang", "chen-wang-tuned", "dsgd", "dola", "pdop"]
     step0 = {n: (None if n in ("chen-wang", "dsgd") or args.no_tune else tune(n, shards, args))
              for n in algos}
     variants = [(n, "paper noise") for n in algos]
     if args.equal_budget:
-        variants += [(n, "equal budget") for n in algos if n != "chen-wang"]
+        variants += [(n, f"equal budget, {acc}") for acc in (PER_STEP, PER_DATUM)
+                     for n in ("dsgd", "dola", "pdop")]
     curves: dict[tuple[str, str], list] = {v: [] for v in variants}
     tight_T = None
     start = time.perf_counter()
@@ -223,7 +232,8 @@ def fig1(args: argparse.Namespace, shards: list, source: str, out: Path) -> dict
             if name == "chen-wang" and tight_T is None:
                 st = algo.init(np.arange(N), 0, algo.default_privacy(np.arange(N)))
                 tight_T = algo.epsilon(st, args.steps)[TIGHT]
-            priv = privacy_for(algo, tight_T if noise == "equal budget" else None, args)
+            acc = PER_DATUM if PER_DATUM in noise else PER_STEP
+            priv = privacy_for(algo, tight_T if noise.startswith("equal") else None, args, acc)
             try:
                 res = run(algo, args.steps, run_seed=s, privacy=priv, progress=True,
                           label=f"{name} seed {s}")
@@ -262,11 +272,14 @@ def epsilon_table(args: argparse.Namespace, shards: list, out: Path, source: str
     cw = build("chen-wang", task, args)
     C, L = gradient_constants(cw)
     priv = cw.default_privacy(np.arange(N))
-    for acc in (TIGHT, THM5):
-        result[("chen-wang", acc)] = np.stack([
-            chen_wang_epsilon(T, cw.steps, w_self=0.6, L=L, C=C, dim=task.dim, noise_scale=1.0,
-                              exponent=float(priv["noise-exponent"][i]), accountant=acc,
-                              w_bar=0.6)[ts - 1] for i in range(N)])
+    for name in ("chen-wang", "chen-wang-tuned"):
+        algo = build(name, task, args, step0=step0.get(name))
+        for acc in (TIGHT, THM5, CONTRACTIVE):
+            result[(name, acc)] = np.stack([
+                chen_wang_epsilon(T, algo.steps, w_self=0.6, L=L, C=C, dim=task.dim,
+                                  noise_scale=1.0, exponent=float(priv["noise-exponent"][i]),
+                                  accountant=acc, w_bar=0.6, mu=args.reg)[ts - 1]
+                for i in range(N)])
     for name in ("dsgd", "dola", "pdop"):
         algo = build(name, task, args, step0=step0.get(name))
         p = algo.default_privacy(np.arange(N))
@@ -358,13 +371,14 @@ def rate(args: argparse.Namespace, shards: list, source: str, out: Path) -> dict
         task = make_task(shards, args, seed=100 + s)
         stars = optimum_path(task, grid)
         algo = build("chen-wang", task, args, steps=steps)
-        priv = {"noise-scale": np.ones(N), "noise-exponent": np.full(N, args.rate_varsigma)}
+        priv = {"noise-scale": np.full(N, args.rate_noise_scale),
+                "noise-exponent": np.full(N, args.rate_varsigma)}
         res = run(algo, args.steps, run_seed=100 + s, privacy=priv)
         e, g, _ = metrics(task, res.decisions, grid, stars)
         errs.append(e)
         regs.append(g)
     e, g = np.mean(errs, axis=0), np.mean(regs, axis=0)
-    half = grid + 1 >= max(10, (args.steps // 10))
+    half = grid + 1 >= min(args.rate_fit_from, args.steps // 2)
     te = np.log(grid[half] + 1.0)
     slope_e = float(np.polyfit(te, np.log(e[half]), 1)[0])
     slope_g = float(np.polyfit(te, np.log(np.maximum(g[half], 1e-300)), 1)[0])
@@ -412,7 +426,7 @@ def plot_fig1(out: Path, curves: dict, grid: np.ndarray, eps: dict, source: str,
     for (name, noise), runs in curves.items():
         if not runs:
             continue
-        style = "-" if noise == "paper noise" else ":"
+        style = "-" if noise == "paper noise" else (":" if PER_STEP in noise else "-.")
         lab = f"{NAMES[name]} ({noise})"
         ax[0].loglog(grid + 1, np.mean([r[0] for r in runs], axis=0), style, label=lab)
         ax[1].loglog(grid + 1, np.maximum(np.mean([r[1] for r in runs], axis=0), 1e-12), style,
@@ -420,8 +434,8 @@ def plot_fig1(out: Path, curves: dict, grid: np.ndarray, eps: dict, source: str,
     ax[0].set_title("(a) mean tracking error ‖θ_t^i − θ_t^*‖²")
     ax[1].set_title("(b) mean instantaneous regret F_t(θ_t^i) − F_t(θ_t^*)")
     for (name, acc), arr in eps["values"].items():
-        ax[2].loglog(eps["ts"], arr.mean(axis=0), "-" if "tight" in acc or "datum" in acc
-                     else "--", label=f"{NAMES[name]}: {acc}")
+        ax[2].loglog(eps["ts"], arr.mean(axis=0), "--" if acc in (THM5, PER_STEP) else "-",
+                     label=f"{NAMES[name]}: {acc}")
     ax[2].set_title("(c) cumulative ε (mean over learners)")
     for a in ax:
         a.set_xlabel("t")
@@ -484,7 +498,8 @@ def write_docs(args: argparse.Namespace, out: Path, source: str, res: dict) -> N
     if "rate" in res:
         r = res["rate"]
         lines += ["## Rate check", "", "![rate](figures/chen-wang-rate.png)", "",
-                  f"ς = {args.rate_varsigma}, u = {args.rate_u}, v = {args.rate_v} → "
+                  f"ϱ₀ = {args.rate_noise_scale}, ς = {args.rate_varsigma}, u = {args.rate_u}, "
+                  f"v = {args.rate_v}, {args.seeds} seeds → "
                   f"β = {r['beta']:.3f}. Least-squares slope of log(mean over seeds) vs log t "
                   f"from t = {r['fit_from']}: tracking error {r['slope_error']:.3f} "
                   f"(theorem: ≤ −β = {-r['beta']:.3f}), regret {r['slope_regret']:.3f}.", ""]
@@ -508,8 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small-standin", action="store_true", help="a 600×20 stand-in (tests)")
     p.add_argument("--parts", nargs="+", default=["fig1", "table1", "rate"],
                    choices=["fig1", "table1", "rate"])
-    p.add_argument("--tune-grid", nargs="+", type=float,
-                   default=[0.125, 0.25, 0.5, 1, 2, 4, 8])
+    p.add_argument("--tune-grid", nargs="+", type=float, default=[0.25],
+                   help="first value: the starting multiple of each method's base step")
+    p.add_argument("--tune-doublings", type=int, default=10)
     p.add_argument("--no-tune", action="store_true")
     p.add_argument("--equal-budget", action="store_true")
     p.add_argument("--table-multipliers", nargs="+", type=float,
@@ -518,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threshold", type=float, default=1.0)
     p.add_argument("--rate-varsigma", type=float, default=0.05)
     p.add_argument("--rate-u", type=float, default=0.6)
+    p.add_argument("--rate-noise-scale", type=float, default=0.1,
+                   help="ϱ₀ of the rate check (the rate does not depend on it; a smaller one "
+                        "reaches the asymptotic regime within T)")
+    p.add_argument("--rate-fit-from", type=int, default=200)
     p.add_argument("--rate-v", type=float, default=0.7)
     p.add_argument("--out", default="results/chen-wang")
     p.add_argument("--docs", action="store_true")
