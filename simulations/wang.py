@@ -21,8 +21,8 @@ named so). Metric: ``AL(t, i) = (1/(tn)) Σ_{s≤t} Σ_j f_{s,j}(X_i(s))`` avera
 
 Outputs in ``--out``: ``main.csv`` (AL curves), ``main-summary.csv`` (final AL, ms per round,
 ε per accountant, chosen C and multiplier), ``tuning.csv``, ``sweeps.csv``, ``rate.csv`` and
-PNG plots; ``--docs`` copies them to ``docs/`` and rewrites its section of
-``docs/results-wang.md``.
+PNG plots; ``--docs`` copies them to ``docs/`` (``results-wang-*.csv``, ``figures/wang-*.png``),
+which ``docs/results-wang.md`` discusses.
 """
 
 from __future__ import annotations
