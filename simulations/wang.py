@@ -252,6 +252,8 @@ def sweeps_experiment(args: argparse.Namespace) -> None:
     for sweep, over in settings:
         for algorithm in ("pd-ftgl", "pd-ocg"):
             C, m = tuned(out, name, algorithm)
+            C = args.sweep_clip if args.sweep_clip else C
+            m = args.sweep_mult if args.sweep_mult else m
             cfg = config(dataset, algorithm, args.steps, clip=C, **{"h-scale": m}, **over)
             algo = build(cfg)
             cps = checkpoints_for(args.steps, 30)
@@ -259,6 +261,7 @@ def sweeps_experiment(args: argparse.Namespace) -> None:
             rho = getattr(algo, "rho", float("nan"))
             row = {"sweep": sweep, "dataset": algo.task.name, "algorithm": NAMES[algorithm],
                    "graph": cfg["graph"], "n": algo.num_nodes, "epsilon": cfg["epsilon"],
+                   "clip": C, "h_multiplier": m,
                    "rho": rho, "L": algo.L, "gossip_steps": algo.gossip_steps,
                    "rounds": args.steps, "final_AL": float(res["cum"].mean() / args.steps),
                    "ms_per_round": 1000 * res["seconds"] / args.steps}
@@ -427,6 +430,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--clips", type=float, nargs="+", default=list(CLIPS))
     p.add_argument("--mults", type=float, nargs="+", default=list(MULTS))
+    p.add_argument("--sweep-clip", type=float, default=None,
+                   help="sweeps: C for every run (default: the main experiment's choice)")
+    p.add_argument("--sweep-mult", type=float, default=None,
+                   help="sweeps: h multiplier for every run (default: the main's choice)")
     p.add_argument("--sizes", type=int, nargs="+", default=[9, 16, 25])
     p.add_argument("--horizons", type=int, nargs="+",
                    default=[1000, 2000, 4000, 8000, 16000, 32000])
