@@ -48,7 +48,9 @@ from flwr_corrnoise.decentralized.sets import NuclearBall
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("pd-ftgl", "pd-ocg", "pd-ogd")
 NAMES = {"pd-ftgl": "PD-FTGL", "pd-ocg": "PD-OCG", "pd-ogd": "PD-OGD",
-         "pd-ogd-per-datum": "PD-OGD (per-datum noise)"}
+         "pd-ogd-per-datum": "PD-OGD (per-datum noise)",
+         "pd-ftgl-exact": "PD-FTGL (exact calibration)",
+         "pd-ocg-exact": "PD-OCG (exact calibration)"}
 CLIPS = (0.01, 0.1, 1.0, 10.0)
 MULTS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
@@ -60,7 +62,7 @@ def log(msg: str) -> None:
 # -- one run --------------------------------------------------------------------------------
 def config(dataset: str, algorithm: str, steps: int, **over: Any) -> dict[str, Any]:
     """The kebab-case config every engine shares (the CLI and the relay take the same keys)."""
-    alg = "pd-ogd" if algorithm.startswith("pd-ogd") else algorithm
+    alg = "pd-ogd" if algorithm.startswith("pd-ogd") else algorithm.removesuffix("-exact")
     cfg: dict[str, Any] = {"algorithm": alg, "graph": "complete", "num-nodes": 9,
                            "steps": steps, "horizon": steps, "epsilon": 10.0, "set": "nuclear",
                            "set-size": 10.0, "alpha": 0.0, "seed": 0, "data-seed": 0}
@@ -70,6 +72,8 @@ def config(dataset: str, algorithm: str, steps: int, **over: Any) -> dict[str, A
         cfg["task"] = dataset
     if algorithm == "pd-ogd-per-datum":
         cfg["ogd-accounting"] = "per-datum"
+    if algorithm.endswith("-exact"):  # same ε, calibrated with the exact gossip sensitivity
+        cfg["calibration"] = "exact"
     cfg.update(over)
     return cfg
 
@@ -79,7 +83,7 @@ def stream(algo: NodeAlgorithm, steps: int, seed: int, checkpoints: Sequence[int
     """Run ``steps`` rounds without keeping every decision (150000 × 9 × 416 would not fit),
     through the same protocol calls as the in-process engine; evaluate the played decisions
     on all learners' examples each round. Returns AL at the checkpoints ``[c, n]``, the
-    cumulative network loss per learner, and the seconds spent in the algorithm only."""
+    cumulative network loss per learner, and the CPU seconds spent in the algorithm only."""
     task = algo.task
     if not isinstance(task, MulticlassTask):
         raise TypeError("the 004 experiments need a MulticlassTask")
@@ -89,10 +93,10 @@ def stream(algo: NodeAlgorithm, steps: int, seed: int, checkpoints: Sequence[int
     marks = set(int(c) for c in checkpoints)
     curve, algo_s, last = [], 0.0, time.perf_counter()
     for t in range(steps):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: the machine is shared, wall time is not ours
         out, state = algo.release(state)
         state = algo.update(state, Inbox.gather(graph, nodes, out))
-        algo_s += time.perf_counter() - t0
+        algo_s += time.process_time() - t0
         cum += task.network_loss(state["played"], t)
         if t + 1 in marks:
             curve.append(cum / (t + 1))
@@ -155,7 +159,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def main_experiment(args: argparse.Namespace) -> None:
     out = Path(args.out)
     curves, summary, tuning = [], [], []
-    algos = [*ALGOS, "pd-ogd-per-datum"]
+    algos = args.algorithms
     for dataset in args.datasets:
         for algorithm in algos:
             C, m = tune(dataset, algorithm, args.tune_steps, args.clips, args.mults, tuning)
@@ -407,10 +411,84 @@ def plot_rate(out: Path) -> None:
 
 
 # -- docs -------------------------------------------------------------------------------------
+def timing_experiment(args: argparse.Namespace) -> None:
+    """CPU milliseconds per round (``time.process_time``: the machine is shared, so wall time
+    measures the neighbours' load) of each algorithm, configured for horizon ``--steps``,
+    over the first ``--timing-rounds`` rounds (whole blocks, so block-end work is included)."""
+    out = Path(args.out)
+    rows = []
+    for dataset in args.datasets:
+        for algorithm in args.algorithms:
+            algo = build(config(dataset, algorithm, args.timing_rounds, horizon=args.steps))
+            res = stream(algo, args.timing_rounds, 0, [], f"timing {dataset} {algorithm}")
+            rows.append({"dataset": algo.task.name, "algorithm": NAMES[algorithm],
+                         "horizon": args.steps, "rounds": args.timing_rounds,
+                         "L": getattr(algo, "L", 1), "n": algo.num_nodes, "dim": algo.dim,
+                         "cpu_ms_per_round": 1000 * res["seconds"] / args.timing_rounds})
+            log(f"  timing {dataset} {algorithm}: {rows[-1]['cpu_ms_per_round']:.3f} ms/round")
+    write_csv(out / "timing.csv", rows)
+
+
+def report(out: Path) -> str:
+    """Markdown tables of whatever CSVs ``out`` holds (pasted into docs/results-wang.md)."""
+    lines: list[str] = []
+    if (out / "main-summary.csv").exists():
+        lines += ["| dataset | algorithm | T | C | multiplier | final AL | accuracy | ms/round "
+                  "| ε (paper) | ε (exact) | ε PD-OGD comp./per-datum |", "|" + "---|" * 11]
+        for r in read_csv(out / "main-summary.csv"):
+            ogd = "/".join(f"{float(r[k]):.3g}" for k in ("eps paper-basic-composition",
+                                                          "eps per-datum") if r.get(k))
+            lines.append(
+                f"| {r['dataset']} | {r['algorithm']} | {r['rounds']} | {r['clip']} | "
+                f"{r['multiplier']} | {float(r['final_AL']):.4f} | {float(r['accuracy']):.3f} | "
+                f"{float(r['ms_per_round']):.3f} | {r.get('eps paper-thm-3.6') or '–'} | "
+                f"{float(r['eps exact-gossip-sensitivity']):.3g} |" if r.get(
+                    "eps exact-gossip-sensitivity") else
+                f"| {r['dataset']} | {r['algorithm']} | {r['rounds']} | {r['clip']} | "
+                f"{r['multiplier']} | {float(r['final_AL']):.4f} | {float(r['accuracy']):.3f} | "
+                f"{float(r['ms_per_round']):.3f} | – | – | {ogd} |")
+        lines.append("")
+    if (out / "timing.csv").exists():
+        lines += ["| dataset | algorithm | horizon | L | CPU ms per round (9 learners) |",
+                  "|---|---|---|---|---|"]
+        for r in read_csv(out / "timing.csv"):
+            lines.append(f"| {r['dataset']} | {r['algorithm']} | {r['horizon']} | {r['L']} | "
+                         f"{float(r['cpu_ms_per_round']):.3f} |")
+        lines.append("")
+    if (out / "sweeps.csv").exists():
+        lines += ["| sweep | algorithm | graph | n | ε | ρ | L | gossip steps | final AL |",
+                  "|" + "---|" * 9]
+        seen = set()
+        for r in read_csv(out / "sweeps.csv"):
+            key = (r["sweep"], r["algorithm"], r["graph"], r["n"], r["epsilon"])
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(f"| {r['sweep']} | {r['algorithm']} | {r['graph']} | {r['n']} | "
+                         f"{r['epsilon']} | {float(r['rho']):.3f} | {r['L']} | "
+                         f"{r['gossip_steps']} | {float(r['final_AL']):.4f} |")
+        lines.append("")
+    if (out / "rate.csv").exists():
+        rows = read_csv(out / "rate.csv")
+        lines += ["| algorithm | ε | h multiplier | T | L | regret (mean over learners) | "
+                  "corollary bound | regret / bound |", "|" + "---|" * 8]
+        for r in rows:
+            lines.append(f"| {r['algorithm']} | {r['epsilon']} | {r['h_multiplier']} | "
+                         f"{r['T']} | {r['L']} | {float(r['regret_mean']):.4g} | "
+                         f"{float(r['bound']):.4g} | "
+                         f"{float(r['regret_mean']) / float(r['bound']):.2e} |")
+        lines += ["", "| algorithm | ε | h multiplier | slope of log regret vs log T |",
+                  "|---|---|---|---|"]
+        for (alg, eps, mult), sl in slopes(rows).items():
+            lines.append(f"| {alg} | {eps} | {mult} | {sl:.3f} |")
+    return "\n".join(lines)
+
+
 def copy_to_docs(out: Path) -> None:
     docs = ROOT / "docs"
     (docs / "figures").mkdir(parents=True, exist_ok=True)
-    for name in ("main.csv", "main-summary.csv", "tuning.csv", "sweeps.csv", "rate.csv"):
+    for name in ("main.csv", "main-summary.csv", "tuning.csv", "sweeps.csv", "rate.csv",
+                 "timing.csv"):
         if (out / name).exists():
             shutil.copy(out / name, docs / f"results-wang-{name}")
     for name in ("wang-main.png", "wang-sweeps.png", "wang-rate.png"):
@@ -421,13 +499,17 @@ def copy_to_docs(out: Path) -> None:
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", choices=("main", "sweeps", "rate", "plots"))
+    p.add_argument("experiment", choices=("main", "sweeps", "rate", "timing", "plots",
+                                                "report"))
     p.add_argument("--datasets", nargs="+", default=["letter", "poker"])
+    p.add_argument("--algorithms", nargs="+", default=[*ALGOS, "pd-ogd-per-datum"],
+                   choices=sorted(NAMES), help="main: which algorithms (and variants)")
     p.add_argument("--synthetic", action="store_true",
                    help="use the generated 3-class stand-in for every dataset (tests)")
     p.add_argument("--steps", type=int, default=150000)
     p.add_argument("--tune-steps", type=int, default=5000)
     p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--timing-rounds", type=int, default=4000)
     p.add_argument("--clips", type=float, nargs="+", default=list(CLIPS))
     p.add_argument("--mults", type=float, nargs="+", default=list(MULTS))
     p.add_argument("--sweep-clip", type=float, default=None,
@@ -460,6 +542,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         sweeps_experiment(args)
     elif args.experiment == "rate":
         rate_experiment(args)
+    elif args.experiment == "timing":
+        timing_experiment(args)
+    elif args.experiment == "report":
+        print(report(Path(args.out)))
     else:
         out = Path(args.out)
         if args.merge:  # main runs per dataset in parallel processes, merged here

@@ -42,6 +42,10 @@ def test_toy_experiments(tmp_path: Path) -> None:
     for r in rate:
         assert float(r["regret_max"]) <= float(r["bound"])
     assert set(wang.slopes(rate)) == {("PD-FTGL", "10.0", "1.0"), ("PD-OCG", "10.0", "1.0")}
+    wang.main(["timing", "--steps", "200", "--timing-rounds", "60", *common])
+    timing = _rows(tmp_path / "w" / "timing.csv")
+    assert len(timing) == 4 and all(float(r["cpu_ms_per_round"]) > 0 for r in timing)
+    assert "PD-FTGL" in wang.report(tmp_path / "w")
     for png in ("wang-main.png", "wang-sweeps.png", "wang-rate.png"):
         assert (tmp_path / "w" / png).stat().st_size > 1000
 
