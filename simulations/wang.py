@@ -526,7 +526,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="results/wang")
     p.add_argument("--docs", action="store_true", help="copy CSVs and plots to docs/")
     p.add_argument("--merge", nargs="*", default=[],
-                   help="plots: first merge the main CSVs of these output folders")
+                   help="plots: first merge the CSVs of these output folders into --out")
     args = p.parse_args(argv)
     if args.synthetic:
         args.datasets = ["synthetic"]
@@ -548,8 +548,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(report(Path(args.out)))
     else:
         out = Path(args.out)
-        if args.merge:  # main runs per dataset in parallel processes, merged here
-            for name in ("main.csv", "main-summary.csv", "tuning.csv"):
+        if args.merge:  # experiments run in parallel processes into folders, merged here
+            for name in ("main.csv", "main-summary.csv", "tuning.csv", "sweeps.csv",
+                         "rate.csv", "timing.csv"):
                 rows = [r for d in args.merge if (Path(d) / name).exists()
                         for r in read_csv(Path(d) / name)]
                 write_csv(out / name, rows)
