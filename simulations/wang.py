@@ -252,13 +252,18 @@ def sweeps_experiment(args: argparse.Namespace) -> None:
     for eps in (10.0, 1000.0):
         for graph in ("complete", "cycle", "watts-strogatz"):
             settings.append(("topology", {"graph": graph, "epsilon": eps}))
-    rows = []
+    rows: list[dict[str, Any]] = []
+    done: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for sweep, over in settings:
         for algorithm in ("pd-ftgl", "pd-ocg"):
             C, m = tuned(out, name, algorithm)
             C = args.sweep_clip if args.sweep_clip else C
             m = args.sweep_mult if args.sweep_mult else m
             cfg = config(dataset, algorithm, args.steps, clip=C, **{"h-scale": m}, **over)
+            key = (algorithm, cfg["graph"], cfg["num-nodes"], cfg["epsilon"])
+            if key in done:  # the same run in another panel (e.g. ε = 10, n = 9, complete)
+                rows += [{**r, "sweep": sweep} for r in done[key]]
+                continue
             algo = build(cfg)
             cps = checkpoints_for(args.steps, 30)
             res = stream(algo, args.steps, 0, cps, f"{sweep} {over} {algorithm}")
@@ -269,8 +274,10 @@ def sweeps_experiment(args: argparse.Namespace) -> None:
                    "rho": rho, "L": algo.L, "gossip_steps": algo.gossip_steps,
                    "rounds": args.steps, "final_AL": float(res["cum"].mean() / args.steps),
                    "ms_per_round": 1000 * res["seconds"] / args.steps}
-            for t, al in zip(cps, res["curve"], strict=True):
-                rows.append({**row, "t": t, "AL": float(al.mean())})
+            done[key] = [{**row, "t": t, "AL": float(al.mean())}
+                         for t, al in zip(cps, res["curve"], strict=True)]
+            rows += done[key]
+            write_csv(out / "sweeps.csv", rows)  # after every run: partial results survive
             log(f"  {sweep} {over} {algorithm}: AL {row['final_AL']:.4f}")
     write_csv(out / "sweeps.csv", rows)
     plot_sweeps(out)
