@@ -34,7 +34,9 @@ the form its proof and PD-FTGL's analogue give) or ``L = T^{2/3} ln^{−2/3}T``,
 (:mod:`.wang_privacy`): the paper's calibration or the exact gossip-sensitivity one.
 
 PD-OGD (Li et al. 2018, 004's baseline): release ``ŵ = w + Lap(μ_t)^d``; ``b = Σ_j P_ij ŵ_j``
-(own release included); play ``b``; ``w⁺ = Proj_K(b − a_t g_clip(b))``, ``a_t = s₀R/(C√(t+1))``.
+(own release included); play ``x = Proj_K(b)`` (``b`` mixes noisy releases and may leave
+``K``; projecting is post-processing, and with noise off ``b ∈ K`` so this is DOLA exactly);
+``w⁺ = Proj_K(x − a_t g_clip(x))``, ``a_t = s₀R/(C√(t+1))``.
 ``μ_t`` from the learner's ε by basic composition over all ``T`` rounds (the paper's) or per
 datum (both labelled).
 """
@@ -411,12 +413,16 @@ class PDOGD(_Wang):
         nodes = state["node"]
         own = self.P[nodes, nodes][:, None] * (state["w"] + state["noise"])
         b = own + inbox.mix("w", inbox.weights(self.P))
+        # a decision must lie in K: b mixes *noisy* releases and can be far outside it, so the
+        # learner plays Proj_K(b) — post-processing of releases, no privacy cost (noise off,
+        # b ∈ K already and this is DOLA exactly)
+        x = self.K.project(b)
         X, y = self.task.batch(nodes, t)
-        g = self.task.grad(b, X, y, self.C)
-        w = self.K.project(b - self.step_size(t) * g)
+        g = self.task.grad(x, X, y, self.C)
+        w = self.K.project(x - self.step_size(t) * g)
         if not np.all(np.isfinite(w)):
             raise FloatingPointError(f"non-finite iterate at step {t}")
-        return dict(state, w=w, x=b, played=b, step=state["step"] + 1)
+        return dict(state, w=w, x=x, played=x, step=state["step"] + 1)
 
     def epsilon(self, state: State, steps: int) -> dict[str, np.ndarray]:
         """Both accountings per learner over releases ``1..steps−1``."""
