@@ -448,7 +448,7 @@ def report(out: Path) -> str:
             lines.append(
                 f"| {r['dataset']} | {r['algorithm']} | {r['rounds']} | {r['clip']} | "
                 f"{r['multiplier']} | {float(r['final_AL']):.4f} | {float(r['accuracy']):.3f} | "
-                f"{float(r['ms_per_round']):.3f} | {r.get('eps paper-thm-3.6') or '–'} | "
+                f"{float(r['ms_per_round']):.3f} | {float(r['eps paper-thm-3.6']):.3g} | "
                 f"{float(r['eps exact-gossip-sensitivity']):.3g} |" if r.get(
                     "eps exact-gossip-sensitivity") else
                 f"| {r['dataset']} | {r['algorithm']} | {r['rounds']} | {r['clip']} | "
