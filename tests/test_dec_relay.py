@@ -13,6 +13,7 @@ from flwr.app import Array, ArrayRecord, Context, RecordDict
 from flwr_corrnoise.decentralized.engine import run_from_config
 from flwr_corrnoise.decentralized.protocol import PrivacyProposalError
 from flwr_corrnoise.flower.relay import InboxError, RelayNode, StepError, relay_apps
+from flwr_corrnoise.persistence import StateLostError
 
 from .flower_helpers import simulate
 
@@ -119,3 +120,16 @@ def test_node_refuses_weakening_proposals_and_settings() -> None:
     weaker = RelayNode(_ctx(2, state, node_config={"noise-scale": 0.1}), CFG)
     with pytest.raises(PrivacyProposalError, match="weaker"):
         weaker.round(1, 5, _inbox([1, 3]))
+
+
+def test_deployed_node_keeps_state_on_disk(tmp_path: Path) -> None:
+    nc = {"state-dir": str(tmp_path / "node1"), "noise-seed": 5}
+    out0, _ = RelayNode(_ctx(1, RecordDict(), node_config=nc), CFG).round(0, 5, ArrayRecord())
+    # a restarted SuperNode: empty context.state, the state comes back from disk
+    out1, _ = RelayNode(_ctx(1, RecordDict(), node_config=nc), CFG).round(1, 5, _inbox([0, 2]))
+    assert out1["y"].shape == out0["y"].shape
+    with pytest.raises(StepError):  # and it is not fooled into starting over
+        RelayNode(_ctx(1, RecordDict(), node_config=nc), CFG).round(0, 5, ArrayRecord())
+    (tmp_path / "node1" / "learner.state").unlink()
+    with pytest.raises(StateLostError):
+        RelayNode(_ctx(1, RecordDict(), node_config=nc), CFG).round(2, 5, _inbox([0, 2]))
