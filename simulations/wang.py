@@ -1,11 +1,15 @@
 """Paper 004 (Wang et al.), Sec. 4 and Appendix B: private decentralized online multiclass
 logistic regression with PD-FTGL, PD-OCG and PD-OGD, plus an empirical regret-rate check.
 
-Full size (what ``docs/results-wang.md`` reports; the commands there are the exact ones):
+Full size: ``docs/results-wang.md`` lists the exact commands that produced its tables, e.g.
 
-    nice -n 10 python -m simulations.wang main --steps 150000 --out results/wang --docs
-    nice -n 10 python -m simulations.wang sweeps --steps 30000 --out results/wang --docs
-    nice -n 10 python -m simulations.wang rate --out results/wang --docs
+    nice -n 10 python -m simulations.wang main --datasets letter --steps 60000 \
+        --tune-steps 2000 --mults 0.001 0.01 0.1 1 --out results/wang-letter
+    nice -n 10 python -m simulations.wang sweeps --datasets letter --steps 15000 \
+        --sweep-clip 1 --sweep-mult 0.1 --out results/wang-sweeps
+    nice -n 10 python -m simulations.wang rate --datasets letter --rate-eps inf 1000 \
+        --rate-mults 0.01 --out results/wang-rate-hi
+    python -m simulations.wang plots --merge results/wang-* --out results/wang --docs
 
 Toy size (what the tests run): add ``--synthetic --steps 300 --tune-steps 100`` (a generated
 3-class problem, named on every row).
@@ -20,9 +24,10 @@ so ``T = 150000``) and poker (the user's LIBSVM file, else the exact synthesizer
 named so). Metric: ``AL(t, i) = (1/(tn)) Σ_{s≤t} Σ_j f_{s,j}(X_i(s))`` averaged over learners.
 
 Outputs in ``--out``: ``main.csv`` (AL curves), ``main-summary.csv`` (final AL, ms per round,
-ε per accountant, chosen C and multiplier), ``tuning.csv``, ``sweeps.csv``, ``rate.csv`` and
-PNG plots; ``--docs`` copies them to ``docs/`` (``results-wang-*.csv``, ``figures/wang-*.png``),
-which ``docs/results-wang.md`` discusses.
+ε per accountant, chosen C and multiplier), ``tuning.csv``, ``sweeps.csv``, ``rate.csv``,
+``timing.csv`` (CPU ms per round) and PNG plots; ``report`` prints them as markdown tables;
+``--docs`` copies them to ``docs/`` (``results-wang-*.csv``, ``figures/wang-*.png``), which
+``docs/results-wang.md`` discusses.
 """
 
 from __future__ import annotations
