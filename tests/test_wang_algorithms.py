@@ -67,6 +67,28 @@ def test_pd_ftgl_noise_off_equals_reference():
     assert np.abs(noisy.decisions[-1] - res.decisions[-1]).max() > 1e-6
 
 
+def test_strongly_convex_noise_off_equals_reference():
+    algo = _build("pd-ftgl", alpha=0.3, **{"h-scale": 1.0})
+    assert algo.h == pytest.approx(0.3 * algo.L)  # Corollary 3.8: h = αL
+    res = run(algo, BASE["steps"], 3, {"epsilon": np.full(4, np.inf)})
+
+    def prox(z, zhat, _zprev, _x):
+        return algo.K.project(-zhat / (algo.alpha * (z - 1) * algo.L + 2 * algo.h))
+
+    np.testing.assert_allclose(res.decisions, _reference_blocked(algo, prox), rtol=0,
+                               atol=1e-10)
+    ocg = _build("pd-ocg", alpha=0.3, **{"cg-iters": 4})
+
+    def cg(z, _zhat, zprev, x):
+        return conditional_gradient(ocg.K, zprev, ocg.alpha * (z - 2) * ocg.L + 2 * ocg.h, x, 4)
+
+    res = run(ocg, BASE["steps"], 3, {"epsilon": np.full(4, np.inf)})
+    np.testing.assert_allclose(res.decisions, _reference_blocked(ocg, cg), rtol=0, atol=1e-10)
+    b = algo.init(np.arange(4), 0, {"epsilon": np.ones(4)})["scale"][0]
+    assert b == pytest.approx(6 * math.sqrt(algo.dim) * (algo.C + 0.3 * algo.R)
+                              * (2 + math.log2(algo.T)))
+
+
 def test_pd_ocg_noise_off_equals_reference_and_many_cg_iterations_reach_projection():
     algo = _build("pd-ocg", **{"cg-iters": 5})
     res = run(algo, BASE["steps"], 3, {"epsilon": np.full(4, np.inf)})
