@@ -198,3 +198,34 @@ def test_refusals():
     st["step"] = np.full(4, algo.T)
     with pytest.raises(ValueError, match="horizon"):
         algo.release(st)
+
+
+def test_adjacent_data_moves_the_tree_by_at_most_delta_tot():
+    """Replace one f_{t,j}; with identical noise the leaves of its block change by at most
+    Δ_tot in ℓ1 over all learners, and nothing before that block changes (Appendix C)."""
+    import copy
+
+    from flwr_corrnoise.decentralized.wang import PDFTGL
+
+    base = _build("pd-ftgl", epsilon=1.0)
+    task2 = copy.deepcopy(base.task)
+    j, t0 = 2, 5  # block z = 2 (L = 4)
+    other = np.flatnonzero(task2.y != task2.y[task2.indices[j, t0]])[0]
+    task2.indices[j, t0] = other
+    kw = {"horizon": base.T, "clip": base.C, "K": base.K, "block": base.L,
+          "gossip_steps": base.gossip_steps, "h": base.h}
+    a1, a2 = PDFTGL(base.graph, base.task, **kw), PDFTGL(base.graph, task2, **kw)
+    nodes = np.arange(4)
+    s1 = a1.init(nodes, 0, {"epsilon": np.ones(4)})
+    s2 = a2.init(nodes, 0, {"epsilon": np.ones(4)})
+    for t in range(base.T):
+        o1, s1 = a1.release(s1)
+        o2, s2 = a2.release(s2)
+        s1 = a1.update(s1, Inbox.gather(a1.graph, nodes, o1))
+        s2 = a2.update(s2, Inbox.gather(a2.graph, nodes, o2))
+        if t < 3 * base.L - 1:  # the changed block's leaf enters the tree at the end of z = 3
+            np.testing.assert_array_equal(s1["zhat"], s2["zhat"])
+        if t == 3 * base.L - 1:
+            diff = np.abs(s1["zhat"] - s2["zhat"]).sum()
+            assert 0 < diff <= base.delta_tot * (1 + 1e-12)
+            break
