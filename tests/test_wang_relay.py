@@ -45,3 +45,24 @@ def test_pd_ftgl_relay_equals_inprocess(tmp_path: Path) -> None:
         got = [summary["nodes"][str(i)][f"epsilon {label}"] for i in range(cfg["num-nodes"])]
         np.testing.assert_allclose(got, eps[label])
     np.testing.assert_allclose(eps["paper-thm-3.6"], 5.0)
+
+
+@pytest.mark.slow
+def test_pd_ogd_relay_equals_inprocess_and_messages_are_noised(tmp_path: Path) -> None:
+    cfg = {**CFG, "algorithm": "pd-ogd", "steps": 6, "step-scale": 0.5,
+           "ogd-accounting": "per-datum", "results-dir": str(tmp_path / "res"),
+           "record-dir": str(tmp_path / "rec")}
+    simulate(*relay_apps(cfg), num_supernodes=cfg["num-nodes"])
+    algo, ref = run_from_config(cfg, keep_outboxes=True)
+    relayed = np.load(tmp_path / "res" / "relay.npz")["w"]
+    np.testing.assert_allclose(relayed, np.stack([o["w"] for o in ref.outboxes]), rtol=0,
+                               atol=1e-10)
+    for i in range(cfg["num-nodes"]):
+        for t in range(cfg["steps"]):
+            rec = np.load(tmp_path / "rec" / f"node{i}-step{t}.npz")
+            # PD-OGD is local DP: every relayed array is the node's iterate plus its noise
+            np.testing.assert_array_equal(relayed[t, i], rec["w"][0] + rec["noise"][0])
+            assert np.abs(rec["noise"][0]).max() > 0
+        final = np.load(tmp_path / "rec" / f"node{i}-step{cfg['steps']}.npz")
+        np.testing.assert_allclose(final["x"][0], ref.decisions[-1, i], rtol=0, atol=1e-10)
+    assert algo.local_dp
