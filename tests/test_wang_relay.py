@@ -1,5 +1,6 @@
-"""PD-FTGL over Flower's real simulation engine (the relay ServerApp) equals the in-process
-engine for the same seeds; the relayed messages are the raw gossip iterates (not LDP)."""
+"""Paper 004 over Flower's real simulation engine (the relay ServerApp) equals the in-process
+engine for the same seeds: PD-FTGL, whose relayed messages are raw gossip iterates (not LDP),
+and PD-OGD, whose relayed messages are its Laplace-noised iterates (local DP)."""
 
 from __future__ import annotations
 
