@@ -44,6 +44,7 @@ datum (both labelled).
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -178,14 +179,17 @@ class _Blocked(_Wang):
         self.delta_tot = wp.exact_sensitivity(self.P, self.gossip_steps, self.theta, self.C,
                                               self.dim)
 
+    @abstractmethod
     def default_block(self) -> int:
-        raise NotImplementedError
+        """The theorem's block length ``L`` for this algorithm."""
 
     def default_gossip(self, eq7: int) -> int:
+        """Gossip steps per block: eq. (7)'s ``L`` (PD-OCG's ``L'``), capped at the block."""
         return eq7
 
+    @abstractmethod
     def default_h(self) -> float:
-        raise NotImplementedError
+        """The corollary's ``h`` (before the ``h-scale`` multiplier)."""
 
     # -- privacy -------------------------------------------------------------------------
     def scale_for(self, eps: float) -> float:
@@ -276,8 +280,9 @@ class _Blocked(_Wang):
                                                 state["rng"])
         return zhat, dict(state, **tree, rng=words, zhat=zhat)
 
+    @abstractmethod
     def _end_of_block(self, state: State, z: int) -> State:
-        raise NotImplementedError
+        """Insert the finished leaf and move to ``x(z+1)`` (the algorithms differ here)."""
 
 
 @register("pd-ftgl")
