@@ -58,6 +58,8 @@ NAMES = {"pd-ftgl": "PD-FTGL", "pd-ocg": "PD-OCG", "pd-ogd": "PD-OGD",
          "pd-ocg-exact": "PD-OCG (exact calibration)"}
 CLIPS = (0.01, 0.1, 1.0, 10.0)
 MULTS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+#: the user's own data files (LIBSVM or UCI format) by data set, from --letter-path/--poker-path
+DATA_PATHS: dict[str, str] = {}
 
 
 def log(msg: str) -> None:
@@ -75,6 +77,8 @@ def config(dataset: str, algorithm: str, steps: int, **over: Any) -> dict[str, A
         cfg.update({"task": "synthetic-multiclass", "dim": 4, "classes": 3, "samples": 600})
     else:
         cfg["task"] = dataset
+        if DATA_PATHS.get(dataset):
+            cfg["data-path"] = DATA_PATHS[dataset]
     if algorithm == "pd-ogd-per-datum":
         cfg["ogd-accounting"] = "per-datum"
     if algorithm.endswith("-exact"):  # same ε, calibrated with the exact gossip sensitivity
@@ -516,6 +520,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--datasets", nargs="+", default=["letter", "poker"])
     p.add_argument("--algorithms", nargs="+", default=[*ALGOS, "pd-ogd-per-datum"],
                    choices=sorted(NAMES), help="main: which algorithms (and variants)")
+    p.add_argument("--letter-path", default=None,
+                   help="LIBSVM letter.scale or UCI letter-recognition.data (default: Debian's)")
+    p.add_argument("--poker-path", default=None,
+                   help="LIBSVM poker/poker.t or UCI poker-hand CSV (default: synthesized)")
     p.add_argument("--synthetic", action="store_true",
                    help="use the generated 3-class stand-in for every dataset (tests)")
     p.add_argument("--steps", type=int, default=150000)
@@ -547,6 +555,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
+    DATA_PATHS.update({k: v for k, v in (("letter", args.letter_path),
+                                         ("poker", args.poker_path)) if v})
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.experiment == "main":
         main_experiment(args)

@@ -60,3 +60,20 @@ def test_comparator_is_the_minimum(tmp_path: Path) -> None:
     for _ in range(20):  # no feasible point is better
         x = K.project(rng.normal(scale=3, size=(1, task.dim)))
         assert task.loss(x, E, lab)[0] * 50 >= opt - 1e-6
+
+
+def test_user_poker_file_reaches_the_task(tmp_path: Path) -> None:
+    from flwr_corrnoise.data.libsvm import write_libsvm
+    from flwr_corrnoise.data.poker import synthesize_poker
+
+    X, y = synthesize_poker(200, seed=4)
+    write_libsvm(tmp_path / "poker.t", X, y)
+    out = tmp_path / "w"
+    try:
+        wang.main(["timing", "--datasets", "poker", "--poker-path", str(tmp_path / "poker.t"),
+                   "--algorithms", "pd-ftgl", "--steps", "100", "--timing-rounds", "20",
+                   "--out", str(out)])
+    finally:
+        wang.DATA_PATHS.clear()
+    assert "LIBSVM file poker.t" in _rows(out / "timing.csv")[0]["dataset"]
+
