@@ -11,12 +11,14 @@ from flwr_corrnoise.decentralized import graphs as G  # noqa: N812
 from flwr_corrnoise.decentralized.baselines import DOLA, DSGD, PDOP
 from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes, project_ball
 from flwr_corrnoise.decentralized.chen_wang_privacy import (
+    CONTRACTIVE,
     PER_DATUM,
     PER_STEP,
     THM5,
     TIGHT,
     baseline_epsilon_per_datum,
     chen_wang_epsilon,
+    contractive_sensitivity,
     noise_scale_for_epsilon,
     thm5_sensitivity,
     tight_sensitivity,
@@ -109,10 +111,32 @@ def test_baseline_per_datum_against_brute_force() -> None:
 
 
 # -- empirical sensitivity: adjacent data, identical noise and inboxes -------------------
-def test_empirical_sensitivity_below_tight_bound() -> None:
+def test_contractive_recursion_closed_form_and_below_tight() -> None:
+    T, w, L, mu, C, d = 50, 0.6, 0.26, 0.01, 2.0, 3
+    steps = StepSizes(4.0, 0.77, 1.0, 0.65)
+
+    def a(q: int) -> float:
+        keep = 1 - w * (q + 1.0) ** -0.65
+        eta = 4.0 * (q + 1.0) ** -0.77 / keep
+        return keep * max(abs(1 - eta * mu), abs(1 - eta * L))
+
+    phi = [sum(4.0 * (p + 1.0) ** -0.77 * C / (p + 1) * math.prod(a(q) for q in range(p + 1, t))
+               for p in range(t)) for t in range(T)]
+    got = contractive_sensitivity(T, steps, w, L, mu, C, d)
+    assert np.allclose(got, math.sqrt(d) * np.array(phi), rtol=1e-12, atol=0)
+    assert np.all(got <= tight_sensitivity(T, steps, w, L, C, d) + 1e-15)
+    kw = dict(w_self=w, L=L, C=C, dim=117, noise_scale=1.0, exponent=0.13, mu=mu)
+    e_c = chen_wang_epsilon(2000, steps, accountant=CONTRACTIVE, **kw)[-1]
+    e_t = chen_wang_epsilon(2000, steps, **kw)[-1]
+    assert e_c < e_t / 100  # λ₀ = 4: eq. (22) explodes, the contraction does not
+
+
+@pytest.mark.parametrize("clip", [0.5, None])
+def test_empirical_sensitivity_below_tight_bound(clip: float | None) -> None:
     n, dim, T = 5, 6, 60
     task = _task(n, dim, T)
-    algo = ChenWang(G.ring(n), task, STEPS, clip=0.5)
+    steps = STEPS if clip is not None else StepSizes(4.0, 0.77, 1.0, 0.65)
+    algo = ChenWang(G.ring(n), task, steps, clip=clip)
     ref = run(algo, T, run_seed=3, keep_outboxes=True)
     node, k = 2, 0
     other = _task(n, dim, T)
@@ -122,12 +146,15 @@ def test_empirical_sensitivity_below_tight_bound() -> None:
     y = y.copy()
     X[j], y[j] = np.eye(dim)[0], 1 - y[j]  # replace datum k of node 2's stream
     other.shards[node] = (X, y)
-    algo2 = ChenWang(G.ring(n), other, STEPS, clip=0.5)
+    algo2 = ChenWang(G.ring(n), other, steps, clip=clip)
     priv = algo.default_privacy(np.arange(n))
     s1 = select(algo.init(np.arange(n), 3, priv), [node])
     s2 = select(algo2.init(np.arange(n), 3, priv), [node])
-    C, L = 2 * 0.5, task.smoothness
-    bound = tight_sensitivity(T, STEPS, 0.6, L, C, dim)
+    L = task.smoothness
+    if clip is not None:
+        bound = tight_sensitivity(T, STEPS, 0.6, L, 2 * clip, dim)
+    else:  # unclipped convex loss: the contractive bound (C = 2 max‖a‖)
+        bound = contractive_sensitivity(T, steps, 0.6, L, task.reg, 2 * task.row_norm_max, dim)
     diffs = []
     for t in range(T):
         _, s1 = algo.release(s1)
@@ -194,7 +221,8 @@ def test_epsilon_labels_and_growth() -> None:
     cw = ChenWang(graph, task, STEPS)
     st = cw.init(np.arange(n), 0, cw.default_privacy(np.arange(n)))
     e1, e2 = cw.epsilon(st, 200), cw.epsilon(st, 400)
-    assert set(e1) == {TIGHT, THM5}
+    assert set(e1) == {TIGHT, THM5, CONTRACTIVE}
+    assert set(ChenWang(graph, task, STEPS, clip=1.0).epsilon(st, 10)) == {TIGHT, THM5}
     assert np.all(e2[TIGHT] - e1[TIGHT] < 0.1 * e1[TIGHT])  # nearly flat
     assert np.all(np.diff(e2[TIGHT]) < 0)  # larger ς for higher nodes → smaller ε
     dola = DOLA.from_config(graph, task, {})

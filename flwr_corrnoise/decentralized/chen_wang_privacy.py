@@ -18,6 +18,16 @@ Two bounds on ``Δ_t = √d Φ_t`` (``Φ_t = ‖θ_t − θ'_t‖₂``), both la
   ``w̄ = min_i |w_ii|`` — it drops the ``1/(t+1)`` and grows without bound in ``T``; with the
   paper's own settings it is orders of magnitude above the tight value.
 
+* ``contractive (convex, unclipped)`` — ours, not in the paper: for an *unclipped* loss that
+  is convex, ``L``-smooth and ``μ``-strongly convex in θ (the regularized logistic loss), the
+  gradient step is a contraction, ``‖δ − η(∇F(θ) − ∇F(θ'))‖ ≤ max(|1 − ημ|, |1 − ηL|)‖δ‖``
+  (co-coercivity), so with ``η_t = λ_t / (1 − |w_ii|γ_t)``
+  ``Φ_{t+1} = (1 − |w_ii|γ_t) max(|1 − η_t μ|, |1 − η_t L|) Φ_t + λ_t C/(t+1)`` — never larger
+  than eq. (22)'s factor ``|1 − |w_ii|γ_t| + Lλ_t``, and below 1 whenever ``η_t ≤ 2/L``, which
+  lets Algorithm 1 use larger steps at a finite budget. (Per-sample clipping breaks the
+  convexity argument, so an algorithm with ``clip`` set does not report it; steps with
+  ``|w_ii|γ_t ≥ 1`` fall back to eq. (22)'s factor.)
+
 ``C`` bounds ``‖∇l(θ, ξ) − ∇l(θ, ξ')‖₂`` (Assumption 5: twice the per-sample clip norm, or
 ``2 max‖a‖`` for logistic regression), ``L`` the per-sample gradient's Lipschitz constant.
 
@@ -45,12 +55,16 @@ if TYPE_CHECKING:
     from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes
 
 __all__ = [
+    "CONTRACTIVE",
+    "PER_DATUM",
+    "PER_STEP",
     "THM5",
     "TIGHT",
     "baseline_epsilon_per_datum",
     "baseline_epsilon_per_step",
     "chen_wang_epsilon",
     "chen_wang_epsilons",
+    "contractive_sensitivity",
     "cumulative_epsilon",
     "noise_scale_for_epsilon",
     "thm5_sensitivity",
@@ -59,6 +73,7 @@ __all__ = [
 
 TIGHT = "tight (eq. 22)"
 THM5 = "Theorem 5(i)"
+CONTRACTIVE = "contractive (convex, unclipped)"
 PER_STEP = "per-step summation (papers)"
 PER_DATUM = "per-datum (rigorous)"
 
@@ -79,6 +94,25 @@ def tight_sensitivity(T: int, steps: StepSizes, w_self: float, L: float, C: floa
     t = np.arange(T, dtype=float)
     a = np.abs(1.0 - abs(w_self) * steps.gamma(t)) + L * steps.lam(t)
     inject = steps.lam(t) * C / (t + 1.0)
+    phi = np.zeros(T)
+    for s in range(T - 1):
+        phi[s + 1] = a[s] * phi[s] + inject[s]
+    return math.sqrt(dim) * phi
+
+
+def contractive_sensitivity(T: int, steps: StepSizes, w_self: float, L: float, mu: float,
+                            C: float, dim: int) -> np.ndarray:
+    """ℓ1 sensitivities by the co-coercivity recursion (see the module docstring)."""
+    _check(T, C, L, dim)
+    if not (math.isfinite(mu) and 0 <= mu <= L):
+        raise ValueError(f"need 0 ≤ μ ≤ L, got μ={mu!r}, L={L!r}")
+    t = np.arange(T, dtype=float)
+    lam, keep = steps.lam(t), 1.0 - abs(w_self) * steps.gamma(t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eta = lam / keep
+        a = np.where(keep > 0, keep * np.maximum(np.abs(1 - eta * mu), np.abs(1 - eta * L)),
+                     np.abs(keep) + L * lam)
+    inject = lam * C / (t + 1.0)
     phi = np.zeros(T)
     for s in range(T - 1):
         phi[s + 1] = a[s] * phi[s] + inject[s]
@@ -111,23 +145,28 @@ def cumulative_epsilon(sensitivity: np.ndarray, scales: np.ndarray) -> np.ndarra
 
 def chen_wang_epsilon(T: int, steps: StepSizes, *, w_self: float, L: float, C: float,
                       dim: int, noise_scale: float, exponent: float,
-                      accountant: str = TIGHT, w_bar: float | None = None) -> np.ndarray:
-    """Cumulative ε of one learner after ``1..T`` releases, ``ϱ_t = noise_scale (t+1)^exponent``.
-    """
+                      accountant: str = TIGHT, w_bar: float | None = None,
+                      mu: float = 0.0) -> np.ndarray:
+    """Cumulative ε of one learner after ``1..T`` releases, ``ϱ_t = noise_scale (t+1)^exponent``
+    (``mu``: strong convexity, used by the contractive accountant only)."""
     t = np.arange(T, dtype=float)
     scales = noise_scale * (t + 1.0) ** exponent
     if accountant == TIGHT:
         sens = tight_sensitivity(T, steps, w_self, L, C, dim)
     elif accountant == THM5:
         sens = thm5_sensitivity(T, steps, w_self if w_bar is None else w_bar, L, C, dim)
+    elif accountant == CONTRACTIVE:
+        sens = contractive_sensitivity(T, steps, w_self, L, mu, C, dim)
     else:
-        raise ValueError(f"unknown accountant {accountant!r}; use {TIGHT!r} or {THM5!r}")
+        raise ValueError(f"unknown accountant {accountant!r}; use {TIGHT!r}, {THM5!r} or "
+                         f"{CONTRACTIVE!r}")
     return cumulative_epsilon(sens, scales)
 
 
 def noise_scale_for_epsilon(epsilon: float, T: int, steps: StepSizes, *, w_self: float,
                             L: float, C: float, dim: int, exponent: float,
-                            accountant: str = TIGHT, w_bar: float | None = None) -> float:
+                            accountant: str = TIGHT, w_bar: float | None = None,
+                            mu: float = 0.0) -> float:
     """The ``ϱ₀`` (``= σ/√2``) that spends exactly ``epsilon`` over ``T`` releases: ε is
     ``∝ 1/ϱ₀``, so ``ϱ₀ = ε(T; ϱ₀ = 1) / epsilon`` (003's "σ^i = Σ_t …/ε_i")."""
     if not (math.isfinite(epsilon) and epsilon > 0):
@@ -135,30 +174,36 @@ def noise_scale_for_epsilon(epsilon: float, T: int, steps: StepSizes, *, w_self:
     if T < 1:
         raise ValueError("need at least one release")
     unit = chen_wang_epsilon(T, steps, w_self=w_self, L=L, C=C, dim=dim, noise_scale=1.0,
-                             exponent=exponent, accountant=accountant, w_bar=w_bar)[-1]
+                             exponent=exponent, accountant=accountant, w_bar=w_bar,
+                             mu=mu)[-1]
     return float(unit / epsilon)
 
 
 def chen_wang_epsilons(algo: ChenWang, state: State, steps: int) -> dict[str, np.ndarray]:
-    """ε per node (both accountants) for the nodes in ``state`` after ``steps`` releases."""
+    """ε per node (every applicable accountant) for the nodes in ``state`` after ``steps``
+    releases; the contractive one only for an unclipped, convex task (``task.convex``)."""
     C, L = gradient_constants(algo)
     w_diag = np.abs(np.diag(algo.W))
     w_bar = float(w_diag.min())
-    out: dict[str, np.ndarray] = {TIGHT: [], THM5: []}  # type: ignore[dict-item]
+    accountants = [TIGHT, THM5]
+    mu = float(getattr(algo.task, "strong_convexity", 0.0))
+    if algo.clip is None and getattr(algo.task, "convex", False):
+        accountants.append(CONTRACTIVE)
+    out: dict[str, list[float]] = {acc: [] for acc in accountants}
     for k, node in enumerate(state["node"]):
         b0 = float(state["privacy_noise-scale"][k])
         s = float(state["privacy_noise-exponent"][k])
-        for acc in (TIGHT, THM5):
+        for acc in accountants:
             if steps == 0:
-                out[acc].append(0.0)  # type: ignore[attr-defined]
+                out[acc].append(0.0)
                 continue
             if b0 == 0:
-                out[acc].append(math.inf)  # type: ignore[attr-defined]
+                out[acc].append(math.inf)
                 continue
             eps = chen_wang_epsilon(steps, algo.steps, w_self=float(w_diag[int(node)]), L=L,
                                     C=C, dim=algo.dim, noise_scale=b0, exponent=s,
-                                    accountant=acc, w_bar=w_bar)[-1]
-            out[acc].append(float(eps))  # type: ignore[attr-defined]
+                                    accountant=acc, w_bar=w_bar, mu=mu)[-1]
+            out[acc].append(float(eps))
     return {k: np.asarray(v) for k, v in out.items()}
 
 

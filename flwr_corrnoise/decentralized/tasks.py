@@ -89,6 +89,14 @@ class LogisticTask(Task):
         ])  # [n, horizon, b]
         self.row_norm_max = max(float(np.linalg.norm(X, axis=1).max()) for X, _ in self.shards)
 
+    #: the regularized logistic loss is convex in θ (what the contractive accountant needs)
+    convex = True
+
+    @property
+    def strong_convexity(self) -> float:
+        """μ = r (the data term is only convex)."""
+        return self.reg
+
     @property
     def smoothness(self) -> float:
         """L of one sample's gradient: ``‖a‖²/4 + r``."""

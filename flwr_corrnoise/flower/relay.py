@@ -341,3 +341,9 @@ def make_relay_client_app(config_defaults: Mapping[str, Any] | None = None) -> C
 def relay_apps(config: Mapping[str, Any]) -> tuple[ServerApp, ClientApp]:
     """Both apps around one config, for ``flwr.simulation.run_simulation`` (no run config)."""
     return make_relay_server_app(config), make_relay_client_app(config)
+
+
+#: module-level apps for ``flwr run`` (components ``flwr_corrnoise.flower.relay:server_app``
+#: and ``:client_app``); everything comes from the run config and each node's node config
+server_app = make_relay_server_app()
+client_app = make_relay_client_app()
