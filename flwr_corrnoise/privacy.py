@@ -149,11 +149,11 @@ def std_satisfies(
 
 def _round_up(std: float, epsilon: float, delta: float, l2_sens: float, method: str) -> float:
     """The smallest float ``≥ std`` (searched upwards) that passes :func:`std_satisfies`."""
-    for _ in range(10_000):
+    for attempt in range(10_000):
         if std_satisfies(std, epsilon, delta, l2_sens, method):
             return std
-        # the float root is within ~1e−13 relative: step by growing multiples of an ulp
-        std = math.nextafter(std, math.inf) if _ < 64 else std * (1 + 1e-12)
+        # the float root is within ~1e−13 relative: one ulp at a time, then larger steps
+        std = math.nextafter(std, math.inf) if attempt < 64 else std * (1 + 1e-12)
     raise PrivacyBudgetError("could not find a noise std that provably meets the budget")
 
 

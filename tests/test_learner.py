@@ -110,12 +110,10 @@ def test_non_finite_gradient_counts_as_zero_and_the_noise_step_happens() -> None
     res = local_round(params0(), bad, state, settings, tau=3, eta=0.1)
     assert state.step == 3 and state.position == 3 and state.noise.step == 3
     assert res.diagnostics["nonfinite-steps"] == 2.0
-    ones = np.ones(7) / np.sqrt(7) * min(1.0, settings.clip * np.sqrt(7)) / 1.0
     g0 = np.ones(7) * min(1.0, settings.clip / np.sqrt(7))
     noise = [twin.noise.next() for _ in range(3)]
     want = (g0 + noise[0] + noise[1] + noise[2]) / 3
     np.testing.assert_allclose(np.concatenate([u.ravel() for u in res.update]), want)
-    del ones
 
 
 def test_state_roundtrip_continues_exactly() -> None:

@@ -103,15 +103,15 @@ class CorrNoiseCentralDP(Strategy):
         x = self.current
         replies = list(replies)
         total = np.zeros(sum(p.size for p in x))
-        carriers: list[tuple[Message, str]] = []
+        carriers: list[Message] = []
         zeroed: list[dict[str, Any]] = []
         for msg in replies:
             node = int(msg.metadata.src_node_id)
             try:
                 if msg.has_error():
                     raise ValueError(f"error reply {msg.error.code}")
-                ((name, record),) = msg.content.array_records.items()
-                carriers.append((msg, name))
+                (record,) = msg.content.array_records.values()
+                carriers.append(msg)
                 update = record.to_numpy_ndarrays()
                 check_update(update, x)
                 delta = np.concatenate([(np.asarray(u, dtype=np.float64) - p).ravel()
@@ -147,7 +147,7 @@ class CorrNoiseCentralDP(Strategy):
                               "metrics": MetricRecord({self._weight_key(): 1.0})})
         if carriers:
             prepared = []
-            for msg, _ in carriers:  # every carrier holds the same noised average
+            for msg in carriers:  # every carrier holds the same noised average
                 msg.content = content
                 prepared.append(msg)
         else:

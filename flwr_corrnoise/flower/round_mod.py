@@ -60,18 +60,11 @@ from flwr.clientapp.typing import ClientAppCallable
 from ..learner import PrivacyConfigError, PrivacySettings
 from ..streams import HorizonExhaustedError
 from ..variants import round_release
-from .session import ROUND_STATE_KEY, LearnerSession, PrivateLearnerGuard
+from .session import ROUND_STATE_KEY, LearnerSession, PrivateLearnerGuard, round_settings
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ROUND_STATE_KEY", "CorrNoiseRoundMod", "round_settings"]
-
-
-def round_settings(cfg: Mapping[str, Any]) -> PrivacySettings:
-    """The mod's privacy settings: as the learner's, but the horizon counts *rounds*
-    (``horizon``, else ``num-server-rounds``)."""
-    horizon = cfg.get("horizon") or cfg.get("num-server-rounds") or 1
-    return PrivacySettings.from_config({**dict(cfg), "horizon": int(horizon)})
 
 
 class CorrNoiseRoundMod:

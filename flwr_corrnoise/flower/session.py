@@ -144,7 +144,6 @@ def learner_seed(context: Context, defaults: Mapping[str, Any] | None = None) ->
     the run's ``seed`` and the ``partition-id`` (reproducible runs), else OS entropy
     (``None``). On a real SuperNode always OS entropy: a fixed seed would replay its noise
     after a wiped state, and one from the run config would be known to the server."""
-    cfg = learner_config(context, defaults)
     if not in_simulation():
         for source, where in ((context.node_config, "node config"), (defaults or {}, "app")):
             if source.get("noise-seed") is not None:
@@ -154,11 +153,19 @@ def learner_seed(context: Context, defaults: Mapping[str, Any] | None = None) ->
                     "never be replayed or known to anyone else"
                 )
         return None
+    cfg = learner_config(context, defaults)
     if cfg.get("noise-seed") is not None:
         return int(cfg["noise-seed"])
     if cfg.get("seed") is not None and cfg.get("partition-id") is not None:
         return derive_seed(int(cfg["seed"]), int(cfg["partition-id"]))
     return None
+
+
+def round_settings(cfg: Mapping[str, Any]) -> PrivacySettings:
+    """The per-round mod's privacy settings: as the learner's, but the horizon counts
+    *rounds* (``horizon``, else ``num-server-rounds``)."""
+    horizon = cfg.get("horizon") or cfg.get("num-server-rounds") or 1
+    return PrivacySettings.from_config({**dict(cfg), "horizon": int(horizon)})
 
 
 def _flag(value: Any) -> bool:
@@ -233,12 +240,11 @@ class LearnerSession:
     def _settings_from_config(self) -> PrivacySettings:
         cfg = self.config
         if self.kind == "round":
-            horizon = cfg.get("horizon") or cfg.get("num-server-rounds")
-            if not horizon:
+            if not (cfg.get("horizon") or cfg.get("num-server-rounds")):
                 raise PrivacyConfigError(
                     "the per-round learner needs its horizon in rounds ('horizon', or "
                     "'num-server-rounds' in a simulation)")
-            return PrivacySettings.from_config({**cfg, "horizon": int(horizon)})
+            return round_settings(cfg)
         if not (cfg.get("horizon") or cfg.get("num-server-rounds")):
             where = "its app defaults or run config" if self.simulation else "its node config"
             raise PrivacyConfigError(
@@ -300,14 +306,15 @@ class LearnerSession:
         diag = {"server-round": server_round, "first-step": first_step,
                 **dict(diagnostics or {})}
         log.info("flwr-corrnoise learner diagnostics (local only, never sent): %s", diag)
-        if self.store is not None:
+        data = state.to_bytes()  # serialized once, for the disk and for context.state
+        if self.store is not None:  # ledger line first, then the state (persistence.py)
             self.store.log_round({
                 "server-round": server_round, "first-step": first_step,
                 "steps": state.step - first_step, "position": position, "time": time.time(),
             })
             self.store.log_diagnostics({**diag, "time": time.time()})
-            self.store.save(state.to_bytes())
-        self.context.state[self.key] = ConfigRecord({"learner": state.to_bytes()})
+            self.store.save(data)
+        self.context.state[self.key] = ConfigRecord({"learner": data})
 
     # -- what leaves the learner ------------------------------------------------------------
     def privacy_metrics(self, state: LearnerState) -> dict[str, float]:
