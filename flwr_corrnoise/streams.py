@@ -49,6 +49,7 @@ from .mechanisms import (
 )
 from .mechanisms.blt import BufferedToeplitz
 from .mechanisms.tree import BinaryTree
+from .secure_noise import ChaCha20Gaussian, granularity, round_to_grid
 
 _MASK64 = (1 << 64) - 1
 _CHUNK = 1 << 15  # columns per chunk of the BLT update (4 buffers × 32k floats = 1 MB)
@@ -79,7 +80,9 @@ def normalize_shapes(dim_or_shapes: int | Sequence[Sequence[int]] | Sequence[int
     return shapes
 
 
-def _pack_rng(gen: np.random.Generator) -> np.ndarray:
+def _pack_rng(gen: np.random.Generator | ChaCha20Gaussian) -> np.ndarray:
+    if isinstance(gen, ChaCha20Gaussian):  # secure: tag, 256-bit key, block counter
+        return gen.pack()
     st = gen.bit_generator.state
     s, inc = st["state"]["state"], st["state"]["inc"]
     return np.array(
@@ -88,8 +91,14 @@ def _pack_rng(gen: np.random.Generator) -> np.ndarray:
     )
 
 
-def _unpack_rng(words: np.ndarray) -> np.random.Generator:
+def _unpack_rng(
+    words: np.ndarray, secure: bool = False
+) -> np.random.Generator | ChaCha20Gaussian:
+    if secure:
+        return ChaCha20Gaussian.unpack(words)
     w = [int(x) for x in words]
+    if len(w) != 6:  # e.g. a secure state whose "secure" flag was dropped
+        raise ValueError(f"a PCG64 state is 6 words, got {len(w)}")
     bitgen = np.random.PCG64()
     bitgen.state = {
         "bit_generator": "PCG64",
@@ -171,8 +180,21 @@ class NoiseStream:
         dim: int | Sequence[Sequence[int]],
         std: float,
         seed: int | None = None,
+        secure: bool = False,
     ) -> NoiseStream:
-        """A fresh stream at step 0. ``seed=None`` draws one from OS entropy."""
+        """A fresh stream at step 0. ``seed=None`` draws one from OS entropy.
+
+        ``secure=True``: ChaCha20 keyed from OS entropy and increments on a power-of-two
+        grid (:mod:`~flwr_corrnoise.secure_noise`); it takes no seed, so no caller can
+        choose (or replay) its noise.
+        """
+        if secure:
+            if seed is not None:
+                raise ValueError(
+                    "a secure noise stream is keyed from OS entropy only; it takes no seed"
+                )
+            secure_rng = ChaCha20Gaussian.from_os_entropy()
+            return cls(mechanism, horizon, normalize_shapes(dim), std, secure_rng)  # type: ignore[arg-type]
         seed = new_seed() if seed is None else int(seed)
         if seed < 0:
             raise ValueError("the seed must be a non-negative integer")
@@ -204,6 +226,8 @@ class NoiseStream:
         self.step += 1
         if self.std != 1.0:
             unit *= self.std  # in place: every kind returns a fresh array
+        if isinstance(self._rng, ChaCha20Gaussian):  # secure: the released increment on
+            round_to_grid(unit, granularity(self.std), out=unit)  # a power-of-two grid
         return unit
 
     def next_arrays(self) -> list[np.ndarray]:
@@ -299,7 +323,8 @@ class NoiseStream:
         (the BLT buffers, updated in place, are copied: ``buffers·d`` floats)."""
         return (
             self.step,
-            self._rng.bit_generator.state,
+            self._rng.state  # secure (ChaCha20): (key, block)
+            if isinstance(self._rng, ChaCha20Gaussian) else self._rng.bit_generator.state,
             list(self._levels),
             list(self._rows),  # tree estimates are replaced, never modified in place
             self._count,
@@ -309,7 +334,10 @@ class NoiseStream:
     def rollback(self, token: tuple) -> None:
         """Undo every :meth:`next` since ``token`` was taken (nothing was released)."""
         self.step, rng_state, levels, rows, count, blt_buffers = token
-        self._rng.bit_generator.state = rng_state
+        if isinstance(self._rng, ChaCha20Gaussian):
+            self._rng.state = rng_state
+        else:
+            self._rng.bit_generator.state = rng_state
         self._levels, self._rows, self._count = list(levels), list(rows), count
         if blt_buffers is not None:
             self._buf[...] = blt_buffers
@@ -338,6 +366,7 @@ class NoiseStream:
             "std": np.array(self.std, dtype=np.float64),
             "step": np.array(self.step, dtype=np.int64),
             "rng": _pack_rng(self._rng),
+            "secure": np.array(isinstance(self._rng, ChaCha20Gaussian)),
             "levels": np.array(self._levels, dtype=np.int64),
             "factorization": np.array(self._factorization.digest),
             "rows": rows,
@@ -367,7 +396,10 @@ class NoiseStream:
                 horizon=horizon,
                 shapes=normalize_shapes(shapes),
                 std=float(state["std"]),
-                rng=_unpack_rng(np.asarray(state["rng"])),
+                rng=_unpack_rng(  # type: ignore[arg-type]
+                    np.asarray(state["rng"]),
+                    secure=bool(state["secure"]) if "secure" in state else False,
+                ),
                 step=int(state["step"]),
                 levels=[int(x) for x in state["levels"]],
                 rows=rows,

@@ -1,0 +1,265 @@
+"""Secure noise: a cryptographically secure Gaussian source and a floating-point defence.
+
+Opt-in (``NoiseStream.create(..., secure=True)``), in the spirit of Opacus' ``secure_mode``
+and Google's differential-privacy library. Two threats, two parts:
+
+**A predictable generator.** NumPy's PCG64 is a statistical generator: 128 bits of state,
+recoverable from a few hundred bytes of output (Bouillaguet et al., 2020), so whoever sees
+(or guesses) enough of the noise can predict the rest. Secure noise comes from the
+**ChaCha20** keystream (the ``cryptography`` package, which Flower already depends on) under
+a 256-bit key drawn from OS entropy (:func:`secrets.token_bytes`); the key can never be
+chosen by a caller (a secure stream refuses a seed). The generator's whole state is the key
+and a 96-bit block counter, so it serializes to seven 64-bit words and a restored stream
+continues bit for bit: the keystream at block ``b`` is a pure function of ``(key, b)``
+(ChaCha20 is seekable).
+
+**Floating-point attacks on Gaussian sampling.** Mironov (CCS 2012) showed that a
+floating-point Laplace sample added to a value leaves holes and value-dependent rounding in
+the set of floats the release can take, so the release can reveal the value exactly;
+Jin et al. ("Are we there yet?", S&P 2022) did the same for Gaussian samplers (Box–Muller,
+polar, ziggurat) in the DP libraries of the day. The two published defences:
+
+* Opacus / Holohan & Braghin (2021): sum several (4) Gaussians and rescale, which makes the
+  float support denser. It acts on each ``ξ`` draw, but our noise is the *correlated
+  increment* ``e[k] = V·(b_k − b_{k−1})·ξ``, a floating-point linear combination of up to
+  ``N`` rows of ``ξ``: whatever the sampler's float support looked like, that combination
+  and the final ``value + e`` rounding re-create value-dependent rounding. It also costs 4×
+  the random bits.
+* Google's library (Secure Noise Generation, 2020): put the noise on a grid ``g·ℤ`` whose
+  granularity ``g`` is a **power of two** at or above the noise's resolution, and round the
+  value to the same grid. Then ``value + noise`` is a sum of two integer multiples of ``g``
+  and float addition is **exact** (for ``|sum| ≤ 2⁵³·g``): the release is exactly
+  ``value + noise`` in real arithmetic, with no float rounding left to read.
+
+We use the **grid** defence, applied where it survives: on the final increment. A secure
+stream returns ``round_g(e[k])`` with ``g = granularity(V)``, the smallest power of two
+``≥ V·2⁻³²``; :func:`add_on_grid` is the matching addition for the caller (it truncates the
+value toward zero onto the grid, so a clipped gradient's norm never grows, and checks that
+the sum is exact). Why ``2⁻³²`` and not Google's ``2⁻⁵⁷``: Google samples a binomial in
+exact integer arithmetic, we sample in float64 (Box–Muller, below) and combine rows in
+float64; the grid must be much coarser than those float errors (≈ ``2⁻⁵⁰·V`` for a few
+rows, ``≈ N·2⁻⁵³·V`` for the dense mechanisms) so that rounding, not float error, decides
+which grid point is released, and much finer than the noise (``2⁻³²·V``: a shift of
+≤ ``2⁻³³·V``, invisible to learning and to the law — the tests check mean, variance and a
+KS test against N(0, 1)). ``|value + noise| ≤ 2⁵³·g`` leaves room for values up to
+``2²¹·V``.
+
+The sampler is Box–Muller on 53-bit uniforms: ``u₁ = (k₁+1)·2⁻⁵³ ∈ (0, 1]``,
+``u₂ = k₂·2⁻⁵³``, ``(r cos 2πu₂, r sin 2πu₂)`` with ``r = √(−2 ln u₁)``. Why: a fixed
+16 bytes per pair (no rejection), so the key stream position is a function of the number
+of draws and restore is exact, and its float outputs are dense at ``≈ 2⁻⁴⁷`` in the bulk,
+so every grid cell of width ``2⁻³²·V`` is reachable (a test checks the coverage on a
+coarse grid). ``u₁ ≥ 2⁻⁵³`` truncates ``|ξ|`` at ≈ 8.57, a tail of mass ≈ 10⁻¹⁷, which
+belongs in δ (negligible beside any δ used in practice). What this does not cover: timing
+side channels, and the other end of the computation (the gradient itself is float
+arithmetic on private data — the released ``trunc_g(g) + noise`` is exact, what produced
+``g`` is not this module's concern).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+GRID_BITS = 32  # the grid is 2⁻³² of the noise std (rounded up to a power of two)
+_BLOCK = 64  # bytes per ChaCha20 block
+_COUNTER_SPAN = 1 << 32  # OpenSSL's ChaCha20 counter is 32 bits: blocks per nonce
+_MAX_BLOCK = 1 << 96  # 32-bit counter + 64 bits of the nonce used as the high part
+_MASK64 = (1 << 64) - 1
+STATE_TAG = 0x5EC0_C4A2_0000_0001  # first word of a packed secure state (format 1)
+
+
+class ChaCha20Gaussian:
+    """Standard normals from a ChaCha20 keystream; the state is ``(key, block)``.
+
+    >>> g = ChaCha20Gaussian(bytes(32))
+    >>> a = g.standard_normal(5)
+    >>> h = ChaCha20Gaussian.unpack(ChaCha20Gaussian(bytes(32)).pack())
+    >>> bool(np.array_equal(a, h.standard_normal(5)))
+    True
+    """
+
+    __slots__ = ("_block", "_key", "_scratch", "_zeros")
+
+    def __init__(self, key: bytes, block: int = 0) -> None:
+        key = bytes(key)
+        if len(key) != 32:
+            raise ValueError(f"a ChaCha20 key is 32 bytes, got {len(key)}")
+        self._key = key
+        self._block = _check_block(block)
+        # reused buffers (not state): a fresh 8·d-byte output per draw costs more in page
+        # faults than ChaCha20 itself at d = 10⁶
+        self._scratch = np.empty(0, dtype=np.uint8)
+        self._zeros = b""
+
+    @classmethod
+    def from_os_entropy(cls) -> ChaCha20Gaussian:
+        """A fresh generator keyed with 256 bits from the OS (the only way a secure
+        stream gets a key: never from a seed a caller or coordinator could choose)."""
+        return cls(secrets.token_bytes(32))
+
+    # -- state ------------------------------------------------------------------------
+    @property
+    def state(self) -> tuple[bytes, int]:
+        """``(key, block)``: the keystream position; setting it rewinds or seeks."""
+        return self._key, self._block
+
+    @state.setter
+    def state(self, value: tuple[bytes, int]) -> None:
+        key, block = value
+        if len(bytes(key)) != 32:
+            raise ValueError("a ChaCha20 key is 32 bytes")
+        self._key, self._block = bytes(key), _check_block(block)
+
+    def pack(self) -> np.ndarray:
+        """Seven uint64 words: tag, the key (4 words), block counter (high, low)."""
+        words = [int.from_bytes(self._key[i : i + 8], "little") for i in range(0, 32, 8)]
+        return np.array(
+            [STATE_TAG, *words, self._block >> 64, self._block & _MASK64], dtype=np.uint64
+        )
+
+    @classmethod
+    def unpack(cls, words: np.ndarray) -> ChaCha20Gaussian:
+        """Inverse of :meth:`pack`; a PCG64 state or a wrong tag is an error."""
+        w = [int(x) for x in np.asarray(words, dtype=np.uint64).reshape(-1)]
+        if len(w) != 7 or w[0] != STATE_TAG:
+            raise ValueError("not a secure (ChaCha20) generator state")
+        key = b"".join(x.to_bytes(8, "little") for x in w[1:5])
+        return cls(key, (w[5] << 64) | w[6])
+
+    # -- drawing ----------------------------------------------------------------------
+    def keystream(self, blocks: int) -> bytes:
+        """The next ``blocks`` 64-byte keystream blocks; advances the counter."""
+        return self._fill(blocks).tobytes()
+
+    def _fill(self, blocks: int) -> np.ndarray:
+        """The next ``blocks`` keystream blocks as a uint8 view of the scratch buffer
+        (valid until the next draw); advances the counter."""
+        if blocks < 0:
+            raise ValueError("blocks must be >= 0")
+        end = _check_block(self._block + blocks)
+        nbytes = blocks * _BLOCK
+        if self._scratch.size < nbytes:
+            self._scratch = np.empty(nbytes, dtype=np.uint8)
+            self._zeros = bytes(nbytes)
+        out, zeros = self._scratch[:nbytes], memoryview(self._zeros)
+        pos, offset = self._block, 0
+        while pos < end:
+            # one nonce per 2³² blocks: OpenSSL refuses to let the 32-bit counter wrap
+            take = min(end, (pos // _COUNTER_SPAN + 1) * _COUNTER_SPAN) - pos
+            iv = (pos % _COUNTER_SPAN).to_bytes(4, "little") + (
+                pos // _COUNTER_SPAN
+            ).to_bytes(12, "little")
+            enc = Cipher(algorithms.ChaCha20(self._key, iv), mode=None).encryptor()
+            enc.update_into(zeros[: take * _BLOCK], out[offset:])
+            pos += take
+            offset += take * _BLOCK
+        self._block = end
+        return out
+
+    def random_words(self, count: int) -> np.ndarray:
+        """``count`` uniform uint64 words (whole blocks are consumed; the rest of the
+        last block is discarded, so the position depends only on the request sizes)."""
+        blocks = -(-8 * count // _BLOCK)
+        return self._fill(blocks).view("<u8")[:count].copy()
+
+    def standard_normal(self, n: int) -> np.ndarray:
+        """``n`` i.i.d. N(0, 1) float64 draws (Box–Muller, both outputs of a pair)."""
+        n = int(n)
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        m = (n + 1) // 2
+        words = self._fill(-(-16 * m // _BLOCK)).view("<u8")[: 2 * m]
+        k = (words >> np.uint64(11)).astype(np.float64)  # 53 bits
+        r, theta = k[:m], k[m:]
+        r += 1.0
+        r *= 2.0**-53  # u₁ ∈ (0, 1]
+        np.log(r, out=r)
+        r *= -2.0
+        np.sqrt(r, out=r)
+        theta *= 2.0 * math.pi * 2.0**-53  # 2π·u₂, u₂ ∈ [0, 1)
+        out = np.empty(2 * m)
+        np.cos(theta, out=out[:m])
+        np.sin(theta, out=out[m:])
+        out[:m] *= r
+        out[m:] *= r
+        return out[:n]
+
+
+def _check_block(block: int) -> int:
+    block = int(block)
+    if not 0 <= block < _MAX_BLOCK:
+        raise ValueError(f"ChaCha20 block counter {block} outside [0, 2^96)")
+    return block
+
+
+def granularity(std: float) -> float:
+    """The grid of a secure stream with noise std ``V``: the smallest power of two
+    ``≥ V·2⁻³²`` (``0.0`` for ``V = 0``: no noise, nothing to round)."""
+    std = float(std)
+    if not (math.isfinite(std) and std >= 0):
+        raise ValueError(f"noise std must be finite and >= 0, got {std!r}")
+    if std == 0.0:
+        return 0.0
+    mant, exp = math.frexp(std)  # std = mant·2^exp, mant ∈ [0.5, 1)
+    power = (exp - 1 if mant == 0.5 else exp) - GRID_BITS
+    if power < -1000:  # x/g would overflow, g would be subnormal
+        raise ValueError(f"noise std {std!r} is too small for the secure grid")
+    return math.ldexp(1.0, power)
+
+
+def round_to_grid(x: np.ndarray, g: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``x`` rounded to the nearest multiple of ``g`` (ties to even); exact for a power
+    of two ``g``: ``x/g`` and ``·g`` only shift exponents."""
+    if g == 0.0:
+        if out is None:
+            return np.array(x, dtype=np.float64)
+        out[...] = x
+        return out
+    _check_grid(g)
+    res = np.divide(x, g, out=out)
+    np.rint(res, out=res)
+    res *= g
+    return res
+
+
+def on_grid(x: np.ndarray, g: float) -> bool:
+    """Whether every entry of ``x`` is an integer multiple of ``g``."""
+    _check_grid(g)
+    q = np.asarray(x, dtype=np.float64) / g
+    return bool(np.all(q == np.rint(q)))
+
+
+def add_on_grid(value: np.ndarray, noise: np.ndarray, g: float) -> np.ndarray:
+    """``trunc_g(value) + noise``, computed exactly; ``noise`` must be on the grid.
+
+    Truncation toward zero (not rounding) keeps ``|trunc_g(v)_i| ≤ |v_i|``, so a gradient
+    clipped to norm ``C`` stays within ``C`` and the sensitivity the accounting used still
+    holds. The float sum of two multiples of ``g`` is exact while it stays within
+    ``2⁵³·g``; a larger value is refused rather than rounded.
+    """
+    noise = np.asarray(noise, dtype=np.float64)
+    if g == 0.0:
+        return np.asarray(value, dtype=np.float64) + noise
+    _check_grid(g)
+    value = np.asarray(value, dtype=np.float64)  # float32 division could round up
+    if not np.all(np.isfinite(value)):
+        raise ValueError("the value to noise holds non-finite entries")
+    if not on_grid(noise, g):
+        raise ValueError("the noise is not on the grid (not from a secure stream of this std?)")
+    v = np.trunc(np.divide(value, g)) * g
+    total = v + noise
+    if np.any(np.abs(total) > 2.0**53 * g):
+        raise ValueError(
+            f"|value + noise| exceeds 2^53·g = {2.0**53 * g:.3g}: the sum would not be exact"
+        )
+    return total
+
+
+def _check_grid(g: float) -> None:
+    mant, _ = math.frexp(g)
+    if not (math.isfinite(g) and g > 0 and mant == 0.5):
+        raise ValueError(f"the grid must be a positive power of two, got {g!r}")
