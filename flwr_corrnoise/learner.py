@@ -34,6 +34,7 @@ import numpy as np
 from . import arraypack
 from .mechanisms import MECHANISMS, FactorizationChangedError, build_factorization
 from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
+from .settings_keys import lookup, require
 from .streams import HorizonExhaustedError, NoiseStream, new_seed
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,6 @@ class PrivacyConfigError(ValueError):
 
 class NonFiniteError(ValueError):
     """A gradient, loss or update is NaN or infinite; the step is not applied."""
-
-
-def _cfg(cfg: Mapping[str, Any], key: str, default: Any) -> Any:
-    value = cfg.get(key, default)
-    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -116,20 +112,23 @@ class PrivacySettings:
 
     # -- Flower config (kebab-case keys, as in context.run_config / node_config) ---------
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> PrivacySettings:
+    def from_config(cls, cfg: Mapping[str, Any], where: str = "config") -> PrivacySettings:
         """Read ``mechanism``, ``epsilon``, ``delta``, ``clip-norm``, ``horizon`` (or
-        ``num-server-rounds`` × ``local-steps``) and ``calibration``."""
-        horizon = cfg.get("horizon")
-        if horizon is None or int(horizon) <= 0:
-            horizon = int(_cfg(cfg, "num-server-rounds", 1)) * int(_cfg(cfg, "local-steps", 1))
+        ``num-server-rounds`` × ``local-steps``) and ``calibration`` by the key table
+        (:mod:`flwr_corrnoise.settings_keys`): a missing key is its default with a logged
+        warning naming it (``where`` names the config in that warning)."""
         try:
+            horizon = lookup(cfg, "horizon", where)
+            if horizon is None or horizon <= 0:
+                horizon = (require(cfg, "num-server-rounds", where, "it sets the horizon")
+                           * require(cfg, "local-steps", where, "it sets the horizon"))
             return cls(
-                mechanism=str(_cfg(cfg, "mechanism", cls.mechanism)),
-                epsilon=float(_cfg(cfg, "epsilon", cls.epsilon)),
-                delta=float(_cfg(cfg, "delta", cls.delta)),
-                clip=float(_cfg(cfg, "clip-norm", cls.clip)),
+                mechanism=lookup(cfg, "mechanism", where),
+                epsilon=lookup(cfg, "epsilon", where),
+                delta=lookup(cfg, "delta", where),
+                clip=lookup(cfg, "clip-norm", where),
                 horizon=int(horizon),
-                method=str(_cfg(cfg, "calibration", cls.method)),
+                method=lookup(cfg, "calibration", where),
             )
         except (TypeError, ValueError) as err:
             if isinstance(err, PrivacyConfigError):

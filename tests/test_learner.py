@@ -186,6 +186,6 @@ def test_settings_from_run_config() -> None:
     s = PrivacySettings.from_config(cfg)
     assert (s.mechanism, s.epsilon, s.delta, s.clip, s.horizon) == ("tree", 0.5, 1e-5, 2.0, 40)
     with pytest.raises(PrivacyConfigError, match="unknown mechanism"):
-        PrivacySettings.from_config({"mechanism": "laplace"})
+        PrivacySettings.from_config({"mechanism": "laplace", "horizon": 10})
     with pytest.raises(ValueError, match="ε must be"):
-        PrivacySettings.from_config({"epsilon": -1})
+        PrivacySettings.from_config({"epsilon": -1, "horizon": 10})

@@ -79,7 +79,8 @@ def test_valid_replies_follow_line_16() -> None:
     np.testing.assert_allclose(new[0], x[0] - scale * (g1[0] + g2[0]) / 2)
     np.testing.assert_allclose(new[1], x[1] - scale * (g1[1] + g2[1]) / 2)
     assert metrics["num-updates"] == 2 and metrics["epsilon-spent-max"] == 0.7
-    assert strat.privacy[2]["epsilon-spent"] == 0.7
+    assert strat.privacy[1]["epsilon-spent"] == 0.7  # keyed by learner-id
+    assert metrics["epsilon-spent.learner-0"] == 0.5
 
 
 @pytest.mark.parametrize(

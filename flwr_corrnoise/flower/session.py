@@ -164,8 +164,13 @@ def learner_seed(context: Context, defaults: Mapping[str, Any] | None = None) ->
 def round_settings(cfg: Mapping[str, Any]) -> PrivacySettings:
     """The per-round mod's privacy settings: as the learner's, but the horizon counts
     *rounds* (``horizon``, else ``num-server-rounds``)."""
-    horizon = cfg.get("horizon") or cfg.get("num-server-rounds") or 1
-    return PrivacySettings.from_config({**dict(cfg), "horizon": int(horizon)})
+    horizon = cfg.get("horizon") or cfg.get("num-server-rounds")
+    if not horizon:
+        raise PrivacyConfigError(
+            "the per-round learner needs its horizon in rounds ('horizon', or "
+            "'num-server-rounds' in a simulation)")
+    return PrivacySettings.from_config({**dict(cfg), "horizon": int(horizon)},
+                                       where="learner's config")
 
 
 def _flag(value: Any) -> bool:
@@ -240,19 +245,16 @@ class LearnerSession:
     def _settings_from_config(self) -> PrivacySettings:
         cfg = self.config
         if self.kind == "round":
-            if not (cfg.get("horizon") or cfg.get("num-server-rounds")):
-                raise PrivacyConfigError(
-                    "the per-round learner needs its horizon in rounds ('horizon', or "
-                    "'num-server-rounds' in a simulation)")
             return round_settings(cfg)
-        if not (cfg.get("horizon") or cfg.get("num-server-rounds")):
+        if not (cfg.get("horizon") or (cfg.get("num-server-rounds")
+                                       and cfg.get("local-steps"))):
             where = "its app defaults or run config" if self.simulation else "its node config"
             raise PrivacyConfigError(
                 f"the learner needs its horizon ('horizon' or 'num-server-rounds' × "
                 f"'local-steps') in {where}; on a real SuperNode the run config is the "
                 f"server's and is only a proposal"
             )
-        return PrivacySettings.from_config(cfg)
+        return PrivacySettings.from_config(cfg, where="learner's config")
 
     # -- the server's proposal --------------------------------------------------------------
     def check_proposal(self, config: Mapping[str, Any]) -> None:

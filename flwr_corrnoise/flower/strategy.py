@@ -16,7 +16,7 @@ progress after every round and :meth:`CorrNoiseFedAvg.start` resumes from it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,8 +24,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from ..learner import PrivacySettings, aggregate, check_update
+from ..learner import NOISELESS, PrivacySettings, aggregate, check_update
+from ..settings_keys import lookup, require
 from .checkpoint import ServerCheckpoint, ServerProgress
+from .monitor import RoundWatch, learner_key, log_summary, privacy_report, start_config
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ class CorrNoiseFedAvg(FedAvg):
         ``None`` sends no proposal. Learners never take these as their own.
     checkpoint : where to save the server's progress after every round; :meth:`start`
         resumes from it (see :mod:`flwr_corrnoise.flower.checkpoint`).
+    max_idle_rounds : consecutive rounds without a single accepted update after which
+        :meth:`aggregate_train` raises :class:`~flwr_corrnoise.flower.monitor.RunFailedError`
+        (so the run fails instead of ending "completed" with an untrained model).
     Other keyword arguments go to ``FedAvg`` (``fraction_train``, ``min_train_nodes``,
     ``min_available_nodes``...). Client-side evaluation is off by default
     (``fraction_evaluate=0``): the server evaluates ``x^r`` centrally via ``evaluate_fn``.
@@ -61,6 +66,7 @@ class CorrNoiseFedAvg(FedAvg):
         min_train_nodes: int = 1,
         min_available_nodes: int = 1,
         checkpoint: ServerCheckpoint | None = None,
+        max_idle_rounds: int = 3,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -91,6 +97,40 @@ class CorrNoiseFedAvg(FedAvg):
         #: rounds completed before this process started (restored from the checkpoint)
         self.round_offset = 0
         self._message_ttl: float | None = None
+        self.watch = RoundWatch(max_idle_rounds, type(self).__name__)
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any], **kwargs: Any) -> CorrNoiseFedAvg:
+        """The strategy the run config describes, read by the key table the learners read
+        (:mod:`flwr_corrnoise.settings_keys`): ``local-steps``, ``learning-rate`` and
+        ``num-server-rounds`` are required (a clear error, never a silent horizon of 1);
+        ``mechanism``, ``epsilon``, ``delta``, ``clip-norm``, ``calibration``, ``horizon``
+        make the proposal (defaults logged); ``server-learning-rate``, ``min-learners``
+        (``min_available_nodes``) and ``max-idle-rounds``. ``kwargs`` override."""
+        where = "run config"
+        tau = require(run_config, "local-steps", where, "τ is sent to the learners")
+        eta = require(run_config, "learning-rate", where, "η is sent to the learners")
+        require(run_config, "num-server-rounds", where, "it sets the horizon")
+        privacy = PrivacySettings.from_config(run_config, where)
+        args: dict[str, Any] = {
+            "local_steps": tau, "learning_rate": eta,
+            "server_learning_rate": lookup(run_config, "server-learning-rate", where),
+            "privacy": privacy if privacy.mechanism != NOISELESS else None,
+            "min_available_nodes": lookup(run_config, "min-learners", where),
+            "max_idle_rounds": lookup(run_config, "max-idle-rounds", where),
+        }
+        return cls(**{**args, **kwargs})
+
+    def summary(self) -> None:
+        """Our start-up summary: τ, η, η_g, the proposal and uniform averaging."""
+        log_summary(self, "Correlated-noise local DP (paper 000)", [
+            f"local steps τ = {self.local_steps}, learning rate η = {self.learning_rate:g}, "
+            f"server learning rate η_g = {self.server_learning_rate:g}",
+            "privacy proposal: " + (", ".join(f"{k}={v}" for k, v in self.proposal.items())
+                                    or "none"),
+            f"the run fails after {self.watch.max_idle_rounds} consecutive round(s) without "
+            f"an update",
+        ])
 
     def start(
         self,
@@ -131,15 +171,19 @@ class CorrNoiseFedAvg(FedAvg):
             return res
 
         self._message_ttl = float(timeout)
+        remaining = max(0, num_rounds - self.round_offset)
         result = super().start(
             grid=grid,
             initial_arrays=initial_arrays,
-            num_rounds=max(0, num_rounds - self.round_offset),
+            num_rounds=remaining,
             timeout=timeout,
-            train_config=train_config,
+            train_config=start_config(train_config, self.round_config()),
             evaluate_config=evaluate_config,
-            evaluate_fn=evaluate,
+            # no hook without anything to do: Flower would log an empty evaluation per round
+            evaluate_fn=evaluate if evaluate_fn is not None or self.checkpoint else None,
         )
+        if remaining:
+            self.watch.check_end()
         if not result.arrays:  # nothing left to run: the checkpoint is the final model
             result.arrays = initial_arrays
         return result
@@ -174,9 +218,11 @@ class CorrNoiseFedAvg(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         x = self._models.pop(server_round)
+        replies = list(replies)
         accepted: list[tuple[float, list[np.ndarray]]] = []
         errors: list[dict[str, Any]] = []
         rejected: list[dict[str, Any]] = []
+        reports: dict[str, dict[str, float]] = {}
         for msg in replies:
             node = int(msg.metadata.src_node_id)
             if msg.has_error():
@@ -196,8 +242,10 @@ class CorrNoiseFedAvg(FedAvg):
             order = float(metrics.get("learner-id", node))
             accepted.append((order, [np.asarray(u, dtype=np.float64) for u in update]))
             report = {k: float(metrics[k]) for k in PRIVACY_KEYS if k in metrics}
-            if report:
-                self.privacy[node] = {**report, "round": float(self.round_offset + server_round)}
+            if report:  # keyed by partition id (learner-id) where the learner names one
+                self.privacy[int(order)] = {**report,
+                                            "round": float(self.round_offset + server_round)}
+                reports[learner_key(metrics, node)] = report
         # a fixed summation order (by learner id) makes runs reproducible bit for bit
         accepted.sort(key=lambda item: item[0])
         new = aggregate(
@@ -216,7 +264,9 @@ class CorrNoiseFedAvg(FedAvg):
             "num-rejected": float(len(rejected)),
             "num-errors": float(len(errors)),
         }
+        summary.update(privacy_report(reports))  # ε of every learner that answered
         spent = [r["epsilon-spent"] for r in self.privacy.values() if "epsilon-spent" in r]
         if spent:
             summary["epsilon-spent-max"] = max(spent)
+        self.watch.observe(self.round_offset + server_round, replies, len(accepted))
         return ArrayRecord(new), MetricRecord(summary)

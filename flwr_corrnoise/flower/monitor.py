@@ -1,0 +1,158 @@
+"""Server-side reporting and fail-loudly checks shared by every flwr-corrnoise strategy.
+
+Why a run must fail loudly: a learner that refuses the server's proposal (a longer horizon,
+another mechanism), is out of budget or cannot load the app answers with an ``Error``
+reply, and Flower's FedAvg simply skips such replies. A run in which *every* learner
+refuses then ends "completed" with the untrained model. :class:`RoundWatch` counts the
+consecutive rounds in which nothing was released and raises :class:`RunFailedError`
+(naming the error codes and how many learners sent them) after ``max-idle-rounds`` of
+them, and at the end of a run that released nothing at all.
+
+What that exception does: an exception raised in a ServerApp's ``main`` makes Flower mark
+the run ``finished:failed`` with the exception's text as its details (``flwr ls``), and
+``flwr.simulation.run_simulation`` re-raises it. ``flwr run`` itself exits 0 once the run
+is submitted (and after ``--stream`` ends), whatever its status: check ``flwr ls``.
+
+Per-learner privacy: :func:`privacy_report` turns the replies' released metadata
+(``epsilon-spent``, ``learner-id`` = the partition id) into one ``MetricRecord`` with a key
+per learner, ``epsilon-spent.learner-<id>`` (node id where a reply names no partition),
+so Flower's round log and ``Result.train_metrics_clientapp`` show every learner's ε —
+not an average over learners.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import Strategy
+
+from ..settings_keys import lookup
+
+log = logging.getLogger(__name__)
+
+#: released privacy metadata the server reports per learner
+REPORTED = ("epsilon-spent", "epsilon", "delta", "steps", "horizon", "noise-std")
+
+
+class RunFailedError(RuntimeError):
+    """The run released nothing for too long: raised from the ServerApp so that Flower
+    marks the run failed (and ``run_simulation`` raises) instead of ending "completed"."""
+
+
+def learner_key(metrics: Mapping[str, Any], node: int) -> str:
+    """``learner-<partition id>`` if the reply names one (released ``learner-id``), else
+    ``node-<node id>``: the partition id is what a user knows their learners by."""
+    if "learner-id" in metrics:
+        return f"learner-{int(float(metrics['learner-id']))}"
+    return f"node-{int(node)}"
+
+
+def privacy_report(reports: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Per-learner ``epsilon-spent.<learner>`` entries and the maximum over learners."""
+    out: dict[str, float] = {}
+    for who, rep in sorted(reports.items()):
+        if "epsilon-spent" in rep:
+            out[f"epsilon-spent.{who}"] = float(rep["epsilon-spent"])
+    spent = [v for k, v in out.items() if k.startswith("epsilon-spent.")]
+    if spent:
+        out["epsilon-spent-max"] = max(spent)
+    return out
+
+
+def privacy_metrics_aggr(records: list[RecordDict], weighting_key: str) -> MetricRecord:
+    """A ``train_metrics_aggr_fn`` for Flower's FedAvg: per-learner ε instead of a
+    weighted average of ε over learners (which no learner spent)."""
+    reports: dict[str, dict[str, float]] = {}
+    for i, rec in enumerate(records):
+        for metrics in rec.metric_records.values():
+            reports[learner_key(metrics, i)] = {k: float(metrics[k]) for k in REPORTED
+                                                if k in metrics}  # type: ignore[arg-type]
+    return MetricRecord(privacy_report(reports))
+
+
+class RoundWatch:
+    """Consecutive rounds with nothing released, and the error codes that caused them."""
+
+    def __init__(self, max_idle_rounds: int, what: str) -> None:
+        if int(max_idle_rounds) < 1:
+            raise ValueError(f"max-idle-rounds must be >= 1, got {max_idle_rounds!r}")
+        self.max_idle_rounds = int(max_idle_rounds)
+        self.what = what
+        self.idle = 0
+        self.released = 0
+        self.last: str = ""
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any] | None, what: str) -> RoundWatch:
+        return cls(lookup(run_config or {}, "max-idle-rounds", "run config",
+                          warn=run_config is not None), what)
+
+    @staticmethod
+    def describe(server_round: int, replies: list[Message], released: int) -> str:
+        """What happened in a round: replies, updates, and the error codes by count."""
+        codes: Counter[int] = Counter()
+        reasons: dict[int, str] = {}
+        for msg in replies:
+            if msg.has_error():
+                codes[int(msg.error.code)] += 1
+                reasons.setdefault(int(msg.error.code), str(msg.error.reason)[:300])
+        text = (f"round {server_round}: {len(replies)} learner(s) replied, {released} "
+                f"update(s) released")
+        if codes:
+            text += "; error replies: " + "; ".join(
+                f"{n} × code {code} ({reasons[code]})" for code, n in sorted(codes.items()))
+        elif not replies:
+            text += " (no learner replied: none connected, or all timed out)"
+        return text
+
+    def observe(self, server_round: int, replies: list[Message], released: int) -> None:
+        """Record a round; raise :class:`RunFailedError` after too many idle ones."""
+        if released:
+            self.idle, self.released = 0, self.released + 1
+            return
+        self.idle += 1
+        self.last = self.describe(server_round, replies, released)
+        log.error("flwr-corrnoise: nothing released: %s", self.last)
+        if self.idle >= self.max_idle_rounds:
+            raise RunFailedError(
+                f"flwr-corrnoise ({self.what}): nothing was released for {self.idle} "
+                f"consecutive round(s) (max-idle-rounds = {self.max_idle_rounds}); last "
+                f"{self.last}. Codes 4101: a learner refuses the server's privacy proposal "
+                f"or its own settings are invalid (compare the learners' keys with the run "
+                f"config); 4102: horizon used up; 4104/4105: learner state lost/busy; "
+                f"other codes: Flower's (the ClientApp could not be loaded or raised)")
+
+    def check_end(self) -> None:
+        """At the end of a run: a run that released nothing is a failure."""
+        if self.released == 0:
+            raise RunFailedError(
+                f"flwr-corrnoise ({self.what}): the run ended without releasing a single "
+                f"round; last {self.last or 'round: no round ran'}")
+
+
+def log_summary(strategy: Strategy, title: str, lines: Iterable[str]) -> None:
+    """A start-up summary of a (wrapped) strategy: its sampling and our lines, instead of
+    FedAvg's "Weighted by: 'num-examples'" (our replies carry equal weights)."""
+    log.info("\t├──> %s", title)
+    for line in lines:
+        log.info("\t│\t├── %s", line)
+    inner = getattr(strategy, "strategy", strategy)
+    if hasattr(inner, "fraction_train"):
+        log.info("\t├──> Sampling (%s): fraction train %.2f | evaluate %.2f; minimum nodes "
+                 "train %d | evaluate %d | available %d", type(inner).__name__,
+                 inner.fraction_train, inner.fraction_evaluate, inner.min_train_nodes,
+                 inner.min_evaluate_nodes, inner.min_available_nodes)
+    log.info("\t└──> Aggregation: uniform mean of the released updates (equal weights)")
+
+
+def start_config(train_config: ConfigRecord | None, extra: Mapping[str, Any]) -> ConfigRecord:
+    """The train config with the keys our strategy adds in every round, so that Flower's
+    start-up log shows what is really sent (not "ConfigRecord (train): (empty!)")."""
+    out = ConfigRecord(dict(train_config or {}))
+    for key, value in extra.items():
+        out[key] = value
+    return out
