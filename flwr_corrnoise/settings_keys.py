@@ -73,6 +73,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("min-learners", int, 1, (RUN,), "server",
         "fewest learners a round needs; `CorrNoiseCentralDP` releases a round only with at "
         "least this many replies and raises the wrapped strategy's node minimums to it"),
+    Key("connect-timeout", float, 60.0, (RUN,), "server",
+        "seconds `CorrNoiseCentralDP` waits for `min-learners` SuperNodes before a round; "
+        "then the run stops with an error"),
     Key("max-idle-rounds", int, 3, (RUN,), "server",
         "consecutive rounds with nothing released (every learner refused, or no reply) "
         "after which the run stops with an error naming the learners' error codes"),

@@ -115,8 +115,13 @@ def test_bad_replies_count_as_zero_and_too_few_release_nothing() -> None:
     want = flat(X) + np.sum(clipped, axis=0) / 4 + replica.next()
     np.testing.assert_allclose(flat(out.to_numpy_ndarrays()), want, atol=1e-12)
     assert len(dp.rounds[-1]["zeroed"]) == 2
-    assert set(metrics.keys()) == {"central-epsilon-spent", "central-noise-std",
-                                   "central-rounds-released", "num-zeroed"}
+    per_learner = {k: v for k, v in metrics.items() if k.startswith("epsilon-spent.node-")}
+    assert set(metrics.keys()) - set(per_learner) == {
+        "central-epsilon-spent", "central-noise-std", "central-rounds-released", "num-zeroed",
+        "epsilon-spent-max"}
+    # every replying learner is covered by the same central ε
+    assert len(per_learner) == 4
+    assert set(per_learner.values()) == {metrics["central-epsilon-spent"]}
     list(dp.configure_train(2, ArrayRecord(X), ConfigRecord(), FakeGrid()))
     assert dp.aggregate_train(2, replies([UPDATES[0]], weights=(4,))) == (None, None)
     assert dp.stream.step == 1  # no noise used by the round that released nothing

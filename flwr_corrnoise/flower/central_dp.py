@@ -35,24 +35,36 @@ clipped update. Not for robust (non-linear) aggregators such as the median or Kr
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
-from ..learner import check_update, clip_by_global_norm
+from ..learner import PrivacySettings, check_update, clip_by_global_norm
 from ..privacy import Calibration, epsilon_spent
+from ..settings_keys import lookup, require
 from ..streams import NoiseStream
 from ..variants import central_calibration, central_noise_std
+from .monitor import RoundWatch, RunFailedError, learner_key, log_summary, privacy_report
 
 log = logging.getLogger(__name__)
 
 
 class CorrNoiseCentralDP(Strategy):
-    """Wrap ``strategy`` (FedAvg family) with server-side clipping and correlated noise."""
+    """Wrap ``strategy`` (FedAvg family) with server-side clipping and correlated noise.
+
+    ``min_learners`` is passed on to the wrapped strategy's node minimums
+    (``min_train_nodes``, ``min_available_nodes``): a strategy without them is refused,
+    since it could start rounds that can never be released. A round starts only when
+    ``min_learners`` SuperNodes are connected; after ``connect_timeout`` seconds without
+    them, and after ``max_idle_rounds`` consecutive rounds with nothing released, the run
+    stops with :class:`~flwr_corrnoise.flower.monitor.RunFailedError`.
+    :meth:`from_run_config` reads everything from the run config (the key table).
+    """
 
     def __init__(
         self,
@@ -66,9 +78,21 @@ class CorrNoiseCentralDP(Strategy):
         min_learners: int,
         method: str = "exact",
         seed: int | None = None,
+        max_idle_rounds: int = 3,
+        connect_timeout: float = 60.0,
     ) -> None:
         if isinstance(min_learners, bool) or int(min_learners) < 1:
             raise ValueError(f"min_learners must be a positive integer, got {min_learners!r}")
+        for attr in ("min_train_nodes", "min_available_nodes"):
+            if not hasattr(strategy, attr):
+                raise ValueError(
+                    f"CorrNoiseCentralDP needs a strategy with node minimums (FedAvg family) "
+                    f"to pass min_learners = {min_learners} on to; {type(strategy).__name__} "
+                    f"has no {attr!r}")
+            if int(getattr(strategy, attr)) < int(min_learners):
+                log.info("CorrNoiseCentralDP: %s.%s raised to min_learners = %d",
+                         type(strategy).__name__, attr, int(min_learners))
+                setattr(strategy, attr, int(min_learners))
         self.strategy = strategy
         self.mechanism = mechanism
         self.num_rounds = int(num_rounds)
@@ -84,13 +108,52 @@ class CorrNoiseCentralDP(Strategy):
         self.current: list[np.ndarray] | None = None
         self.keys: list[str] | None = None
         self.released = 0
+        self.watch = RoundWatch(max_idle_rounds, type(self).__name__)
+        self.connect_timeout = float(connect_timeout)
         #: per-round log: accepted and dropped replies, ε spent after the round
         self.rounds: list[dict[str, Any]] = []
+
+    @classmethod
+    def from_run_config(
+        cls, strategy: Strategy, run_config: Mapping[str, Any], *, seed: int | None = None
+    ) -> CorrNoiseCentralDP:
+        """The wrapper the run config describes, read by the key table the learners read:
+        ``mechanism``, ``epsilon``, ``delta``, ``clip-norm`` (of each round update),
+        ``calibration``, ``horizon`` (rounds; else the required ``num-server-rounds``),
+        ``min-learners``, ``max-idle-rounds``, ``connect-timeout``."""
+        where = "run config"
+        rounds = lookup(run_config, "horizon", where) or require(
+            run_config, "num-server-rounds", where, "it is the central noise's horizon")
+        s = PrivacySettings.from_config({**dict(run_config), "horizon": rounds}, where)
+        return cls(strategy, mechanism=s.mechanism, epsilon=s.epsilon, delta=s.delta,
+                   clip_norm=s.clip, num_rounds=s.horizon, method=s.method,
+                   min_learners=lookup(run_config, "min-learners", where), seed=seed,
+                   max_idle_rounds=lookup(run_config, "max-idle-rounds", where),
+                   connect_timeout=lookup(run_config, "connect-timeout", where))
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
+        """Flower's loop, and a failure if the run released nothing at all."""
+        result = super().start(grid, initial_arrays, num_rounds, timeout, train_config,
+                               evaluate_config, evaluate_fn)
+        if num_rounds > 0:
+            self.watch.check_end()
+        return result
 
     # -- training --------------------------------------------------------------------------
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        deadline = time.monotonic() + self.connect_timeout
+        while len(nodes := list(grid.get_node_ids())) < self.min_learners:
+            if time.monotonic() > deadline:
+                raise RunFailedError(
+                    f"CorrNoiseCentralDP: only {len(nodes)} SuperNode(s) connected after "
+                    f"{self.connect_timeout:g} s, but a round is released only with at least "
+                    f"min-learners = {self.min_learners} replies; start more SuperNodes or "
+                    f"lower min-learners")
+            time.sleep(0.2)
         self.current = [np.asarray(a, dtype=np.float64) for a in arrays.to_numpy_ndarrays()]
         self.keys = list(arrays.keys())
         return self.strategy.configure_train(server_round, arrays, config, grid)
@@ -128,10 +191,12 @@ class CorrNoiseCentralDP(Strategy):
         if len(replies) < self.min_learners:
             log.warning("round %d: %d replies < min_learners = %d: nothing released",
                         server_round, len(replies), self.min_learners)
+            self.watch.observe(server_round, replies, 0)
             return None, None
         if self.released >= self.num_rounds:
             log.warning("round %d: the noise is calibrated for %d rounds, all used: nothing "
                         "released", server_round, self.num_rounds)
+            self.watch.observe(server_round, replies, 0)
             return None, None
         if self.stream is None:
             self.stream = NoiseStream.create(self.mechanism, self.num_rounds,
@@ -161,6 +226,14 @@ class CorrNoiseCentralDP(Strategy):
         report = {"central-epsilon-spent": spent, "central-noise-std": self.noise_std,
                   "central-rounds-released": float(self.released),
                   "num-zeroed": float(len(zeroed))}
+        # every replying learner's data is covered by the same central guarantee: ε per
+        # learner (by node id: a plain app's reply names no partition)
+        report.update(privacy_report({
+            learner_key({}, int(m.metadata.src_node_id)): {"epsilon-spent": spent}
+            for m in replies}))
+        # idle = every reply is an Error (the app fails on every learner: a misconfiguration);
+        # malformed or non-finite replies are zeroed contributions and do not count here
+        self.watch.observe(server_round, replies, sum(not m.has_error() for m in replies))
         return arrays_out, MetricRecord(report)
 
     def _weight_key(self) -> str:
@@ -178,9 +251,13 @@ class CorrNoiseCentralDP(Strategy):
         return self.strategy.aggregate_evaluate(server_round, replies)
 
     def summary(self) -> None:
-        log.info("CorrNoiseCentralDP(%s, %s noise over %d rounds, (ε, δ) = (%g, %g), "
-                 "clip %g, ≥ %d learners, std on the average %.4g)", type(self.strategy).__name__,
-                 self.mechanism, self.num_rounds, self.calibration.epsilon,
-                 self.calibration.delta, self.calibration.clip, self.min_learners,
-                 self.noise_std)
-        self.strategy.summary()
+        """Ours, not the wrapped FedAvg's: the carriers have equal weights."""
+        log_summary(self, f"Correlated-noise central DP around {type(self.strategy).__name__}", [
+            f"{self.mechanism} noise over {self.num_rounds} rounds, (ε, δ) = "
+            f"({self.calibration.epsilon:g}, {self.calibration.delta:g}), clip "
+            f"{self.calibration.clip:g} per round update",
+            f"released only with ≥ {self.min_learners} replies; std on the average "
+            f"{self.noise_std:.4g}",
+            f"the run fails after {self.watch.max_idle_rounds} consecutive round(s) without "
+            f"a release",
+        ])

@@ -1,0 +1,127 @@
+"""The server side of local DP around the user's own strategy (per-step or per-round noise).
+
+Why a wrapper: an app that adopts :class:`~flwr_corrnoise.flower.PrivateSteps` (per-step
+noise in the user's loop) or :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod` (per-round
+noise) keeps its FedAvg: the learners reply with noised models and equal weights, which
+FedAvg's average is exactly right for. What FedAvg lacks is what this wrapper adds, in the
+spirit of Flower's ``DifferentialPrivacyClientSideFixedClipping``:
+
+* the **privacy proposal** from the run config, read by the same key table as the learners
+  (``privacy-*`` keys in every round config; a learner refuses a weaker one);
+* **per-learner ε** in the round metrics (``epsilon-spent.learner-<partition id>``) instead
+  of FedAvg's weighted average of the learners' metrics;
+* **failing loudly**: nothing released for ``max-idle-rounds`` consecutive rounds, or in the
+  whole run, raises :class:`~flwr_corrnoise.flower.monitor.RunFailedError`;
+* a start-up summary that says what is sent and how it is averaged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from ..learner import NOISELESS, PrivacySettings
+from ..settings_keys import require
+from .monitor import REPORTED, RoundWatch, learner_key, log_summary, privacy_report, start_config
+
+log = logging.getLogger(__name__)
+
+
+class CorrNoiseLocalDP(Strategy):
+    """Wrap ``strategy`` (FedAvg family) for learners that noise their own replies.
+
+    ``run_config`` (the ServerApp's ``context.run_config``) gives the proposal: the privacy
+    keys of :mod:`flwr_corrnoise.settings_keys`, and the horizon ``horizon``, else
+    ``num-server-rounds`` × ``local-steps`` (per-step) or ``num-server-rounds``
+    (``per_round=True``, for :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`), and
+    ``max-idle-rounds``. ``privacy`` given in code replaces the run config's proposal.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        run_config: Mapping[str, Any] | None = None,
+        *,
+        per_round: bool = False,
+        privacy: PrivacySettings | None = None,
+    ) -> None:
+        self.strategy = strategy
+        self.per_round = bool(per_round)
+        cfg = dict(run_config or {})
+        if privacy is None and run_config is not None:
+            if per_round and not cfg.get("horizon"):
+                cfg["horizon"] = require(cfg, "num-server-rounds", "run config",
+                                         "it is the per-round noise's horizon")
+            privacy = PrivacySettings.from_config(cfg, "run config")
+        self.proposal = privacy.proposal() if privacy is not None and \
+            privacy.mechanism != NOISELESS else {}
+        self.watch = RoundWatch.from_run_config(run_config, type(self).__name__)
+        #: per-learner privacy report (latest round each learner answered)
+        self.privacy: dict[str, dict[str, float]] = {}
+
+    def summary(self) -> None:
+        variant = "per-round (paper 001)" if self.per_round else "per-step (paper 000)"
+        log_summary(self, f"Correlated-noise local DP, {variant}, around "
+                          f"{type(self.strategy).__name__}", [
+            "privacy proposal: " + (", ".join(f"{k}={v}" for k, v in self.proposal.items())
+                                    or "none"),
+            f"the run fails after {self.watch.max_idle_rounds} consecutive round(s) without "
+            f"a released update",
+        ])
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
+        """Flower's loop, with the proposal in the logged train config and a final check
+        that something was released."""
+        result = super().start(grid, initial_arrays, num_rounds, timeout,
+                               start_config(train_config, self.proposal), evaluate_config,
+                               evaluate_fn)
+        if num_rounds > 0:
+            self.watch.check_end()
+        return result
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        for key, value in self.proposal.items():
+            config[key] = value
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        reports: dict[str, dict[str, float]] = {}
+        for msg in replies:
+            if msg.has_error() or "metrics" not in msg.content:
+                continue
+            metrics = msg.content["metrics"]
+            who = learner_key(metrics, msg.metadata.src_node_id)  # type: ignore[arg-type]
+            reports[who] = {k: float(metrics[k]) for k in REPORTED  # type: ignore[arg-type]
+                            if k in metrics}
+        arrays, _ = self.strategy.aggregate_train(server_round, replies)
+        # the wrapped strategy's metrics are averages over learners: replaced by ours
+        released = len([m for m in replies if not m.has_error()]) if arrays is not None else 0
+        self.privacy.update({who: {**rep, "round": float(server_round)}
+                             for who, rep in reports.items()})
+        summary = {"num-updates": float(released),
+                   "num-errors": float(sum(m.has_error() for m in replies)),
+                   **privacy_report(reports)}
+        self.watch.observe(server_round, replies, released)
+        return arrays, MetricRecord(summary)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
