@@ -13,7 +13,10 @@ from .client import (
     make_client_app,
     numpy_client_app,
 )
+from .local_dp import CorrNoiseLocalDP
+from .monitor import RunFailedError, privacy_metrics_aggr
 from .round_mod import CorrNoiseRoundMod
+from .steps import PrivateSteps, PrivateStepsGuard
 from .strategy import CorrNoiseFedAvg
 
 __all__ = [
@@ -21,8 +24,13 @@ __all__ = [
     "CorrNoiseCentralDP",
     "CorrNoiseFedAvg",
     "CorrNoiseLearner",
+    "CorrNoiseLocalDP",
     "CorrNoiseNumPyClient",
     "CorrNoiseRoundMod",
+    "PrivateSteps",
+    "PrivateStepsGuard",
+    "RunFailedError",
     "make_client_app",
     "numpy_client_app",
+    "privacy_metrics_aggr",
 ]

@@ -1,0 +1,237 @@
+"""Per-step correlated noise inside the user's own NumPy training loop (paper 000).
+
+The strict mode (:func:`~flwr_corrnoise.flower.make_client_app`) runs the local loop
+itself, on a gradient oracle addressed by stream position, so it can enforce "each datum
+once". Most apps already have a loop; Opacus' ``make_private`` showed that adoption is one
+call that keeps it. Here the user's train function keeps its loop and calls the library
+once per local step::
+
+    client_app = ClientApp(mods=[PrivateSteps.guard()])
+
+    @client_app.train()
+    def train(msg: Message, context: Context) -> Message:
+        private = PrivateSteps(msg, context)
+        w = msg.content["arrays"].to_numpy_ndarrays()[0]
+        for x, y in my_stream(context, steps):
+            w = w - lr * private.step(gradient(w, x, y))   # clip + next correlated increment
+        return private.reply([w], metrics)                 # built by the release gate
+
+What the library owns: the learner's settings (the shared
+:class:`~flwr_corrnoise.flower.session.LearnerSession`: app defaults < run config in
+simulation < node config), the noise stream and the step counters (in ``context.state``,
+and with a node-config ``state-dir`` on disk, locked for the whole message), the horizon
+(a step past it is refused before anything is released), the server's proposal (refused if
+weaker) and the reply: :meth:`PrivateSteps.reply` builds it through the release gate —
+the arrays and the privacy metadata, nothing else. :meth:`PrivateSteps.guard` is a
+ClientApp mod that turns any failure into a data-free error reply, refuses a train reply
+that the gate did not build (it could hold an un-noised update), and refuses evaluate and
+query messages unless the learner opts in.
+
+What the user promises (as with Opacus, the loop is theirs): the model they release is a
+function of the received model and the gradients :meth:`PrivateSteps.step` returned only
+(plain SGD, momentum, a fixed step-size schedule), and the **number of steps does not
+depend on the data** (it is released, as ``steps``). Each datum is used in one step
+(online learning); the strict mode enforces that, this mode trusts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message
+
+from ..learner import LearnerState, PrivacyConfigError, PrivacySettings, clip_by_global_norm
+from ..streams import HorizonExhaustedError
+from .session import LearnerSession, PrivateLearnerGuard
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PrivateSteps", "PrivateStepsGuard"]
+
+_lock = threading.Lock()
+#: per message (by ``id``): whether the guard is around it, the open PrivateSteps, and the
+#: one reply the gate built for it
+_GUARDED: set[int] = set()
+_OPEN: dict[int, PrivateSteps] = {}
+_BUILT: dict[int, Message] = {}
+
+
+class PrivateSteps:
+    """One round of per-step private training inside the user's loop.
+
+    Create it at the start of the train function (it loads the learner's state and checks
+    the server's proposal), call :meth:`step` on every local step's gradient, and return
+    :meth:`reply` with the local model. ``config_defaults``, ``release_metrics``,
+    ``settings`` and ``seed`` are as for :func:`~flwr_corrnoise.flower.make_client_app`.
+    """
+
+    def __init__(
+        self,
+        msg: Message,
+        context: Context,
+        *,
+        config_defaults: Mapping[str, Any] | None = None,
+        release_metrics: Iterable[str] = (),
+        settings: PrivacySettings | None = None,
+        seed: int | str | None = "from-context",
+    ) -> None:
+        with _lock:
+            guarded = id(msg) in _GUARDED
+        if not guarded:
+            raise PrivacyConfigError(
+                "PrivateSteps needs its guard around the ClientApp: "
+                "ClientApp(mods=[PrivateSteps.guard()]); without it a failure or an "
+                "un-noised reply could leave the learner")
+        self.msg = msg
+        self.session = LearnerSession(context, kind="step", defaults=config_defaults,
+                                      settings=settings, seed=seed,
+                                      release_metrics=release_metrics)
+        self.settings = self.session.settings
+        self.config = dict(msg.content["config"]) if "config" in msg.content else {}
+        self.session.check_proposal(self.config)
+        record = msg.content["arrays"]
+        if not isinstance(record, ArrayRecord):
+            raise PrivacyConfigError("the train message holds no 'arrays' ArrayRecord")
+        self.keys = list(record.keys())
+        self.received = [np.asarray(a) for a in record.to_numpy_ndarrays()]
+        self.shapes = [tuple(a.shape) for a in self.received]
+        self.size = sum(math.prod(s) for s in self.shapes)
+        self._exit = ExitStack()
+        self._exit.enter_context(self.session.locked())
+        try:
+            self.state: LearnerState = self.session.load([tuple(s) for s in self.shapes])
+        except BaseException:
+            self._exit.close()
+            raise
+        self.first_step, self.first_position = self.state.step, self.state.position
+        self._clipped = self._nonfinite = 0
+        self._done = False
+        with _lock:
+            _OPEN[id(msg)] = self
+
+    @staticmethod
+    def guard(allow_evaluation: bool = False) -> PrivateStepsGuard:
+        """The ClientApp mod every app using :class:`PrivateSteps` attaches."""
+        return PrivateStepsGuard(allow_evaluation)
+
+    @property
+    def steps(self) -> int:
+        """Steps taken in this round."""
+        return self.state.step - self.first_step
+
+    def step(self, grad: np.ndarray | Sequence[np.ndarray]) -> Any:
+        """Clip ``grad`` (one array, or a list over the model's arrays) to the clip norm in
+        global L2 and add the next correlated-noise increment; returns the same structure.
+
+        A non-finite gradient counts as zero (whether it is finite depends on the data, so
+        it must not change anything that leaves); past the horizon it refuses
+        (:class:`~flwr_corrnoise.streams.HorizonExhaustedError`), before any release."""
+        if self._done:
+            raise PrivacyConfigError("step() after reply(): the round was released")
+        single = isinstance(grad, np.ndarray)
+        parts = [np.asarray(grad)] if single else [np.asarray(g) for g in grad]
+        flat = np.concatenate([p.astype(np.float64).ravel() for p in parts])
+        if flat.size != self.size:
+            raise PrivacyConfigError(f"the gradient has {flat.size} entries, the model "
+                                     f"{self.size}")
+        s, state = self.settings, self.state
+        if s.private and state.step + 1 > s.horizon:
+            raise HorizonExhaustedError(
+                f"this learner has taken {state.step} of the {s.horizon} steps its privacy "
+                f"budget covers; it stops contributing")
+        if not np.all(np.isfinite(flat)):
+            self._nonfinite += 1
+            flat = np.zeros_like(flat)
+        if s.private:
+            flat, norm = clip_by_global_norm(flat, s.clip)
+            self._clipped += norm > s.clip
+            flat = flat + state.noise.next()  # type: ignore[union-attr]
+        state.step += 1
+        state.position += 1
+        out, offset = [], 0
+        for p in parts:
+            dtype = p.dtype if np.issubdtype(p.dtype, np.floating) else np.float64
+            out.append(flat[offset : offset + p.size].reshape(p.shape).astype(dtype))
+            offset += p.size
+        return out[0] if single else out
+
+    __call__ = step
+
+    def reply(self, arrays: Sequence[np.ndarray] | ArrayRecord,
+              metrics: Mapping[str, Any] | None = None) -> Message:
+        """The train reply, built by the release gate: ``arrays`` (the local model after the
+        private steps, in the received arrays' order) and the privacy metadata; weight 1
+        (equal for every learner). Of the app's own ``metrics`` only the names the learner
+        allow-listed leave (``release-metrics``; unaccounted), so an app can keep passing
+        its metrics. The state is stored before the reply leaves."""
+        if self._done:
+            raise PrivacyConfigError("reply() called twice")
+        values = arrays.to_numpy_ndarrays() if isinstance(arrays, ArrayRecord) else \
+            [np.asarray(a) for a in arrays]
+        ok = [tuple(np.shape(a)) for a in values] == self.shapes and all(
+            np.all(np.isfinite(np.asarray(a, dtype=np.float64))) for a in values)
+        if not ok:  # data-dependent: release the received model (a zero update) instead
+            log.error("PrivateSteps: the local model is non-finite or of other shapes; "
+                      "releasing the received model (a zero update)")
+            values = self.received
+        self.state.rounds += 1
+        try:
+            self.session.commit(
+                self.state, first_step=self.first_step, position=self.first_position,
+                server_round=int(self.config.get("server-round", -1)),
+                diagnostics={"clipped-steps": float(self._clipped),
+                             "nonfinite-steps": float(self._nonfinite),
+                             "local-steps": float(self.steps), "model-replaced": float(not ok)})
+        finally:
+            self.close()
+        self._done = True
+        record = ArrayRecord({k: Array(np.asarray(v)) for k, v in
+                              zip(self.keys, values, strict=True)})
+        out = self.session.reply(self.msg, record, self.state, num_examples=1.0,
+                                 user_metrics=dict(metrics or {}))
+        with _lock:
+            _BUILT[id(self.msg)] = out
+        return out
+
+    def close(self) -> None:
+        """Release the state lock (the guard does it if the train function failed)."""
+        with _lock:
+            _OPEN.pop(id(self.msg), None)
+        self._exit.close()
+
+
+class PrivateStepsGuard(PrivateLearnerGuard):
+    """ClientApp mod for apps using :class:`PrivateSteps`: every train reply must be the
+    one the gate built; any failure is a data-free error reply; evaluate and query
+    messages are refused unless the learner opts in (as :class:`PrivateLearnerGuard`)."""
+
+    def __call__(self, msg: Message, ctxt: Context, call_next: Any) -> Message:
+        if msg.metadata.message_type.split(".")[0] != "train":
+            return super().__call__(msg, ctxt, call_next)
+        key = id(msg)
+        with _lock:
+            _GUARDED.add(key)
+        try:
+            reply = call_next(msg, ctxt)
+            with _lock:
+                built = _BUILT.get(key)
+            if reply is not built:
+                raise PrivacyConfigError(
+                    "the train function returned a reply that PrivateSteps.reply() did not "
+                    "build; it could hold an un-noised update, so the learner refuses")
+            return reply
+        except Exception as err:  # every failure becomes a clear, data-free reply
+            return LearnerSession.error_reply(msg, err)
+        finally:
+            with _lock:
+                _GUARDED.discard(key)
+                _BUILT.pop(key, None)
+                left = _OPEN.pop(key, None)
+            if left is not None:
+                left.close()

@@ -1,0 +1,91 @@
+"""Apply a documented diff to the plain app and run the result on Flower's simulation engine.
+
+Why ``_run_simulation`` with ``app_dir``: the public ``run_simulation`` gives the apps an
+empty run config, but an adopted app's learners and server read theirs from the app's
+``pyproject.toml`` as under ``flwr run``; with ``app_dir`` Flower's simulation runtime
+fuses that config into every ClientApp's context exactly as ``flwr run`` does, and the
+ServerApp gets the same config through its context.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from flwr.app import Context, RecordDict
+from flwr.common.config import get_fused_config_from_dir
+from flwr.simulation.run_simulation import EventType, _run_simulation
+
+HERE = Path(__file__).resolve().parent
+PLAIN = HERE / "plain_app"
+VARIANTS = ("per-step", "per-round", "central")
+BACKEND = {
+    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+    "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False},
+}
+
+
+def diff_path(variant: str) -> Path:
+    return HERE / f"{variant}.diff"
+
+
+def changed_lines(diff: str) -> tuple[int, int]:
+    """(added, removed) lines of a unified diff."""
+    lines = diff.splitlines()
+    added = sum(1 for ln in lines if ln.startswith("+") and not ln.startswith("+++"))
+    removed = sum(1 for ln in lines if ln.startswith("-") and not ln.startswith("---"))
+    return added, removed
+
+
+def adopt(variant: str | None, dest: Path, run_config: dict[str, object] | None = None) -> Path:
+    """A copy of the plain app in ``dest`` with ``variant``'s diff applied (``None``: the
+    plain app) and ``run_config`` entries set in its ``pyproject.toml`` (a value ``None``
+    removes the key)."""
+    shutil.copytree(PLAIN, dest)
+    if variant is not None:
+        subprocess.run(["patch", "-p1", "--no-backup-if-mismatch", "-i",
+                        str(diff_path(variant))], cwd=dest, check=True, capture_output=True)
+    toml = dest / "pyproject.toml"
+    text = toml.read_text()
+    for key, value in (run_config or {}).items():
+        text = re.sub(rf"(?m)^{re.escape(key)} = .*\n", "", text)
+        if value is not None:
+            shown = f'"{value}"' if isinstance(value, str) else str(value).lower() \
+                if isinstance(value, bool) else repr(value)
+            text += f"{key} = {shown}\n"
+    toml.write_text(text)
+    return dest
+
+
+def load(app_dir: Path, name: str) -> ModuleType:
+    """Import the app's module under a unique ``name`` (Ray workers import it by name)."""
+    src = app_dir / "plain_app.py"
+    target = app_dir / f"{name}.py"
+    shutil.copy(src, target)
+    sys.path.insert(0, str(app_dir))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(app_dir), *filter(None, [os.environ.get("PYTHONPATH")])])
+    spec = importlib.util.spec_from_file_location(name, target)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def simulate(app_dir: Path, module: ModuleType, num_supernodes: int = 2) -> None:
+    """Run the app's ServerApp and ClientApp on Flower's Ray simulation engine with the
+    run config of its ``pyproject.toml``; a ServerApp exception is raised here."""
+    cfg = get_fused_config_from_dir(app_dir, {})
+    context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=cfg)
+    _run_simulation(num_supernodes=num_supernodes,
+                    exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+                    client_app=module.client_app, server_app=module.server_app,
+                    backend_name="ray", backend_config=BACKEND,  # type: ignore[arg-type]
+                    app_dir=str(app_dir), is_app=True, server_app_context=context)
