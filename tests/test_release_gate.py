@@ -34,6 +34,7 @@ from flwr.clientapp import ClientApp
 from flwr_corrnoise.flower import (
     CorrNoiseNumPyClient,
     CorrNoiseRoundMod,
+    PrivateSteps,
     make_client_app,
     numpy_client_app,
 )
@@ -161,10 +162,33 @@ def round_mod(kind: str) -> ClientApp:
     return app
 
 
+def private_steps(kind: str) -> ClientApp:
+    """The user's own loop with one PrivateSteps call per step (and a data-dependent metric
+    and evaluate function the gate must keep on the learner)."""
+    app = ClientApp(mods=[PrivateSteps.guard()])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        private = PrivateSteps(msg, context)
+        x = msg.content["arrays"].to_numpy_ndarrays()[0]
+        r = int(msg.content["config"]["server-round"])
+        for t in range(TAU):
+            x = x - 0.1 * private.step(np_gradient(kind)([x], (r - 1) * TAU + t)[0])
+        return private.reply([x], {"num-examples": 7, "train-loss": float(np.sum(x))})
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"metrics": MetricRecord({"loss": datum(kind, POSITION)})}),
+                       reply_to=msg)
+
+    return app
+
+
 FRONT_ENDS: dict[str, Callable[[str], ClientApp]] = {
     "make_client_app": message_api,
     "numpy_client_app": numpy_api,
     "CorrNoiseRoundMod": round_mod,
+    "PrivateSteps": private_steps,
 }
 
 
@@ -202,7 +226,8 @@ def all_front_ends() -> dict[str, Callable[[str], ClientApp]]:
 
 # -- the tests ------------------------------------------------------------------------------
 @pytest.mark.parametrize("front_end", ["make_client_app", "numpy_client_app",
-                                       "CorrNoiseRoundMod", "make_torch_client_app",
+                                       "CorrNoiseRoundMod", "PrivateSteps",
+                                       "make_torch_client_app",
                                        "TorchCorrNoiseClient"])
 @pytest.mark.parametrize("other", ["huge", "nonfinite"])
 def test_neighbouring_streams_send_identical_replies_but_for_the_noised_arrays(

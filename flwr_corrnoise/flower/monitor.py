@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log as flwr_log
 from flwr.serverapp.strategy import Strategy
 
 from ..settings_keys import lookup
@@ -137,16 +138,17 @@ class RoundWatch:
 def log_summary(strategy: Strategy, title: str, lines: Iterable[str]) -> None:
     """A start-up summary of a (wrapped) strategy: its sampling and our lines, instead of
     FedAvg's "Weighted by: 'num-examples'" (our replies carry equal weights)."""
-    log.info("\t├──> %s", title)
+    info = logging.INFO  # Flower's logger: the summary sits in Flower's start-up log
+    flwr_log(info, "\t├──> %s", title)
     for line in lines:
-        log.info("\t│\t├── %s", line)
+        flwr_log(info, "\t│\t├── %s", line)
     inner = getattr(strategy, "strategy", strategy)
     if hasattr(inner, "fraction_train"):
-        log.info("\t├──> Sampling (%s): fraction train %.2f | evaluate %.2f; minimum nodes "
+        flwr_log(info, "\t├──> Sampling (%s): fraction train %.2f | evaluate %.2f; minimum nodes "
                  "train %d | evaluate %d | available %d", type(inner).__name__,
                  inner.fraction_train, inner.fraction_evaluate, inner.min_train_nodes,
                  inner.min_evaluate_nodes, inner.min_available_nodes)
-    log.info("\t└──> Aggregation: uniform mean of the released updates (equal weights)")
+    flwr_log(info, "\t└──> Aggregation: uniform mean of the released updates (equal weights)")
 
 
 def start_config(train_config: ConfigRecord | None, extra: Mapping[str, Any]) -> ConfigRecord:
