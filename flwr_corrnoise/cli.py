@@ -1,9 +1,12 @@
-"""The ``flwr-corrnoise`` command line: pick a mechanism, calibrate its noise.
+"""The ``flwr-corrnoise`` command line: pick a mechanism, calibrate its noise, report a run.
 
 ``flwr-corrnoise mechanism --name optimized --steps 4000 --json`` prints the mechanism's
 sensitivity, RMSE and max error at unit sensitivity and the seconds it took to build;
 ``flwr-corrnoise calibrate --epsilon 2 --delta 1e-3 --clip 1 --mechanism toeplitz
---steps 4000 --json`` prints the noise std for that budget.
+--steps 4000 --json`` prints the noise std for that budget; ``flwr-corrnoise report
+RESULTS_DIR`` prints the privacy each learner spent and plots it with the accuracy. A run
+that stopped with :class:`~flwr_corrnoise.flower.RunFailedError` (nothing released) exits 3
+with its reason.
 """
 
 from __future__ import annotations
@@ -145,6 +148,14 @@ def _decentralized(args: argparse.Namespace) -> dict[str, object]:
     return result
 
 
+def _report(args: argparse.Namespace) -> dict[str, object]:
+    from pathlib import Path
+
+    from .report import report
+
+    return report(Path(args.results_dir), Path(args.plot) if args.plot else None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flwr-corrnoise",
@@ -207,6 +218,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="any algorithm/task config key (kebab-case), e.g. lambda0=0.5")
     dec.add_argument("--json", action="store_true", help="print JSON")
     dec.set_defaults(func=_decentralized)
+
+    rep = sub.add_parser(
+        "report", help="privacy spent per learner and accuracy of a Flower run's results; "
+                       "plots them (matplotlib)")
+    rep.add_argument("results_dir", metavar="RESULTS_DIR",
+                     help="a results directory (summary.json, history.csv, privacy.csv) or "
+                          "a directory of them")
+    rep.add_argument("--plot", default=None,
+                     help="PNG to write (default RESULTS_DIR/privacy.png)")
+    rep.add_argument("--json", action="store_true", help="print JSON")
+    rep.set_defaults(func=_report)
     return parser
 
 
@@ -218,6 +240,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PrivacyBudgetError, ValueError) as err:
         print(f"flwr-corrnoise: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        from .flower.monitor import RunFailedError  # flwr only when a run failed
+
+        if not isinstance(err, RunFailedError):
+            raise
+        print(f"flwr-corrnoise: run failed: {err}", file=sys.stderr)  # released nothing
+        return 3
     if args.json:
         print(json.dumps(result, indent=2))
     else:

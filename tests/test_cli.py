@@ -87,3 +87,52 @@ def test_mechanism_optimized_loose_gap_is_certified_within_it(capsys, tmp_path,
     # the certificate is honest: the RMSE is within √1.02 of the best possible
     exact = build_factorization("optimized", 300).rmse
     assert exact <= out["rmse"] <= exact * (1.02**0.5)
+
+
+@pytest.mark.slow
+def test_report_on_a_real_tiny_flower_run(tmp_path, capsys) -> None:
+    """`report` on the results of a real (tiny) Flower simulation: ε per learner as the
+    run's summary has it, the final accuracy, and a PNG."""
+    from flwr_corrnoise.apps.logreg import logreg_apps
+    from flwr_corrnoise.experiment import LogRegSetup
+
+    from .flower_helpers import simulate
+
+    setup = LogRegSetup(num_learners=2, dim=4, rounds=2, tau=2, mechanism="toeplitz",
+                        test_size=100, seed=1, data_seed=2)
+    out = tmp_path / "run"
+    simulate(*logreg_apps(setup, str(out), progress=False), setup.num_learners)
+    summary = json.loads((out / "summary.json").read_text())
+    png = tmp_path / "plot.png"
+    assert main(["report", str(out), "--plot", str(png), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    learners = {k: v for k, v in printed.items() if k.startswith("learner ")}
+    assert sorted(learners) == ["learner 0", "learner 1"]  # keyed by partition id
+    for who, rec in summary["learners"].items():
+        assert f"ε spent {rec['epsilon-spent']:.4g} of 2 " in learners[f"learner {who}"]
+        assert f"{setup.rounds * setup.tau}/{setup.rounds * setup.tau} steps" in \
+            learners[f"learner {who}"]
+    assert printed["final accuracy"] == pytest.approx(summary["final_accuracy"])
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert printed["plot"] == str(png.resolve())
+    # ε per learner per round, increasing to the budget
+    rows = (out / "privacy.csv").read_text().splitlines()[1:]
+    assert len(rows) == setup.rounds * setup.num_learners
+    assert float(rows[-1].split(",")[-1]) == pytest.approx(2.0)
+
+
+def test_report_refuses_a_directory_without_results(tmp_path, capsys) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no summary.json" in capsys.readouterr().err
+
+
+def test_a_failed_run_exits_3_with_its_reason(monkeypatch, capsys) -> None:
+    from flwr_corrnoise import cli
+    from flwr_corrnoise.flower import RunFailedError
+
+    def failed(args):
+        raise RunFailedError("nothing was released for 3 consecutive round(s)")
+
+    monkeypatch.setattr(cli, "_report", failed)
+    assert main(["report", "anywhere"]) == 3
+    assert "run failed: nothing was released" in capsys.readouterr().err

@@ -15,7 +15,9 @@ are left out of that round — a dropped or late learner never blocks the run) a
 the run is started again: see :mod:`flwr_corrnoise.flower.checkpoint`).
 
 The ServerApp writes ``history.csv`` (one row per round: test accuracy and loss, online
-loss, round optimum, privacy), ``summary.json`` and ``final_model.npy`` to ``results-dir``.
+loss, round optimum, privacy), ``privacy.csv`` (ε spent per learner and round),
+``summary.json`` and ``final_model.npy`` to ``results-dir``; ``flwr-corrnoise report
+RESULTS_DIR`` prints and plots them.
 """
 
 from __future__ import annotations
@@ -86,6 +88,12 @@ def write_results(
         "participation": [[int(i) for i in r["learners"]] for r in strategy.rounds],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    with open(out / "privacy.csv", "w", newline="") as fh:  # ε per learner per round
+        writer = csv.writer(fh)
+        writer.writerow(["round", "learner", "epsilon-spent"])
+        for entry in strategy.rounds:
+            for who, spent in sorted(entry.get("epsilon-spent", {}).items()):
+                writer.writerow([entry["round"], who, spent])
     return summary
 
 

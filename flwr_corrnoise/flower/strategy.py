@@ -257,7 +257,10 @@ class CorrNoiseFedAvg(FedAvg):
         )
         self.rounds.append(
             {"round": self.round_offset + server_round, "accepted": len(accepted),
-             "rejected": rejected, "errors": errors, "learners": [order for order, _ in accepted]}
+             "rejected": rejected, "errors": errors, "learners": [order for order, _ in accepted],
+             # ε spent by each learner that answered, after this round (for reports)
+             "epsilon-spent": {who: rep["epsilon-spent"] for who, rep in reports.items()
+                               if "epsilon-spent" in rep}}
         )
         summary: dict[str, float] = {
             "num-updates": float(len(accepted)),
