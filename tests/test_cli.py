@@ -104,6 +104,7 @@ def test_report_on_a_real_tiny_flower_run(tmp_path, capsys) -> None:
     simulate(*logreg_apps(setup, str(out), progress=False), setup.num_learners)
     summary = json.loads((out / "summary.json").read_text())
     png = tmp_path / "plot.png"
+    capsys.readouterr()  # the run's own output
     assert main(["report", str(out), "--plot", str(png), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     learners = {k: v for k, v in printed.items() if k.startswith("learner ")}
