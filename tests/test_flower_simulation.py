@@ -116,7 +116,10 @@ def test_numpy_client_gives_the_same_model(tmp_path: Path) -> None:
 
 
 def test_weakening_server_is_refused_and_nothing_applied(tmp_path: Path) -> None:
-    """A server proposing a larger ε gets clear error replies; the model is not moved."""
+    """A server proposing a larger ε gets clear error replies, the model is not moved, and
+    the run fails loudly (it used to end "completed" with the untrained model)."""
+    from flwr_corrnoise.flower import RunFailedError
+
     setup = SMALL.with_(rounds=2)
     _, client_app = logreg_apps(setup, str(tmp_path), progress=False)
     seen: dict = {}
@@ -129,14 +132,17 @@ def test_weakening_server_is_refused_and_nothing_applied(tmp_path: Path) -> None
                                  horizon=setup.horizon)
         strategy = CorrNoiseFedAvg(local_steps=setup.tau, learning_rate=setup.eta,
                                    privacy=weaker, min_available_nodes=setup.num_learners)
+        seen["strategy"] = strategy
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord(initial_parameters(setup)),
                                 num_rounds=setup.rounds)
         seen["final"] = result.arrays.to_numpy_ndarrays()[0]
-        seen["rounds"] = strategy.rounds
 
-    simulate(server_app, client_app, setup.num_learners)
-    np.testing.assert_array_equal(seen["final"], np.zeros(setup.dim))
-    for r in seen["rounds"]:
+    with pytest.raises(RunFailedError, match=rf"{setup.num_learners} × code 4101"):
+        simulate(server_app, client_app, setup.num_learners)
+    assert "final" not in seen  # no result from a run that released nothing
+    rounds = seen["strategy"].rounds
+    assert len(rounds) == setup.rounds
+    for r in rounds:
         assert r["accepted"] == 0 and len(r["errors"]) == setup.num_learners
         for err in r["errors"]:
             assert err["code"] == 4101
