@@ -96,3 +96,60 @@ def test_flwr_run_local_simulation(tmp_path: Path) -> None:
                         data_seed=4, test_size=100)
     res = run_logreg_inprocess(setup)
     np.testing.assert_allclose(final, res.params[0], atol=1e-10, rtol=0)
+
+
+@pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr CLI not installed")
+def test_flwr_run_of_a_run_every_learner_refuses_is_marked_failed(tmp_path: Path) -> None:
+    """What makes `flwr run` report failure: an exception from the ServerApp. The adopted
+    plain app (docs/adopt.md, per-step) with a server proposing the old docs' horizon of
+    4000 while the learners' noise covers 12 steps: every learner refuses, the strategy
+    raises RunFailedError, and Flower marks the run `finished:failed` with our reason
+    (`flwr ls`). `flwr run` itself exits 0 once the run is submitted, even with --stream."""
+    import json
+
+    from .adoption import harness
+
+    app = harness.adopt("per-step", tmp_path / "app", {"max-idle-rounds": 1})
+    src = app / "plain_app.py"
+    src.write_text(src.read_text().replace(
+        "FedAvg(fraction_evaluate=0.0), context.run_config)",
+        "FedAvg(fraction_evaluate=0.0), {**context.run_config, 'horizon': 4000})"))
+    home = Path(tempfile.mkdtemp(prefix="flwrhome", dir="/tmp"))
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        # this checkout's code in Flower's processes, whatever the working directory
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    try:
+        proc = subprocess.run(
+            ["flwr", "run", str(app), "--stream",
+             "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"],
+            env=env, cwd=app, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0  # Flower's CLI: submitted, whatever the outcome
+        runs: list = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ls = subprocess.run(["flwr", "ls", "--format", "json"], env=env, cwd=app,
+                                capture_output=True, text=True, timeout=60)
+            runs = json.loads(ls.stdout).get("runs", [])
+            if runs and str(runs[0]["status"]).startswith("finished"):
+                break
+            time.sleep(1)
+    finally:
+        for pid in superlink_pids(home):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while superlink_pids(home) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        shutil.rmtree(home, ignore_errors=True)
+    assert not superlink_pids(home)
+    assert len(runs) == 1 and runs[0]["status"] == "finished:failed", runs
+    details = runs[0]["status-details"]
+    assert "RunFailedError" in details or "nothing was released" in details
+    assert "2 × code 4101" in details and "horizon 4000 exceeds this learner's 12" in details

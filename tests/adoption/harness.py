@@ -69,8 +69,9 @@ def load(app_dir: Path, name: str) -> ModuleType:
     target = app_dir / f"{name}.py"
     shutil.copy(src, target)
     sys.path.insert(0, str(app_dir))
+    # Ray's workers import the app by name, and this checkout's flwr_corrnoise
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(app_dir), *filter(None, [os.environ.get("PYTHONPATH")])])
+        [str(app_dir), str(HERE.parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])])
     spec = importlib.util.spec_from_file_location(name, target)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
