@@ -14,7 +14,7 @@ once per local step::
         w = msg.content["arrays"].to_numpy_ndarrays()[0]
         for x, y in my_stream(context, steps):
             w = w - lr * private.step(gradient(w, x, y))   # clip + next correlated increment
-        return private.reply([w], metrics)                 # built by the release gate
+        return private.reply([w])                          # built by the release gate
 
 What the library owns: the learner's settings (the shared
 :class:`~flwr_corrnoise.flower.session.LearnerSession`: app defaults < run config in
