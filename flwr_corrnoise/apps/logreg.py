@@ -12,7 +12,8 @@ all ``num-learners``); ``round-timeout``
 (seconds the server waits for a round's replies; learners that have not answered by then
 are left out of that round — a dropped or late learner never blocks the run) and
 ``checkpoint-dir`` (save the server's progress after every round and resume from it when
-the run is started again: see :mod:`flwr_corrnoise.flower.checkpoint`).
+the run is started again: see :mod:`flwr_corrnoise.flower.checkpoint`) and
+``max-idle-rounds`` (the run fails after that many rounds without an update).
 
 The ServerApp writes ``history.csv`` (one row per round: test accuracy and loss, online
 loss, round optimum, privacy), ``privacy.csv`` (ε spent per learner and round),
@@ -38,6 +39,7 @@ from flwr.serverapp import Grid, ServerApp
 from ..experiment import LogRegEvaluator, LogRegSetup, initial_parameters, logistic_gradient
 from ..flower import CorrNoiseFedAvg, make_client_app
 from ..flower.checkpoint import ServerCheckpoint, fingerprint
+from ..settings_keys import lookup
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,8 @@ def logreg_apps(
             # must not stall the others (it rejoins when it is back)
             min_available_nodes=int(context.run_config.get("min-learners", 1)),
             checkpoint=ServerCheckpoint(ckpt_dir, key) if ckpt_dir else None,
+            # a run whose learners all refuse fails instead of ending with x^0
+            max_idle_rounds=lookup(context.run_config, "max-idle-rounds", "run config"),
         )
         evaluator = LogRegEvaluator(s, progress=progress, label=f"flower {s.label}")
 

@@ -68,10 +68,11 @@ def privacy_metrics_aggr(records: list[RecordDict], weighting_key: str) -> Metri
     """A ``train_metrics_aggr_fn`` for Flower's FedAvg: per-learner ε instead of a
     weighted average of ε over learners (which no learner spent)."""
     reports: dict[str, dict[str, float]] = {}
-    for i, rec in enumerate(records):
+    for i, rec in enumerate(records):  # no node ids here: "reply-<i>" without a learner-id
         for metrics in rec.metric_records.values():
-            reports[learner_key(metrics, i)] = {k: float(metrics[k]) for k in REPORTED
-                                                if k in metrics}  # type: ignore[arg-type]
+            who = learner_key(metrics, i) if "learner-id" in metrics else f"reply-{i}"
+            reports[who] = {k: float(metrics[k]) for k in REPORTED  # type: ignore[arg-type]
+                            if k in metrics}
     return MetricRecord(privacy_report(reports))
 
 

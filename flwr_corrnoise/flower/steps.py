@@ -83,6 +83,9 @@ class PrivateSteps:
     ) -> None:
         with _lock:
             guarded = id(msg) in _GUARDED
+            again = id(msg) in _OPEN or id(msg) in _BUILT
+        if again:  # two streams of steps on one stored state would reuse noise
+            raise PrivacyConfigError("one PrivateSteps per train message")
         if not guarded:
             raise PrivacyConfigError(
                 "PrivateSteps needs its guard around the ClientApp: "
