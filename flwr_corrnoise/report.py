@@ -100,7 +100,7 @@ def plot(runs: list[RunReport], path: Path) -> Path | None:
     for run in runs:
         for who, points in sorted(run.epsilon.items(), key=lambda kv: _order(kv[0])):
             rounds, eps = zip(*points, strict=True)
-            ax_eps.plot(rounds, eps, marker=".", label=f"{run.path.name} learner {who}")
+            ax_eps.plot(rounds, eps, marker=".", label=f"{run.path.name} {who}")
         if run.accuracy:
             rounds, acc = zip(*run.accuracy, strict=True)
             ax_acc.plot(rounds, acc, label=run.label)
