@@ -234,15 +234,27 @@ class LearnerState:
 
     @classmethod
     def create(
-        cls, settings: PrivacySettings, shapes: Sequence[Sequence[int]], seed: int | None
+        cls,
+        settings: PrivacySettings,
+        shapes: Sequence[Sequence[int]],
+        seed: int | None,
+        *,
+        secure: bool = False,
     ) -> LearnerState:
-        """A fresh learner. ``seed=None`` draws the noise seed from OS entropy."""
+        """A fresh learner. ``seed=None`` draws the noise seed from OS entropy.
+
+        ``secure=True``: the noise comes from ChaCha20 keyed by OS entropy, on a
+        power-of-two grid (:mod:`~flwr_corrnoise.secure_noise`); it takes no seed, and the
+        state records none (its key lives only in the stream's state)."""
         cal = settings.calibration()
         noise = None
-        seed = new_seed() if seed is None else int(seed)
+        if secure and seed is not None:
+            raise PrivacyConfigError("secure noise is keyed from OS entropy: it takes no seed")
+        seed = None if secure else new_seed() if seed is None else int(seed)
         digest = ""
         if cal is not None:
-            noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std, seed)
+            noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std,
+                                       seed, secure=secure)
             digest = noise.factorization.digest
         return cls(noise=noise, seed=seed, binding=settings.binding(digest))
 
@@ -413,7 +425,7 @@ def local_round(
             if settings.private:
                 g, norm = clip_by_global_norm(g, settings.clip)
                 clipped += norm > settings.clip
-                g = g + state.noise.next()  # type: ignore[union-attr]
+                g = state.noise.add_next(g)  # type: ignore[union-attr]
             state.step += 1
             z -= eta * g
             total += g

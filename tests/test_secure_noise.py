@@ -5,11 +5,15 @@ from __future__ import annotations
 import math
 import struct
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.app import Context, RecordDict
 from scipy import stats
 
+from flwr_corrnoise.flower.session import LearnerSession
+from flwr_corrnoise.learner import LearnerState, PrivacyConfigError, PrivacySettings, local_round
 from flwr_corrnoise.mechanisms import MECHANISMS, BinaryTree, build_factorization
 from flwr_corrnoise.secure_noise import (
     GRID_BITS,
@@ -323,3 +327,77 @@ def test_benchmark_script_runs_at_toy_size() -> None:
     assert [r[1] for r in rows] == ["draws (N(0,1) × d)", "of which ChaCha20 keystream (0.008 MB)",
                                 "independent step", "blt step"]
     assert all(float(r[4].rstrip("×")) > 0 for r in rows)
+
+
+# -- wired into the learner ------------------------------------------------------------------
+def _settings() -> PrivacySettings:
+    return PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=1.0, horizon=6)
+
+
+def test_local_round_releases_trunc_g_of_the_clipped_step_plus_grid_noise() -> None:
+    """Second computation of the secure release: replay the same ChaCha20 increments from
+    the stream's checkpoint and form trunc_g(clip(g)) + e by hand; the round's update must
+    equal it bit for bit, and lie on the grid (τ = 1: the update is the release)."""
+    settings = _settings()
+    state = LearnerState.create(settings, [(5,)], None, secure=True)
+    assert state.noise is not None and state.noise.secure and state.seed is None
+    token = state.noise.checkpoint()
+    grad = np.array([3.0, -4.0, 0.1, 1e-13, 0.0])  # norm > 1: clipped
+
+    result = local_round([np.zeros(5)], lambda p, pos: [grad], state, settings, 1, 0.5)
+
+    state.noise.rollback(token)
+    noise = state.noise.next()
+    g = granularity(state.noise.std)
+    clipped = grad / np.linalg.norm(grad)
+    expected = np.trunc(clipped / g) * g + noise
+    np.testing.assert_array_equal(result.update[0], expected)
+    assert on_grid(result.update[0], g)
+    assert np.linalg.norm(np.trunc(clipped / g) * g) <= 1.0  # truncation never grows it
+
+
+def test_secure_state_refuses_a_seed_and_records_none() -> None:
+    with pytest.raises(PrivacyConfigError, match="no seed"):
+        LearnerState.create(_settings(), [(3,)], 5, secure=True)
+    state = LearnerState.create(_settings(), [(3,)], None, secure=True)
+    restored = LearnerState.from_bytes(state.to_bytes())
+    assert restored.seed is None and restored.noise is not None and restored.noise.secure
+    np.testing.assert_array_equal(restored.noise.next(), state.noise.next())  # type: ignore[union-attr]
+
+
+def _context(tmp_path: Path | None = None, **node: object) -> Context:
+    cfg = {"partition-id": 0, "mechanism": "blt", "epsilon": 2.0, "delta": 1e-3,
+           "clip-norm": 1.0, "horizon": 6, **node}
+    if tmp_path is not None:
+        cfg["state-dir"] = str(tmp_path)
+    return Context(run_id=1, node_id=1, node_config=cfg, state=RecordDict(),
+                   run_config={"seed": 3, "secure-noise": False})
+
+
+def test_secure_noise_is_on_by_default_on_a_real_supernode_and_the_run_config_cannot_drop_it(
+    tmp_path: Path,
+) -> None:
+    session = LearnerSession(_context(tmp_path))  # a direct call: real SuperNode rules
+    assert session.secure and session.seed is None
+    state = session.load([(3,)])
+    assert state.noise is not None and state.noise.secure
+    assert not LearnerSession(_context(tmp_path, **{"secure-noise": False})).secure
+
+
+def test_simulation_default_is_seeded_and_secure_is_the_learners_opt_in(
+    simulated: None,
+) -> None:
+    plain = LearnerSession(_context())
+    assert not plain.secure and plain.seed is not None  # reproducible simulations
+    assert LearnerSession(_context(**{"secure-noise": True})).secure
+    assert LearnerSession(_context(), defaults={"secure-noise": True}).secure  # app code
+    with pytest.raises(PrivacyConfigError, match="takes no seed"):
+        LearnerSession(_context(**{"secure-noise": True, "noise-seed": 4}))
+
+
+def test_secure_learner_refuses_to_continue_a_stored_plain_stream(tmp_path: Path) -> None:
+    plain = LearnerSession(_context(tmp_path, **{"secure-noise": False}))
+    state = plain.load([(3,)])
+    plain.store.save(state.to_bytes())  # type: ignore[union-attr]
+    with pytest.raises(PrivacyConfigError, match="not secure"):
+        LearnerSession(_context(tmp_path)).load([(3,)])

@@ -236,6 +236,18 @@ class LearnerSession:
                 "SuperNode a learner draws its seed from OS entropy")
         else:
             self.seed = seed  # type: ignore[assignment]
+        # Secure noise (ChaCha20 keyed from OS entropy, on a grid): the learner's choice
+        # (node config, or app code's defaults; never the run config), on by default on a
+        # real SuperNode, where nobody needs to replay noise; off in simulation, which wants
+        # reproducible seeds.
+        self.secure = _flag(node.get("secure-noise",
+                                     self.defaults.get("secure-noise", not self.simulation)))
+        if self.secure:
+            if node.get("noise-seed") is not None or seed not in ("from-context", None):
+                raise PrivacyConfigError(
+                    "'secure-noise' draws its key from OS entropy and takes no seed: remove "
+                    "'noise-seed' or set secure-noise = false")
+            self.seed = None
 
     def _settings_from_config(self) -> PrivacySettings:
         cfg = self.config
@@ -281,7 +293,7 @@ class LearnerSession:
             data = bytes(self.context.state[self.key]["learner"])  # type: ignore[index]
             where = f"context.state[{self.key!r}]"
         if data is None:
-            return LearnerState.create(self.settings, shapes, self.seed)
+            return LearnerState.create(self.settings, shapes, self.seed, secure=self.secure)
         try:
             state = LearnerState.from_bytes(data)
         except PrivacyConfigError:
@@ -290,6 +302,11 @@ class LearnerSession:
             raise StateLostError(f"the learner state {where} is corrupt, refusing to "
                                  f"train: {err}") from err
         state.check_binding(self.settings)
+        if self.secure and state.noise is not None and not state.noise.secure:
+            raise PrivacyConfigError(
+                f"this learner asks for secure noise but its stored stream ({where}) is not "
+                "secure; it refuses to continue that stream (start a new learner with a new "
+                "state directory, or set secure-noise = false)")
         return state
 
     def commit(
