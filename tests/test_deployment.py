@@ -3,9 +3,10 @@
 Each test starts its own ``flower-superlink`` and ``flower-supernode`` processes on free
 localhost ports with their own ``FLWR_HOME`` (:class:`deploy.local.LocalDeployment`), crashes
 one of them mid-run with SIGKILL, restarts it, and checks the run against an in-process
-replay of the same rounds with the same seeds: the final model must match, and every
-learner's on-disk state must be exactly where an uninterrupted stream would be — so no
-noise index was used twice. Every process is stopped by its own pid (its session).
+replay of the same rounds with the same noise (the learners' secure ChaCha20 keys, rewound):
+the final model must match, and every learner's on-disk state must be exactly where an
+uninterrupted stream would be — so no noise index was used twice. Every process is stopped
+by its own pid (its session).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from flwr_corrnoise.learner import (
     local_round,
 )
 from flwr_corrnoise.persistence import STATE_FILE, StateStore
+from flwr_corrnoise.secure_noise import ChaCha20Gaussian
+from flwr_corrnoise.streams import NoiseStream
 
 pytestmark = [
     pytest.mark.slow,
@@ -92,8 +95,24 @@ def ledger(dep: LocalDeployment, i: int) -> list[dict[str, Any]]:
     return lines
 
 
+def rewound(
+    deployed: LearnerState, settings: PrivacySettings, shapes: list[tuple[int, ...]]
+) -> LearnerState:
+    """The deployed learner at step 0, drawing the same noise. A real SuperNode uses secure
+    noise by default: ChaCha20 under a key from OS entropy (kept in the state on disk, never
+    sent), and no seed; its keystream at block 0 is the first draw. A test-only rewind — a
+    learner itself never reuses noise."""
+    stream = deployed.noise
+    assert stream is not None and stream.secure and deployed.seed is None
+    key, _ = stream._rng.state  # type: ignore[union-attr]
+    fresh = NoiseStream(settings.mechanism, settings.horizon, shapes, stream.std,
+                        ChaCha20Gaussian(key))  # type: ignore[arg-type]
+    return LearnerState(noise=fresh, binding=deployed.binding)
+
+
 def replay(
-    participation: list[list[int]], trained: Mapping[int, list[int]], seeds: list[int]
+    participation: list[list[int]], trained: Mapping[int, list[int]],
+    deployed: list[LearnerState],
 ) -> tuple[list[np.ndarray], list[LearnerState]]:
     """The run in process. ``trained[i]``: the (1-based) rounds learner ``i`` trained in,
     from its ledger, once per time it trained; ``participation[r]``: the learners whose
@@ -106,7 +125,7 @@ def replay(
     grads = [logistic_gradient(SETUP, i) for i in range(3)]
     x = initial_parameters(SETUP)
     shapes = [p.shape for p in x]
-    states = [LearnerState.create(settings, shapes, seeds[i]) for i in range(3)]
+    states = [rewound(deployed[i], settings, shapes) for i in range(3)]
     for r, chosen in enumerate(participation):
         assert set(chosen) <= {i for i in range(3) if r + 1 in trained[i]}
         updates = []
@@ -124,8 +143,8 @@ def check_against_replay(dep: LocalDeployment, summary: Mapping[str, Any]) -> No
     participation = summary["participation"]
     assert len(participation) == ROUNDS
     trained = {i: [int(e["server-round"]) for e in ledger(dep, i)] for i in range(3)}
-    seeds = [learner_state(dep, i).seed for i in range(3)]  # type: ignore[union-attr]
-    x, states = replay(participation, trained, seeds)
+    deployed = [learner_state(dep, i) for i in range(3)]
+    x, states = replay(participation, trained, deployed)  # type: ignore[arg-type]
     final = np.load(dep.workdir / "results" / "final_model.npy")
     np.testing.assert_allclose(final, x[0], atol=1e-10, rtol=0)
     assert_streams_continue(dep, states)
