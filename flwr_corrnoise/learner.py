@@ -323,6 +323,10 @@ class LearnerState:
                    binding=binding)
 
 
+#: a secure stream's clip norm is at most this many noise stds (the grid's exact range)
+SECURE_CLIP_LIMIT = 2**20
+
+
 @dataclass
 class RoundResult:
     """What one local round produces."""
@@ -398,6 +402,14 @@ def local_round(
                 f"model has {sum(math.prod(s) for s in shapes)} parameters but the noise "
                 f"stream was created for {state.noise.dim}"
             )
+        if state.noise.secure and settings.clip > SECURE_CLIP_LIMIT * state.noise.std:
+            # data-independent refusal: on the grid g ≥ V·2⁻³², |clipped + noise| must stay
+            # below 2⁵³·g ≥ 2²¹·V for the release to be exact; failing mid-round would make
+            # the reply kind depend on the data
+            raise PrivacyConfigError(
+                f"secure noise needs clip-norm ≤ 2^20 × noise std ({settings.clip} > "
+                f"{SECURE_CLIP_LIMIT} × {state.noise.std:.3g}): the budget is too large for "
+                "its grid; set secure-noise = false")
     x = _flatten(params)
     if not np.all(np.isfinite(x)):
         raise NonFiniteError("the global model received from the server is not finite")

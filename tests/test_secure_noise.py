@@ -401,3 +401,15 @@ def test_secure_learner_refuses_to_continue_a_stored_plain_stream(tmp_path: Path
     plain.store.save(state.to_bytes())  # type: ignore[union-attr]
     with pytest.raises(PrivacyConfigError, match="not secure"):
         LearnerSession(_context(tmp_path)).load([(3,)])
+
+
+def test_a_budget_too_large_for_the_grid_is_refused_before_any_step() -> None:
+    """ε so large that V < B_g·2⁻²⁰: the release could leave the grid's exact range for some
+    data; refused as a configuration error before any step, whatever the data."""
+    settings = PrivacySettings(mechanism="independent", epsilon=1e14, delta=0.5, clip=1.0,
+                               horizon=2, method="zcdp")  # exact calibration refuses sooner
+    state = LearnerState.create(settings, [(2,)], None, secure=True)
+    assert settings.clip > 2**20 * state.noise.std  # type: ignore[union-attr]
+    with pytest.raises(PrivacyConfigError, match="secure noise needs clip-norm"):
+        local_round([np.zeros(2)], lambda p, pos: [np.ones(2)], state, settings, 1, 0.1)
+    assert state.step == 0 and state.noise.step == 0  # type: ignore[union-attr]
