@@ -30,8 +30,8 @@ pickle) for Flower's ``context.state`` or a file, and a stream restored from it 
 bit for bit.
 Asking for step ``N`` raises :class:`HorizonExhaustedError`: reusing noise would leak data.
 
-**Secure streams** (``create(..., secure=True)``; the default of a learner on a real
-SuperNode): ``ξ`` comes from a ChaCha20 keystream keyed by OS entropy instead of PCG64 (the
+**Secure streams** (``create(..., secure=True)``; a learner's opt-in, node config
+``secure-noise``): ``ξ`` comes from a ChaCha20 keystream keyed by OS entropy instead of PCG64 (the
 state is the key and a block counter, seven words), the increments are rounded to a
 power-of-two grid, and :meth:`NoiseStream.add_next` forms the release ``trunc_g(value) + e``
 exactly — see :mod:`~flwr_corrnoise.secure_noise` for the threats and the cost.

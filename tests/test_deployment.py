@@ -3,7 +3,7 @@
 Each test starts its own ``flower-superlink`` and ``flower-supernode`` processes on free
 localhost ports with their own ``FLWR_HOME`` (:class:`deploy.local.LocalDeployment`), crashes
 one of them mid-run with SIGKILL, restarts it, and checks the run against an in-process
-replay of the same rounds with the same noise (the learners' secure ChaCha20 keys, rewound):
+replay of the same rounds with the same noise (seeds, or the secure ChaCha20 keys, rewound):
 the final model must match, and every learner's on-disk state must be exactly where an
 uninterrupted stream would be — so no noise index was used twice. Every process is stopped
 by its own pid (its session).
@@ -52,6 +52,11 @@ def node_config(i: int) -> dict[str, Any]:
     return dict(LEARNER)
 
 
+def secure_node_config(i: int) -> dict[str, Any]:
+    """The learners opt in to secure noise (ChaCha20 keyed from OS entropy, no seed)."""
+    return {**LEARNER, "secure-noise": True}
+
+
 def run_config(out: Path, **extra: Any) -> dict[str, Any]:
     return {"num-learners": 3, "dim": SETUP.dim, "num-server-rounds": ROUNDS,
             "local-steps": TAU, "mechanism": "blt", "seed": SEED, "data-seed": 4,
@@ -98,12 +103,15 @@ def ledger(dep: LocalDeployment, i: int) -> list[dict[str, Any]]:
 def rewound(
     deployed: LearnerState, settings: PrivacySettings, shapes: list[tuple[int, ...]]
 ) -> LearnerState:
-    """The deployed learner at step 0, drawing the same noise. A real SuperNode uses secure
-    noise by default: ChaCha20 under a key from OS entropy (kept in the state on disk, never
-    sent), and no seed; its keystream at block 0 is the first draw. A test-only rewind — a
-    learner itself never reuses noise."""
+    """The deployed learner at step 0, drawing the same noise: from its seed, or — with
+    secure noise — from its ChaCha20 key (kept in the state on disk, never sent; there is no
+    seed), whose keystream at block 0 is the first draw. A test-only rewind: a learner
+    itself never reuses noise."""
     stream = deployed.noise
-    assert stream is not None and stream.secure and deployed.seed is None
+    assert stream is not None
+    if not stream.secure:  # PCG64 from the seed the state keeps (never sent)
+        return LearnerState.create(settings, shapes, deployed.seed)
+    assert deployed.seed is None
     key, _ = stream._rng.state  # type: ignore[union-attr]
     fresh = NoiseStream(settings.mechanism, settings.horizon, shapes, stream.std,
                         ChaCha20Gaussian(key))  # type: ignore[arg-type]
@@ -175,7 +183,7 @@ def test_tls_deployment_survives_a_supernode_crash(workdir: Path) -> None:
     SuperNode 1 is SIGKILLed after its second round and restarted with the same key,
     trusted entities and state directory."""
     with LocalDeployment(workdir, 3, tls=True, trusted_apps=True,
-                         node_config=node_config) as dep:
+                         node_config=secure_node_config) as dep:
         # min-learners = 3: once the SuperLink has seen node 1 go, the next round waits
         # for it to come back, so the restarted learner is sure to train again
         run = dep.run_app(run_config(workdir / "results", **{"round-timeout": 90.0,

@@ -374,14 +374,19 @@ def _context(tmp_path: Path | None = None, **node: object) -> Context:
                    run_config={"seed": 3, "secure-noise": False})
 
 
-def test_secure_noise_is_on_by_default_on_a_real_supernode_and_the_run_config_cannot_drop_it(
-    tmp_path: Path,
-) -> None:
-    session = LearnerSession(_context(tmp_path))  # a direct call: real SuperNode rules
+def test_secure_noise_is_the_learners_opt_in_on_a_real_supernode(tmp_path: Path) -> None:
+    """Off unless the learner asks (node config or app code); the run config (the
+    server's) can neither switch it on nor off."""
+    assert not LearnerSession(_context(tmp_path)).secure  # a direct call: real SuperNode rules
+    session = LearnerSession(_context(tmp_path, **{"secure-noise": True}))
     assert session.secure and session.seed is None
     state = session.load([(3,)])
     assert state.noise is not None and state.noise.secure
-    assert not LearnerSession(_context(tmp_path, **{"secure-noise": False})).secure
+    server_says_yes = _context(tmp_path)
+    server_says_yes.run_config["secure-noise"] = True
+    assert not LearnerSession(server_says_yes).secure
+    server_says_no = _context(tmp_path, **{"secure-noise": True})  # run config says False
+    assert LearnerSession(server_says_no).secure
 
 
 def test_simulation_default_is_seeded_and_secure_is_the_learners_opt_in(
@@ -396,11 +401,11 @@ def test_simulation_default_is_seeded_and_secure_is_the_learners_opt_in(
 
 
 def test_secure_learner_refuses_to_continue_a_stored_plain_stream(tmp_path: Path) -> None:
-    plain = LearnerSession(_context(tmp_path, **{"secure-noise": False}))
+    plain = LearnerSession(_context(tmp_path))
     state = plain.load([(3,)])
     plain.store.save(state.to_bytes())  # type: ignore[union-attr]
     with pytest.raises(PrivacyConfigError, match="not secure"):
-        LearnerSession(_context(tmp_path)).load([(3,)])
+        LearnerSession(_context(tmp_path, **{"secure-noise": True})).load([(3,)])
 
 
 def test_a_budget_too_large_for_the_grid_is_refused_before_any_step() -> None:
@@ -413,3 +418,19 @@ def test_a_budget_too_large_for_the_grid_is_refused_before_any_step() -> None:
     with pytest.raises(PrivacyConfigError, match="secure noise needs clip-norm"):
         local_round([np.zeros(2)], lambda p, pos: [np.ones(2)], state, settings, 1, 0.1)
     assert state.step == 0 and state.noise.step == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("front_end", ["make_client_app", "numpy_client_app",
+                                       "CorrNoiseRoundMod", "make_torch_client_app"])
+def test_secure_neighbours_send_identical_replies_but_for_the_noised_arrays(
+    front_end: str, tmp_path: Path
+) -> None:
+    """The release gate's neighbouring-stream test with secure noise switched on: a huge
+    datum changes nothing in the replies but the noised arrays' values."""
+    from .test_release_gate import all_front_ends, conversation, ctx
+
+    build = all_front_ends()[front_end]
+    a = conversation(build("small"), ctx(tmp_path / "a", **{"secure-noise": True}))
+    b = conversation(build("huge"), ctx(tmp_path / "b", **{"secure-noise": True}))
+    assert a == b
+    assert all("error" not in t for t in a[0::3]), a[0::3]

@@ -22,6 +22,11 @@ Who decides what (see ``docs/threat-model.md``):
   comes from OS entropy — a seed in the node or run config is refused, so a wiped state
   can never replay noise and the server can never know a seed.
 
+Secure noise (node config ``secure-noise = true``, or the app's defaults; never the run
+config) makes the learner's stream ChaCha20 keyed from OS entropy on a power-of-two grid
+(:mod:`~flwr_corrnoise.secure_noise`); it takes no seed, and a secure learner refuses to
+continue a stored non-secure stream.
+
 Data-dependent diagnostics (clipped steps, non-finite steps, loss) go to the learner's log
 and, with a ``state-dir``, to ``diagnostics.jsonl`` there — never into a reply. A learner
 may allow-list metrics it accepts to leak (node config ``release-metrics``, or
@@ -236,12 +241,9 @@ class LearnerSession:
                 "SuperNode a learner draws its seed from OS entropy")
         else:
             self.seed = seed  # type: ignore[assignment]
-        # Secure noise (ChaCha20 keyed from OS entropy, on a grid): the learner's choice
-        # (node config, or app code's defaults; never the run config), on by default on a
-        # real SuperNode, where nobody needs to replay noise; off in simulation, which wants
-        # reproducible seeds.
-        self.secure = _flag(node.get("secure-noise",
-                                     self.defaults.get("secure-noise", not self.simulation)))
+        # Secure noise (ChaCha20 keyed from OS entropy, on a grid): opt-in, and the
+        # learner's choice only (node config, or app code's defaults; never the run config).
+        self.secure = _flag(node.get("secure-noise", self.defaults.get("secure-noise", False)))
         if self.secure:
             if node.get("noise-seed") is not None or seed not in ("from-context", None):
                 raise PrivacyConfigError(
