@@ -246,16 +246,11 @@ def iter_all(stream: NoiseStream):
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
 def test_secure_prefix_sum_covariance(name: str) -> None:
     """As tests/test_streams.py: Cov(prefix sums) = V²·B·Bᵀ, d coordinates as samples."""
+    from .test_streams import assert_prefix_covariance
+
     n, dim, std = 12, 40_000, 1.5
-    P = np.cumsum(np.array(list(iter_all(secure_stream(name, n, dim, std, bytes(32))))), axis=0)
-    emp = P @ P.T / dim
-    B, _ = build_factorization(name, n).matrices()
-    sigma = std**2 * B @ B.T
-    tol = 5 * np.sqrt((np.outer(np.diag(sigma), np.diag(sigma)) + sigma**2) / dim)
-    assert np.all(np.abs(emp - sigma) <= tol)
-    if name != "independent":
-        A = np.tril(np.ones((n, n)))
-        assert np.any(np.abs(emp - std**2 * A @ A.T) > tol)
+    assert_prefix_covariance(
+        np.array(list(iter_all(secure_stream(name, n, dim, std, bytes(32))))), name, std)
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
