@@ -1,7 +1,11 @@
-"""Formatting shared by the benchmark scripts (run as ``python benchmarks/NAME.py``, so
-this directory is on ``sys.path``)."""
+"""Formatting and timing shared by the benchmark scripts (run as
+``python benchmarks/NAME.py``, so this directory is on ``sys.path``)."""
 
 from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
 
 
 def human_bytes(x: float) -> str:
@@ -11,3 +15,30 @@ def human_bytes(x: float) -> str:
             return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
         x /= 1000
     return f"{x:.1f} PB"
+
+
+def time_block(fn: Callable[[], object], count: int) -> float:
+    """Seconds per call of ``fn`` over ``count`` back-to-back calls."""
+    start = time.perf_counter()
+    for _ in range(count):
+        fn()
+    return (time.perf_counter() - start) / count
+
+
+def interleaved(
+    reference: Callable[[], object], candidate: Callable[[], object], block: int, repeats: int
+) -> tuple[float, float, float]:
+    """(median s per reference call, median s per candidate call, median per-pair ratio
+    candidate/reference). Why interleaved blocks: the machines are shared and noisy, so
+    both sides see the same load and only the ratio within a pair is trusted. Each is
+    called once first (allocations, first cipher context)."""
+    reference()
+    candidate()
+    ref, cand, ratios = [], [], []
+    for _ in range(repeats):
+        r = time_block(reference, block)
+        c = time_block(candidate, block)
+        ref.append(r)
+        cand.append(c)
+        ratios.append(c / r)
+    return statistics.median(ref), statistics.median(cand), statistics.median(ratios)

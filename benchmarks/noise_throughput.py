@@ -17,10 +17,9 @@ and the ratio is reported at that point.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+from _format import interleaved
 
 from flwr_corrnoise.mechanisms import build_factorization
 from flwr_corrnoise.streams import NoiseStream
@@ -29,29 +28,13 @@ MECHANISMS = ["independent", "tree", "efficient-tree", "blt", "toeplitz", "optim
 DENSE = {"toeplitz", "optimized"}
 
 
-def time_block(fn, count: int) -> float:
-    start = time.perf_counter()
-    for _ in range(count):
-        fn()
-    return (time.perf_counter() - start) / count
-
-
 def measure(name: str, n: int, dim: int, block: int, repeats: int) -> tuple[float, float, float]:
     """(seconds per increment, seconds per i.i.d. draw, median ratio)."""
     stream = NoiseStream.create(name, n, dim, 1.0, seed=0)
     rng = np.random.default_rng(0)
-    ours, ref, ratios = [], [], []
-    stream.next()  # warm-up (allocations)
-    rng.standard_normal(dim)
-    for _ in range(repeats):
-        if stream.remaining < block:
-            break
-        r = time_block(lambda: rng.standard_normal(dim), block)
-        o = time_block(stream.next, block)
-        ours.append(o)
-        ref.append(r)
-        ratios.append(o / r)
-    return statistics.median(ours), statistics.median(ref), statistics.median(ratios)
+    repeats = min(repeats, (stream.remaining - 1) // block)  # one step goes to the warm-up
+    ref, ours, ratio = interleaved(lambda: rng.standard_normal(dim), stream.next, block, repeats)
+    return ours, ref, ratio
 
 
 def main() -> None:

@@ -18,40 +18,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
-from collections.abc import Callable
 
 import cryptography
 import numpy as np
+from _format import interleaved
 from cryptography.hazmat.backends.openssl.backend import backend as openssl_backend
 
 from flwr_corrnoise.mechanisms import build_factorization
 from flwr_corrnoise.secure_noise import ChaCha20Gaussian
 from flwr_corrnoise.streams import NoiseStream
-
-
-def time_block(fn: Callable[[], object], count: int) -> float:
-    start = time.perf_counter()
-    for _ in range(count):
-        fn()
-    return (time.perf_counter() - start) / count
-
-
-def paired(
-    standard: Callable[[], object], secure: Callable[[], object], block: int, repeats: int
-) -> tuple[float, float, float]:
-    """(median s per standard call, median s per secure call, median per-pair ratio)."""
-    standard()  # warm-up: allocations, first cipher context
-    secure()
-    a, b, ratios = [], [], []
-    for _ in range(repeats):
-        ta = time_block(standard, block)
-        tb = time_block(secure, block)
-        a.append(ta)
-        b.append(tb)
-        ratios.append(tb / ta)
-    return statistics.median(a), statistics.median(b), statistics.median(ratios)
 
 
 def main() -> None:
@@ -72,14 +47,14 @@ def main() -> None:
     for dim in args.dims:
         pcg = np.random.default_rng(0)
         chacha = ChaCha20Gaussian.from_os_entropy()
-        ta, tb, ratio = paired(lambda: pcg.standard_normal(dim),  # noqa: B023
+        ta, tb, ratio = interleaved(lambda: pcg.standard_normal(dim),  # noqa: B023
                                lambda: chacha.standard_normal(dim),  # noqa: B023
                                args.block, args.repeats)
         print(f"| {dim:,} | draws (N(0,1) × d) | {1e3 * ta:.2f} | {1e3 * tb:.2f} | "
               f"{ratio:.2f}× | {dim / tb / 1e6:.0f} |", flush=True)
         # where the secure draw's time goes: the keystream alone (8 bytes per draw)
         blocks = -(-16 * ((dim + 1) // 2) // 64)
-        ta, tb, ratio = paired(lambda: pcg.standard_normal(dim),  # noqa: B023
+        ta, tb, ratio = interleaved(lambda: pcg.standard_normal(dim),  # noqa: B023
                                lambda: chacha._fill(blocks),  # noqa: B023
                                args.block, args.repeats)
         print(f"| {dim:,} | of which ChaCha20 keystream ({8 * dim / 1e6:g} MB) | "
@@ -88,7 +63,7 @@ def main() -> None:
             build_factorization(name, horizon)  # outside the timing
             std_stream = NoiseStream.create(name, horizon, dim, 1.3, seed=0)
             sec_stream = NoiseStream.create(name, horizon, dim, 1.3, secure=True)
-            ta, tb, ratio = paired(std_stream.next, sec_stream.next, args.block, args.repeats)
+            ta, tb, ratio = interleaved(std_stream.next, sec_stream.next, args.block, args.repeats)
             print(f"| {dim:,} | {name} step | {1e3 * ta:.2f} | {1e3 * tb:.2f} | "
                   f"{ratio:.2f}× | |", flush=True)
 

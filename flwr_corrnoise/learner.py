@@ -233,15 +233,27 @@ class LearnerState:
 
     @classmethod
     def create(
-        cls, settings: PrivacySettings, shapes: Sequence[Sequence[int]], seed: int | None
+        cls,
+        settings: PrivacySettings,
+        shapes: Sequence[Sequence[int]],
+        seed: int | None,
+        *,
+        secure: bool = False,
     ) -> LearnerState:
-        """A fresh learner. ``seed=None`` draws the noise seed from OS entropy."""
+        """A fresh learner. ``seed=None`` draws the noise seed from OS entropy.
+
+        ``secure=True``: the noise comes from ChaCha20 keyed by OS entropy, on a
+        power-of-two grid (:mod:`~flwr_corrnoise.secure_noise`); it takes no seed, and the
+        state records none (its key lives only in the stream's state)."""
         cal = settings.calibration()
         noise = None
-        seed = new_seed() if seed is None else int(seed)
+        if secure and seed is not None:
+            raise PrivacyConfigError("secure noise is keyed from OS entropy: it takes no seed")
+        seed = None if secure else new_seed() if seed is None else int(seed)
         digest = ""
         if cal is not None:
-            noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std, seed)
+            noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std,
+                                       seed, secure=secure)
             digest = noise.factorization.digest
         return cls(noise=noise, seed=seed, binding=settings.binding(digest))
 
@@ -308,6 +320,10 @@ class LearnerState:
             raise ValueError("learner state is inconsistent: noise step != step counter")
         return cls(step=step, position=position, rounds=rounds, noise=noise, seed=seed,
                    binding=binding)
+
+
+#: a secure stream's clip norm is at most this many noise stds (the grid's exact range)
+SECURE_CLIP_LIMIT = 2**20
 
 
 @dataclass
@@ -385,6 +401,14 @@ def local_round(
                 f"model has {sum(math.prod(s) for s in shapes)} parameters but the noise "
                 f"stream was created for {state.noise.dim}"
             )
+        if state.noise.secure and settings.clip > SECURE_CLIP_LIMIT * state.noise.std:
+            # data-independent refusal: on the grid g ≥ V·2⁻³², |clipped + noise| must stay
+            # below 2⁵³·g ≥ 2²¹·V for the release to be exact; failing mid-round would make
+            # the reply kind depend on the data
+            raise PrivacyConfigError(
+                f"secure noise needs clip-norm ≤ 2^20 × noise std ({settings.clip} > "
+                f"{SECURE_CLIP_LIMIT} × {state.noise.std:.3g}): the budget is too large for "
+                "its grid; set secure-noise = false")
     x = _flatten(params)
     if not np.all(np.isfinite(x)):
         raise NonFiniteError("the global model received from the server is not finite")
@@ -412,7 +436,7 @@ def local_round(
             if settings.private:
                 g, norm = clip_by_global_norm(g, settings.clip)
                 clipped += norm > settings.clip
-                g = g + state.noise.next()  # type: ignore[union-attr]
+                g = state.noise.add_next(g)  # type: ignore[union-attr]
             state.step += 1
             z -= eta * g
             total += g

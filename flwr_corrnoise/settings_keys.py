@@ -89,9 +89,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "round metrics"),
     Key("state-dir", str, None, (NODE,), "learner",
         "directory for the learner's state, ledger and diagnostics (deployment)"),
-    Key("secure-noise", bool, None, (APP, NODE), "learner",
-        "ChaCha20 noise keyed from OS entropy on a power-of-two grid; default true on a "
-        "real SuperNode, false in simulation"),
+    Key("secure-noise", bool, False, (APP, NODE), "learner",
+        "ChaCha20 noise keyed from OS entropy on a power-of-two grid (takes no seed); the "
+        "learner's opt-in"),
     Key("release-metrics", str, "", (APP, NODE), "learner",
         "metrics the learner accepts to leak (unaccounted in ε); none by default"),
     Key("client-evaluation", bool, False, (APP, NODE), "learner",

@@ -29,6 +29,12 @@ The state serializes to a small byte string (:mod:`~flwr_corrnoise.arraypack`, n
 pickle) for Flower's ``context.state`` or a file, and a stream restored from it continues
 bit for bit.
 Asking for step ``N`` raises :class:`HorizonExhaustedError`: reusing noise would leak data.
+
+**Secure streams** (``create(..., secure=True)``; a learner's opt-in, node config
+``secure-noise``): ``ξ`` comes from a ChaCha20 keystream keyed by OS entropy instead of PCG64 (the
+state is the key and a block counter, seven words), the increments are rounded to a
+power-of-two grid, and :meth:`NoiseStream.add_next` forms the release ``trunc_g(value) + e``
+exactly — see :mod:`~flwr_corrnoise.secure_noise` for the threats and the cost.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from .mechanisms import (
 )
 from .mechanisms.blt import BufferedToeplitz
 from .mechanisms.tree import BinaryTree
-from .secure_noise import ChaCha20Gaussian, granularity, round_to_grid
+from .secure_noise import ChaCha20Gaussian, add_on_grid, granularity, round_to_grid
 
 _MASK64 = (1 << 64) - 1
 _CHUNK = 1 << 15  # columns per chunk of the BLT update (4 buffers × 32k floats = 1 MB)
@@ -229,6 +235,20 @@ class NoiseStream:
         if isinstance(self._rng, ChaCha20Gaussian):  # secure: the released increment on
             round_to_grid(unit, granularity(self.std), out=unit)  # a power-of-two grid
         return unit
+
+    @property
+    def secure(self) -> bool:
+        """Whether this stream draws from ChaCha20 keyed by OS entropy, on a grid."""
+        return isinstance(self._rng, ChaCha20Gaussian)
+
+    def add_next(self, value: np.ndarray) -> np.ndarray:
+        """``value + e[step]``: the release. Why a method: a secure stream's release must be
+        ``trunc_g(value) + e`` on its power-of-two grid (exact float addition, nothing to
+        read from rounding); an ordinary stream's is the plain sum."""
+        noise = self.next()
+        if self.secure:
+            return add_on_grid(value, noise, granularity(self.std))
+        return value + noise
 
     def next_arrays(self) -> list[np.ndarray]:
         """The increment split into the stream's array shapes."""

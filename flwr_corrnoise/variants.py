@@ -33,7 +33,7 @@ def round_release(delta: np.ndarray, clip: float, noise: NoiseStream) -> tuple[n
     Returns the released update and ``‖Δ‖`` before clipping. ``noise`` advances one step.
     """
     clipped, norm = clip_by_global_norm(delta, clip)
-    return clipped + noise.next(), norm
+    return noise.add_next(clipped), norm
 
 
 def central_calibration(

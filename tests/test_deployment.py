@@ -3,9 +3,10 @@
 Each test starts its own ``flower-superlink`` and ``flower-supernode`` processes on free
 localhost ports with their own ``FLWR_HOME`` (:class:`deploy.local.LocalDeployment`), crashes
 one of them mid-run with SIGKILL, restarts it, and checks the run against an in-process
-replay of the same rounds with the same seeds: the final model must match, and every
-learner's on-disk state must be exactly where an uninterrupted stream would be — so no
-noise index was used twice. Every process is stopped by its own pid (its session).
+replay of the same rounds with the same noise (seeds, or the secure ChaCha20 keys, rewound):
+the final model must match, and every learner's on-disk state must be exactly where an
+uninterrupted stream would be — so no noise index was used twice. Every process is stopped
+by its own pid (its session).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from flwr_corrnoise.learner import (
     local_round,
 )
 from flwr_corrnoise.persistence import STATE_FILE, StateStore
+from flwr_corrnoise.secure_noise import ChaCha20Gaussian
+from flwr_corrnoise.streams import NoiseStream
 
 pytestmark = [
     pytest.mark.slow,
@@ -47,6 +50,11 @@ LEARNER = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-3, "horizon": ROUNDS 
 
 def node_config(i: int) -> dict[str, Any]:
     return dict(LEARNER)
+
+
+def secure_node_config(i: int) -> dict[str, Any]:
+    """The learners opt in to secure noise (ChaCha20 keyed from OS entropy, no seed)."""
+    return {**LEARNER, "secure-noise": True}
 
 
 def run_config(out: Path, **extra: Any) -> dict[str, Any]:
@@ -92,8 +100,27 @@ def ledger(dep: LocalDeployment, i: int) -> list[dict[str, Any]]:
     return lines
 
 
+def rewound(
+    deployed: LearnerState, settings: PrivacySettings, shapes: list[tuple[int, ...]]
+) -> LearnerState:
+    """The deployed learner at step 0, drawing the same noise: from its seed, or — with
+    secure noise — from its ChaCha20 key (kept in the state on disk, never sent; there is no
+    seed), whose keystream at block 0 is the first draw. A test-only rewind: a learner
+    itself never reuses noise."""
+    stream = deployed.noise
+    assert stream is not None
+    if not stream.secure:  # PCG64 from the seed the state keeps (never sent)
+        return LearnerState.create(settings, shapes, deployed.seed)
+    assert deployed.seed is None
+    key, _ = stream._rng.state  # type: ignore[union-attr]
+    fresh = NoiseStream(settings.mechanism, settings.horizon, shapes, stream.std,
+                        ChaCha20Gaussian(key))  # type: ignore[arg-type]
+    return LearnerState(noise=fresh, binding=deployed.binding)
+
+
 def replay(
-    participation: list[list[int]], trained: Mapping[int, list[int]], seeds: list[int]
+    participation: list[list[int]], trained: Mapping[int, list[int]],
+    deployed: list[LearnerState],
 ) -> tuple[list[np.ndarray], list[LearnerState]]:
     """The run in process. ``trained[i]``: the (1-based) rounds learner ``i`` trained in,
     from its ledger, once per time it trained; ``participation[r]``: the learners whose
@@ -106,7 +133,7 @@ def replay(
     grads = [logistic_gradient(SETUP, i) for i in range(3)]
     x = initial_parameters(SETUP)
     shapes = [p.shape for p in x]
-    states = [LearnerState.create(settings, shapes, seeds[i]) for i in range(3)]
+    states = [rewound(deployed[i], settings, shapes) for i in range(3)]
     for r, chosen in enumerate(participation):
         assert set(chosen) <= {i for i in range(3) if r + 1 in trained[i]}
         updates = []
@@ -124,8 +151,8 @@ def check_against_replay(dep: LocalDeployment, summary: Mapping[str, Any]) -> No
     participation = summary["participation"]
     assert len(participation) == ROUNDS
     trained = {i: [int(e["server-round"]) for e in ledger(dep, i)] for i in range(3)}
-    seeds = [learner_state(dep, i).seed for i in range(3)]  # type: ignore[union-attr]
-    x, states = replay(participation, trained, seeds)
+    deployed = [learner_state(dep, i) for i in range(3)]
+    x, states = replay(participation, trained, deployed)  # type: ignore[arg-type]
     final = np.load(dep.workdir / "results" / "final_model.npy")
     np.testing.assert_allclose(final, x[0], atol=1e-10, rtol=0)
     assert_streams_continue(dep, states)
@@ -156,7 +183,7 @@ def test_tls_deployment_survives_a_supernode_crash(workdir: Path) -> None:
     SuperNode 1 is SIGKILLed after its second round and restarted with the same key,
     trusted entities and state directory."""
     with LocalDeployment(workdir, 3, tls=True, trusted_apps=True,
-                         node_config=node_config) as dep:
+                         node_config=secure_node_config) as dep:
         # min-learners = 3: once the SuperLink has seen node 1 go, the next round waits
         # for it to come back, so the restarted learner is sure to train again
         run = dep.run_app(run_config(workdir / "results", **{"round-timeout": 90.0,

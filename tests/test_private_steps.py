@@ -117,3 +117,36 @@ def test_a_weaker_proposal_and_evaluation_are_refused(simulated: None) -> None:
     assert reply.has_error() and reply.error.code == 4101 and "ε 8" in reply.error.reason
     reply = app()(message(MessageType.EVALUATE, np.zeros(DIM), 1), context())
     assert reply.has_error() and reply.error.code == 4106
+
+
+def test_secure_noise_step_is_trunc_g_of_the_clipped_gradient_plus_grid_noise() -> None:
+    """With the learner's secure-noise opt-in (real SuperNode rules), each step's output is
+    the stream's exact release trunc_g(clip(g)) + e: it lies on the noise's grid."""
+    from flwr_corrnoise.secure_noise import granularity
+
+    client = ClientApp(mods=[PrivateSteps.guard()])
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        private = PrivateSteps(msg, context)
+        return private.reply([private.step(np.array([3.0, -4.0, 0.1, 1e-13]))])
+
+    node = {**CFG, "secure-noise": True, "horizon": 4}
+    del node["seed"]
+    ctx = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
+    reply = train_reply = client(message(MessageType.TRAIN, np.zeros(DIM), 1), ctx)
+    assert not train_reply.has_error(), reply.error.reason if reply.has_error() else ""
+    out = reply.content["arrays"].to_numpy_ndarrays()[0]
+    g = granularity(float(reply.content["metrics"]["noise-std"]))
+    np.testing.assert_array_equal(np.round(out / g) * g, out)  # on the grid, exactly
+    assert not np.allclose(out, np.array([0.6, -0.8, 0.02, 0.0]))  # noised
+
+
+def test_a_budget_too_large_for_the_secure_grid_is_refused_before_any_step() -> None:
+    node = {"partition-id": 0, "mechanism": "independent", "epsilon": 1e14, "delta": 0.5,
+            "clip-norm": 1.0, "horizon": 2, "calibration": "zcdp", "secure-noise": True}
+    ctx = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
+    reply = train(app(), ctx, np.zeros(DIM), 1)
+    assert reply.has_error() and reply.error.code == 4101
+    assert "secure noise needs clip-norm" in reply.error.reason
+    assert "flwr-corrnoise" not in ctx.state  # nothing stored

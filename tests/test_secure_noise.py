@@ -5,11 +5,15 @@ from __future__ import annotations
 import math
 import struct
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.app import Context, RecordDict
 from scipy import stats
 
+from flwr_corrnoise.flower.session import LearnerSession
+from flwr_corrnoise.learner import LearnerState, PrivacyConfigError, PrivacySettings, local_round
 from flwr_corrnoise.mechanisms import MECHANISMS, BinaryTree, build_factorization
 from flwr_corrnoise.secure_noise import (
     GRID_BITS,
@@ -242,16 +246,11 @@ def iter_all(stream: NoiseStream):
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
 def test_secure_prefix_sum_covariance(name: str) -> None:
     """As tests/test_streams.py: Cov(prefix sums) = V²·B·Bᵀ, d coordinates as samples."""
+    from .test_streams import assert_prefix_covariance
+
     n, dim, std = 12, 40_000, 1.5
-    P = np.cumsum(np.array(list(iter_all(secure_stream(name, n, dim, std, bytes(32))))), axis=0)
-    emp = P @ P.T / dim
-    B, _ = build_factorization(name, n).matrices()
-    sigma = std**2 * B @ B.T
-    tol = 5 * np.sqrt((np.outer(np.diag(sigma), np.diag(sigma)) + sigma**2) / dim)
-    assert np.all(np.abs(emp - sigma) <= tol)
-    if name != "independent":
-        A = np.tril(np.ones((n, n)))
-        assert np.any(np.abs(emp - std**2 * A @ A.T) > tol)
+    assert_prefix_covariance(
+        np.array(list(iter_all(secure_stream(name, n, dim, std, bytes(32))))), name, std)
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
@@ -323,3 +322,111 @@ def test_benchmark_script_runs_at_toy_size() -> None:
     assert [r[1] for r in rows] == ["draws (N(0,1) × d)", "of which ChaCha20 keystream (0.008 MB)",
                                 "independent step", "blt step"]
     assert all(float(r[4].rstrip("×")) > 0 for r in rows)
+
+
+# -- wired into the learner ------------------------------------------------------------------
+def _settings() -> PrivacySettings:
+    return PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=1.0, horizon=6)
+
+
+def test_local_round_releases_trunc_g_of_the_clipped_step_plus_grid_noise() -> None:
+    """Second computation of the secure release: replay the same ChaCha20 increments from
+    the stream's checkpoint and form trunc_g(clip(g)) + e by hand; the round's update must
+    equal it bit for bit, and lie on the grid (τ = 1: the update is the release)."""
+    settings = _settings()
+    state = LearnerState.create(settings, [(5,)], None, secure=True)
+    assert state.noise is not None and state.noise.secure and state.seed is None
+    token = state.noise.checkpoint()
+    grad = np.array([3.0, -4.0, 0.1, 1e-13, 0.0])  # norm > 1: clipped
+
+    result = local_round([np.zeros(5)], lambda p, pos: [grad], state, settings, 1, 0.5)
+
+    state.noise.rollback(token)
+    noise = state.noise.next()
+    g = granularity(state.noise.std)
+    clipped = grad / np.linalg.norm(grad)
+    expected = np.trunc(clipped / g) * g + noise
+    np.testing.assert_array_equal(result.update[0], expected)
+    assert on_grid(result.update[0], g)
+    assert np.linalg.norm(np.trunc(clipped / g) * g) <= 1.0  # truncation never grows it
+
+
+def test_secure_state_refuses_a_seed_and_records_none() -> None:
+    with pytest.raises(PrivacyConfigError, match="no seed"):
+        LearnerState.create(_settings(), [(3,)], 5, secure=True)
+    state = LearnerState.create(_settings(), [(3,)], None, secure=True)
+    restored = LearnerState.from_bytes(state.to_bytes())
+    assert restored.seed is None and restored.noise is not None and restored.noise.secure
+    np.testing.assert_array_equal(restored.noise.next(), state.noise.next())  # type: ignore[union-attr]
+
+
+def _context(tmp_path: Path | None = None, **node: object) -> Context:
+    cfg = {"partition-id": 0, "mechanism": "blt", "epsilon": 2.0, "delta": 1e-3,
+           "clip-norm": 1.0, "horizon": 6, **node}
+    if tmp_path is not None:
+        cfg["state-dir"] = str(tmp_path)
+    return Context(run_id=1, node_id=1, node_config=cfg, state=RecordDict(),
+                   run_config={"seed": 3, "secure-noise": False})
+
+
+def test_secure_noise_is_the_learners_opt_in_on_a_real_supernode(tmp_path: Path) -> None:
+    """Off unless the learner asks (node config or app code); the run config (the
+    server's) can neither switch it on nor off."""
+    assert not LearnerSession(_context(tmp_path)).secure  # a direct call: real SuperNode rules
+    session = LearnerSession(_context(tmp_path, **{"secure-noise": True}))
+    assert session.secure and session.seed is None
+    state = session.load([(3,)])
+    assert state.noise is not None and state.noise.secure
+    server_says_yes = _context(tmp_path)
+    server_says_yes.run_config["secure-noise"] = True
+    assert not LearnerSession(server_says_yes).secure
+    server_says_no = _context(tmp_path, **{"secure-noise": True})  # run config says False
+    assert LearnerSession(server_says_no).secure
+
+
+def test_simulation_default_is_seeded_and_secure_is_the_learners_opt_in(
+    simulated: None,
+) -> None:
+    plain = LearnerSession(_context())
+    assert not plain.secure and plain.seed is not None  # reproducible simulations
+    assert LearnerSession(_context(**{"secure-noise": True})).secure
+    assert LearnerSession(_context(), defaults={"secure-noise": True}).secure  # app code
+    with pytest.raises(PrivacyConfigError, match="takes no seed"):
+        LearnerSession(_context(**{"secure-noise": True, "noise-seed": 4}))
+
+
+def test_secure_learner_refuses_to_continue_a_stored_plain_stream(tmp_path: Path) -> None:
+    plain = LearnerSession(_context(tmp_path))
+    state = plain.load([(3,)])
+    plain.store.save(state.to_bytes())  # type: ignore[union-attr]
+    with pytest.raises(PrivacyConfigError, match="not secure"):
+        LearnerSession(_context(tmp_path, **{"secure-noise": True})).load([(3,)])
+
+
+def test_a_budget_too_large_for_the_grid_is_refused_before_any_step() -> None:
+    """ε so large that V < B_g·2⁻²⁰: the release could leave the grid's exact range for some
+    data; refused as a configuration error before any step, whatever the data."""
+    settings = PrivacySettings(mechanism="independent", epsilon=1e14, delta=0.5, clip=1.0,
+                               horizon=2, method="zcdp")  # exact calibration refuses sooner
+    state = LearnerState.create(settings, [(2,)], None, secure=True)
+    assert settings.clip > 2**20 * state.noise.std  # type: ignore[union-attr]
+    with pytest.raises(PrivacyConfigError, match="secure noise needs clip-norm"):
+        local_round([np.zeros(2)], lambda p, pos: [np.ones(2)], state, settings, 1, 0.1)
+    assert state.step == 0 and state.noise.step == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("front_end", ["make_client_app", "numpy_client_app",
+                                       "CorrNoiseRoundMod", "PrivateSteps",
+                                       "make_torch_client_app"])
+def test_secure_neighbours_send_identical_replies_but_for_the_noised_arrays(
+    front_end: str, tmp_path: Path
+) -> None:
+    """The release gate's neighbouring-stream test with secure noise switched on: a huge
+    datum changes nothing in the replies but the noised arrays' values."""
+    from .test_release_gate import all_front_ends, conversation, ctx
+
+    build = all_front_ends()[front_end]
+    a = conversation(build("small"), ctx(tmp_path / "a", **{"secure-noise": True}))
+    b = conversation(build("huge"), ctx(tmp_path / "b", **{"secure-noise": True}))
+    assert a == b
+    assert all("error" not in t for t in a[0::3]), a[0::3]

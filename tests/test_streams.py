@@ -68,13 +68,21 @@ def test_prefix_sum_covariance(name: str) -> None:
     (Σ_ii Σ_jj + Σ_ij²)/d; we allow 5 standard deviations per entry (fixed seed).
     """
     n, dim, std = 12, 40_000, 1.5
-    P = np.cumsum(draw_all(NoiseStream.create(name, n, dim, std, seed=2024)), axis=0)
+    assert_prefix_covariance(draw_all(NoiseStream.create(name, n, dim, std, seed=2024)),
+                             name, std)
+
+
+def assert_prefix_covariance(increments: np.ndarray, name: str, std: float) -> None:
+    """The prefix sums of ``increments`` (N × d) have covariance V²·B·Bᵀ, using the d
+    coordinates as samples, to 5 standard deviations per entry; and the check has power:
+    independent noise's covariance (V²·A·Aᵀ) is rejected for the other mechanisms."""
+    n, dim = increments.shape
+    P = np.cumsum(increments, axis=0)
     emp = P @ P.T / dim
     B, _ = build_factorization(name, n).matrices()
     sigma = std**2 * B @ B.T
     tol = 5 * np.sqrt((np.outer(np.diag(sigma), np.diag(sigma)) + sigma**2) / dim)
     assert np.all(np.abs(emp - sigma) <= tol)
-    # the test has power: independent noise's covariance (V²·A·Aᵀ) is rejected
     if name != "independent":
         A = np.tril(np.ones((n, n)))
         assert np.any(np.abs(emp - std**2 * A @ A.T) > tol)

@@ -22,6 +22,11 @@ Who decides what (see ``docs/threat-model.md``):
   comes from OS entropy — a seed in the node or run config is refused, so a wiped state
   can never replay noise and the server can never know a seed.
 
+Secure noise (node config ``secure-noise = true``, or the app's defaults; never the run
+config) makes the learner's stream ChaCha20 keyed from OS entropy on a power-of-two grid
+(:mod:`~flwr_corrnoise.secure_noise`); it takes no seed, and a secure learner refuses to
+continue a stored non-secure stream.
+
 Data-dependent diagnostics (clipped steps, non-finite steps, loss) go to the learner's log
 and, with a ``state-dir``, to ``diagnostics.jsonl`` there — never into a reply. A learner
 may allow-list metrics it accepts to leak (node config ``release-metrics``, or
@@ -241,6 +246,15 @@ class LearnerSession:
                 "SuperNode a learner draws its seed from OS entropy")
         else:
             self.seed = seed  # type: ignore[assignment]
+        # Secure noise (ChaCha20 keyed from OS entropy, on a grid): opt-in, and the
+        # learner's choice only (node config, or app code's defaults; never the run config).
+        self.secure = _flag(node.get("secure-noise", self.defaults.get("secure-noise", False)))
+        if self.secure:
+            if node.get("noise-seed") is not None or seed not in ("from-context", None):
+                raise PrivacyConfigError(
+                    "'secure-noise' draws its key from OS entropy and takes no seed: remove "
+                    "'noise-seed' or set secure-noise = false")
+            self.seed = None
 
     def _settings_from_config(self) -> PrivacySettings:
         cfg = self.config
@@ -283,7 +297,7 @@ class LearnerSession:
             data = bytes(self.context.state[self.key]["learner"])  # type: ignore[index]
             where = f"context.state[{self.key!r}]"
         if data is None:
-            return LearnerState.create(self.settings, shapes, self.seed)
+            return LearnerState.create(self.settings, shapes, self.seed, secure=self.secure)
         try:
             state = LearnerState.from_bytes(data)
         except PrivacyConfigError:
@@ -292,6 +306,11 @@ class LearnerSession:
             raise StateLostError(f"the learner state {where} is corrupt, refusing to "
                                  f"train: {err}") from err
         state.check_binding(self.settings)
+        if self.secure and state.noise is not None and not state.noise.secure:
+            raise PrivacyConfigError(
+                f"this learner asks for secure noise but its stored stream ({where}) is not "
+                "secure; it refuses to continue that stream (start a new learner with a new "
+                "state directory, or set secure-noise = false)")
         return state
 
     def commit(

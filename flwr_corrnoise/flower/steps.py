@@ -46,7 +46,13 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
-from ..learner import LearnerState, PrivacyConfigError, PrivacySettings, clip_by_global_norm
+from ..learner import (
+    SECURE_CLIP_LIMIT,
+    LearnerState,
+    PrivacyConfigError,
+    PrivacySettings,
+    clip_by_global_norm,
+)
 from ..streams import HorizonExhaustedError
 from .session import LearnerSession, PrivateLearnerGuard
 
@@ -112,6 +118,13 @@ class PrivateSteps:
         except BaseException:
             self._exit.close()
             raise
+        noise, clip = self.state.noise, self.settings.clip
+        if noise is not None and noise.secure and clip > SECURE_CLIP_LIMIT * noise.std:
+            self._exit.close()  # refused before any step: data-independent, as local_round
+            raise PrivacyConfigError(
+                f"secure noise needs clip-norm ≤ 2^20 × noise std ({self.settings.clip} > "
+                f"{SECURE_CLIP_LIMIT} × {noise.std:.3g}): the budget is too large for its "
+                "grid; set secure-noise = false")
         self.first_step, self.first_position = self.state.step, self.state.position
         self._clipped = self._nonfinite = 0
         self._done = False
@@ -154,7 +167,8 @@ class PrivateSteps:
         if s.private:
             flat, norm = clip_by_global_norm(flat, s.clip)
             self._clipped += norm > s.clip
-            flat = flat + state.noise.next()  # type: ignore[union-attr]
+            # the release: clipped + e (exactly trunc_g(clipped) + e for a secure stream)
+            flat = state.noise.add_next(flat)  # type: ignore[union-attr]
         state.step += 1
         state.position += 1
         out, offset = [], 0
