@@ -150,3 +150,11 @@ def test_a_budget_too_large_for_the_secure_grid_is_refused_before_any_step() -> 
     assert reply.has_error() and reply.error.code == 4101
     assert "secure noise needs clip-norm" in reply.error.reason
     assert "flwr-corrnoise" not in ctx.state  # nothing stored
+
+
+def test_a_model_of_another_size_than_the_noise_stream_is_refused(simulated: None) -> None:
+    ctx = context()
+    assert not train(app(), ctx, np.zeros(DIM), 1).has_error()
+    reply = app()(message(MessageType.TRAIN, np.zeros(DIM + 1), 2), ctx)
+    assert reply.has_error() and reply.error.code == 4101
+    assert "noise stream was created for 4" in reply.error.reason

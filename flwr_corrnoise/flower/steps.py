@@ -119,12 +119,17 @@ class PrivateSteps:
             self._exit.close()
             raise
         noise, clip = self.state.noise, self.settings.clip
-        if noise is not None and noise.secure and clip > SECURE_CLIP_LIMIT * noise.std:
-            self._exit.close()  # refused before any step: data-independent, as local_round
-            raise PrivacyConfigError(
-                f"secure noise needs clip-norm ≤ 2^20 × noise std ({self.settings.clip} > "
-                f"{SECURE_CLIP_LIMIT} × {noise.std:.3g}): the budget is too large for its "
-                "grid; set secure-noise = false")
+        problem = ""
+        if noise is not None and noise.dim != self.size:
+            problem = (f"model has {self.size} parameters but the noise stream was created "
+                       f"for {noise.dim}")
+        elif noise is not None and noise.secure and clip > SECURE_CLIP_LIMIT * noise.std:
+            problem = (f"secure noise needs clip-norm ≤ 2^20 × noise std ({clip} > "
+                       f"{SECURE_CLIP_LIMIT} × {noise.std:.3g}): the budget is too large for "
+                       "its grid; set secure-noise = false")
+        if problem:  # refused before any step: data-independent, as in local_round
+            self._exit.close()
+            raise PrivacyConfigError(problem)
         self.first_step, self.first_position = self.state.step, self.state.position
         self._clipped = self._nonfinite = 0
         self._done = False
