@@ -106,9 +106,18 @@ def test_per_learner_epsilon_by_partition_id() -> None:
 def test_start_up_summary_says_what_is_sent_and_how_it_averages(caplog) -> None:
     strat = CorrNoiseFedAvg(local_steps=4, learning_rate=0.1,
                             privacy=PrivacySettings("tree", horizon=40))
-    with caplog.at_level(logging.INFO):
-        strat.summary()
-        CorrNoiseLocalDP(FedAvg(), RUN).summary()
+    # Flower's logger may not propagate to the root (an earlier simulation in the same
+    # process reconfigures it): capture on it directly
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(caplog.handler)
+    disabled, flwr_logger.disabled = flwr_logger.disabled, False
+    try:
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            strat.summary()
+            CorrNoiseLocalDP(FedAvg(), RUN).summary()
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+        flwr_logger.disabled = disabled
     assert "Weighted by" not in caplog.text
     assert "privacy-horizon=40" in caplog.text and "uniform mean" in caplog.text
     assert "privacy-horizon=8" in caplog.text  # 4 rounds × 2 local steps
