@@ -281,8 +281,7 @@ class NoiseStream:
         """Everything needed to continue the stream, as plain arrays (no pickle)."""
         shape_lens = np.array([len(s) for s in self.shapes], dtype=np.int64)
         shape_dims = np.array([d for s in self.shapes for d in s], dtype=np.int64)
-        saved = self._kernel.saved_rows(self._state)
-        rows = np.array(saved) if saved else np.zeros((0, self.dim))
+        rows = self._rows_array(self._kernel.saved_rows(self._state))
         return {
             "format": np.array(STATE_FORMAT, dtype=np.int64),
             "mechanism": np.array(self.mechanism),
@@ -291,50 +290,68 @@ class NoiseStream:
             "shape_dims": shape_dims,
             "std": np.array(self.std, dtype=np.float64),
             "step": np.array(self.step, dtype=np.int64),
-            "rng": _pack_rng(self._rng),
+            "rng": self._pack_rng(),
             "secure": np.array(isinstance(self._rng, ChaCha20Gaussian)),
             "levels": np.array(self._state.levels, dtype=np.int64),
             "factorization": np.array(self._factorization.digest),
             "rows": rows,
         }
 
+    def _rows_array(self, saved: list[np.ndarray]) -> np.ndarray:
+        return np.array(saved) if saved else np.zeros((0, self.dim))
+
+    def _pack_rng(self) -> np.ndarray:
+        return _pack_rng(self._rng)
+
     @classmethod
     def from_state_dict(cls, state: dict[str, np.ndarray]) -> NoiseStream:
         """Rebuild a stream from :meth:`state_dict`; validates what it reads."""
-        try:
-            if int(state["format"]) != STATE_FORMAT:
-                raise ValueError(f"unsupported noise-state format {int(state['format'])}")
-            lens = [int(x) for x in state["shape_lens"]]
-            dims = [int(x) for x in state["shape_dims"]]
-            shapes, offset = [], 0
-            for n in lens:
-                shapes.append(tuple(dims[offset : offset + n]))
-                offset += n
-            rows = np.asarray(state["rows"], dtype=np.float64)
-            mechanism, horizon = str(state["mechanism"]), int(state["horizon"])
-            # the exact factorization the stream was made with, never a newer cache entry
-            factorization = (
-                factorization_by_digest(mechanism, horizon, str(state["factorization"]))
-                if "factorization" in state else None  # states written before digests
+        if str(state.get("backend", "numpy")) != "numpy":
+            raise ValueError(
+                f"this is the state of a {state['backend']} noise stream; restore it with "
+                f"flwr_corrnoise.torch_streams.TorchNoiseStream"
             )
+        try:
+            kwargs = cls._parse_state(state)
             stream = cls(
-                mechanism=mechanism,
-                horizon=horizon,
-                shapes=normalize_shapes(shapes),
-                std=float(state["std"]),
                 rng=_unpack_rng(  # type: ignore[arg-type]
                     np.asarray(state["rng"]),
                     secure=bool(state["secure"]) if "secure" in state else False,
                 ),
-                step=int(state["step"]),
-                levels=[int(x) for x in state["levels"]],
-                rows=rows,
-                factorization=factorization,
+                rows=np.asarray(state["rows"], dtype=np.float64),
+                **kwargs,
             )
         except (KeyError, TypeError, IndexError) as err:
             raise ValueError(f"malformed noise-stream state: {err!r}") from err
         stream._check_consistent()
         return stream
+
+    @staticmethod
+    def _parse_state(state: dict[str, np.ndarray]) -> dict:
+        """The fields every backend's state shares (all but the generator and the rows)."""
+        if int(state["format"]) != STATE_FORMAT:
+            raise ValueError(f"unsupported noise-state format {int(state['format'])}")
+        lens = [int(x) for x in state["shape_lens"]]
+        dims = [int(x) for x in state["shape_dims"]]
+        shapes, offset = [], 0
+        for n in lens:
+            shapes.append(tuple(dims[offset : offset + n]))
+            offset += n
+        mechanism, horizon = str(state["mechanism"]), int(state["horizon"])
+        # the exact factorization the stream was made with, never a newer cache entry
+        factorization = (
+            factorization_by_digest(mechanism, horizon, str(state["factorization"]))
+            if "factorization" in state else None  # states written before digests
+        )
+        return {
+            "mechanism": mechanism,
+            "horizon": horizon,
+            "shapes": normalize_shapes(shapes),
+            "std": float(state["std"]),
+            "step": int(state["step"]),
+            "levels": [int(x) for x in state["levels"]],
+            "factorization": factorization,
+        }
 
     def _check_consistent(self) -> None:
         """Reject a state whose buffers do not match its step (corruption, tampering)."""
