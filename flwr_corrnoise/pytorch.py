@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,21 @@ from flwr.clientapp import ClientApp
 
 from .flower.client import CorrNoiseNumPyClient, make_client_app
 from .learner import LearnerState, NonFiniteError, PrivacySettings, RoundResult, local_round
+from .streams import HorizonExhaustedError
+
+__all__ = [
+    "BatchStream",
+    "DeviceRound",
+    "LossFn",
+    "ModuleGradient",
+    "PrivateOptimizer",
+    "TorchCorrNoiseClient",
+    "device_local_round",
+    "get_parameters",
+    "make_torch_client_app",
+    "set_parameters",
+    "torch_local_round",
+]
 
 #: a learner's data stream: position → (inputs, targets) of the batch used at that step
 BatchStream = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
@@ -174,3 +190,377 @@ def make_torch_client_app(
 
     return make_client_app(gradient_factory, config_defaults=config_defaults,
                            release_metrics=release_metrics)
+
+
+# -- the private step on the model's device ---------------------------------------------
+
+PRIVATE_STATE_FORMAT = 1
+
+
+class PrivateOptimizer:
+    """A torch optimizer whose :meth:`step` is one private local step of paper 000's
+    Algorithm 1, on the model's device; you keep your own training loop.
+
+    Modelled on Opacus' ``make_private``: wrap your optimizer once, then per step::
+
+        model = MyNet().to(device)
+        private = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=eta), model,
+                                   settings, seed=seed)      # or state=saved_bytes
+        for x, y in fresh_batches:                   # each datum used at one step only
+            private.zero_grad()
+            private.backward(x, y)                   # per-example grads, clipped, summed
+            private.step()                           # + next correlated increment, SGD step
+        update = private.round_update()              # ĝ for the server (leaves the device)
+        saved_bytes = private.to_bytes()             # e.g. into context.state
+
+    What a step computes (one datum = one example; ``b`` = the batch size):
+
+    * :meth:`backward` — per-example gradients with ``torch.func`` (``functional_call`` +
+      ``vmap(grad)``), each example's gradient clipped to ``B_g`` **over all parameters
+      together**, summed: replacing one example moves the sum by at most ``2·B_g``, the
+      sensitivity the calibration (:class:`~flwr_corrnoise.learner.PrivacySettings`)
+      assumes. An example whose loss or gradient is not finite counts as zero (whether it
+      is finite depends on the data, so it must not change what is released).
+    * :meth:`step` — adds the next increment ``e[k]`` (std ``V``) of the learner's
+      correlated-noise stream to that sum and divides by ``b``: the gradient handed to
+      the wrapped optimizer is ``(Σ_i clip(g_i) + e[k]) / b``. The noisy *sum* is the
+      calibrated Gaussian release; the mean is post-processing of it, so it has
+      sensitivity ``2·B_g/b`` and noise ``V/b`` — the same ``(ε, δ)``, ``b``× less noise
+      relative to the signal than clipping the batch as a whole.
+    * If you call ``loss.backward()`` yourself instead of :meth:`backward`, :meth:`step`
+      clips the step's gradient *as a whole* to ``B_g`` (non-finite → zero) and adds
+      ``e[k]``: the whole batch is then the unit of privacy, which is still private at the
+      same calibration because each datum enters one step only (this is what
+      :func:`flwr_corrnoise.learner.local_round` does, and what a batch of one reduces to).
+
+    The noise stream is a :class:`~flwr_corrnoise.torch_streams.TorchNoiseStream` on the
+    model's device in the model's dtype (``noise_dtype`` overrides it): no parameter,
+    gradient or noise crosses to the host during a step. The library owns the stream, the
+    step counter and the horizon: a step past ``settings.horizon`` raises
+    :class:`~flwr_corrnoise.streams.HorizonExhaustedError` before anything changes.
+    :meth:`to_bytes` / ``state=`` carry everything across ``ClientApp`` instances and
+    restarts; a state made under other privacy settings is refused.
+
+    With plain SGD at learning rate ``η`` a step is exactly the reference
+    ``z ← z − η·(clip(g) + e[k])`` of :func:`~flwr_corrnoise.learner.local_round` (for
+    ``b = 1`` the two coincide; tested). Other optimizers (momentum, Adam) only
+    post-process the privatized gradients, so the privacy is the same, but the update is
+    no longer paper 000's. Models with batch-dependent layers (``BatchNorm``) cannot have
+    per-example gradients; use ``GroupNorm``/``LayerNorm``, as with Opacus.
+
+    Data-dependent numbers (the loss :meth:`backward` returns, :meth:`diagnostics`) are for
+    the learner's own logs only; never put them in a Flower reply (:meth:`metrics` is what
+    may leave).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: torch.nn.Module,
+        settings: PrivacySettings,
+        *,
+        seed: int | None = None,
+        state: bytes | None = None,
+        loss_fn: LossFn = torch.nn.functional.cross_entropy,
+        noise_dtype: torch.dtype | None = None,
+    ) -> None:
+        from torch.func import functional_call, grad_and_value, vmap
+
+        from .torch_streams import TorchNoiseStream
+
+        self.optimizer = optimizer
+        self.model = model
+        self.settings = settings
+        self.loss_fn = loss_fn
+        self._named = [(n, p) for n, p in model.named_parameters()]
+        self.params = [p for _, p in self._named]
+        if not self.params:
+            raise ValueError("the model has no parameters")
+        wrapped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        if wrapped != {id(p) for p in self.params}:
+            raise ValueError("the optimizer must update exactly the model's parameters: a "
+                             "parameter it skips gets noise it never uses, one it adds "
+                             "would be trained without privacy")
+        self.device = self.params[0].device
+        if any(p.device != self.device for p in self.params):
+            raise ValueError("all parameters must live on one device")
+        self.shapes = [tuple(p.shape) for p in self.params]
+        self.dim = sum(p.numel() for p in self.params)
+        dtype = noise_dtype or self.params[0].dtype
+        if state is not None and seed is not None:
+            raise ValueError("give a seed for a new learner or a state to continue one, not both")
+        self.noise: TorchNoiseStream | None = None
+        self._steps = 0
+        if state is not None:
+            self._load(state)
+        elif settings.private:
+            cal = settings.calibration()
+            assert cal is not None
+            self.noise = TorchNoiseStream.create(settings.mechanism, settings.horizon,
+                                                 self.shapes, cal.std, seed,
+                                                 device=self.device, dtype=dtype)
+        # per-example gradients: one vmapped grad over the batch dimension
+        model_ref = model
+
+        def one_example(params, buffers, x, y):
+            out = functional_call(model_ref, (params, buffers), (x.unsqueeze(0),))
+            return self.loss_fn(out, y.unsqueeze(0))
+
+        self._per_example = vmap(grad_and_value(one_example), in_dims=(None, None, 0, 0))
+        self._batch: int | None = None  # b after backward(), None in whole-batch mode
+        self._round_sum: torch.Tensor | None = None
+        self._round_steps = 0
+        zero = torch.zeros((), device=self.device)
+        self._clipped, self._nonfinite, self._examples = zero.clone(), zero.clone(), zero.clone()
+
+    # -- the loop ----------------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients (and a :meth:`backward` not yet consumed by a step)."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        self._batch = None
+
+    def backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-example gradients of ``loss_fn(model(x_i), y_i)``, each clipped to ``B_g``
+        over all parameters, summed into ``p.grad`` (on the model's device).
+
+        Returns the batch's mean loss over the finite examples as a device tensor (for
+        your local logs; it is data-dependent and must not be sent).
+        """
+        x = inputs.to(self.device)
+        y = targets.to(self.device)
+        b = int(x.shape[0])
+        if b < 1:
+            raise ValueError("an empty batch")
+        params = {n: p.detach() for n, p in self._named}
+        buffers = {n: t.detach() for n, t in self.model.named_buffers()}
+        grads, losses = self._per_example(params, buffers, x, y)
+        per = [grads[n] for n, _ in self._named]
+        sq = torch.zeros(b, device=self.device, dtype=per[0].dtype)
+        for g in per:
+            sq += g.reshape(b, -1).pow(2).sum(dim=1)
+        norms = sq.sqrt()
+        ok = torch.isfinite(norms) & torch.isfinite(losses)
+        if self.settings.private:
+            clip = float(self.settings.clip)
+            # min(1, B_g/‖g_i‖); a zero gradient gives inf → 1
+            factor = torch.where(ok, (clip / norms).clamp(max=1.0), 0.0)
+            self._clipped += (ok & (norms > clip)).sum()
+        else:
+            factor = ok.to(norms.dtype)
+        self._nonfinite += (~ok).sum()
+        self._examples += b
+        # a non-finite example must contribute exactly zero: 0·NaN is NaN, so mask it out
+        # (skipped on the CPU when every example is finite: the check is free there)
+        clean = self.device.type == "cpu" and bool(ok.all())
+        for p, g in zip(self.params, per, strict=True):
+            if not clean:
+                g = torch.where(ok.view(-1, *([1] * (g.dim() - 1))), g, 0.0)
+            p.grad = torch.einsum("b,b...->...", factor.to(g.dtype), g).to(p.dtype)
+        self._batch = b
+        finite = torch.where(ok, losses, 0.0)
+        return finite.sum() / ok.sum().clamp(min=1)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Privatize the gradient (see the class docstring) and take the wrapped step."""
+        if self.noise is not None and self.noise.remaining < 1:
+            raise HorizonExhaustedError(
+                f"this learner has taken all {self.settings.horizon} steps its privacy "
+                f"budget covers; another private step would exceed it (or reuse noise)"
+            )
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if self._batch is None:
+            # whole-batch mode: the step's gradient is the unit of privacy
+            norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads))  # type: ignore[arg-type]
+            ok = torch.isfinite(norm)
+            if self.settings.private:
+                factor = torch.where(ok, (self.settings.clip / norm).clamp(max=1.0), 0.0)
+                self._clipped += (ok & (norm > self.settings.clip)).long()
+            else:
+                factor = ok.double()
+            self._nonfinite += (~ok).long()
+            self._examples += 1
+            grads = [torch.where(ok, g * factor.to(g.dtype), 0.0) for g in grads]
+            divisor = 1
+        else:
+            divisor = self._batch
+        if self.noise is not None:
+            e = self.noise.next()
+            for g, ev in zip(grads, self.noise.split(e), strict=True):
+                g.add_(ev.to(g.dtype))
+        for p, g in zip(self.params, grads, strict=True):
+            if divisor != 1:
+                g.div_(divisor)
+            p.grad = g
+        if self._round_sum is None:
+            self._round_sum = torch.zeros(self.dim, device=self.device, dtype=grads[0].dtype)
+        offset = 0
+        for g in grads:  # Σ of the privatized gradients, for ĝ
+            n = g.numel()
+            self._round_sum[offset : offset + n] += g.reshape(-1)
+            offset += n
+        self._round_steps += 1
+        self._steps += 1
+        self._batch = None
+        self.optimizer.step()
+
+    def round_update(self) -> list[np.ndarray]:
+        """ĝ: the mean privatized gradient of the steps since the last call (with SGD at
+        rate ``η`` over ``τ`` steps, ``(x^r − z)/(ητ)``), as float64 NumPy arrays in
+        ``model.parameters()`` order — the one time per round the parameters' worth of
+        numbers leaves the device. Resets the round."""
+        if self._round_steps == 0 or self._round_sum is None:
+            raise RuntimeError("no private step since the last round_update()")
+        flat = (self._round_sum / self._round_steps).cpu().numpy()
+        self._round_sum.zero_()
+        self._round_steps = 0
+        out, offset = [], 0
+        for shape in self.shapes:
+            n = math.prod(shape)
+            out.append(flat[offset : offset + n].reshape(shape))
+            offset += n
+        return out
+
+    # -- counters, privacy spent ---------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Private steps taken (= the noise stream's index)."""
+        return self._steps
+
+    @property
+    def remaining(self) -> int:
+        """Steps left before the horizon."""
+        return self.settings.horizon - self._steps
+
+    def metrics(self) -> dict[str, float]:
+        """What may leave the learner: functions of its settings and counters only."""
+        out = {"steps": float(self._steps)}
+        cal = self.settings.calibration()
+        if cal is not None:
+            out.update({"epsilon-spent": self.settings.epsilon_spent(self._steps),
+                        "epsilon": self.settings.epsilon, "delta": self.settings.delta,
+                        "noise-std": cal.std, "horizon": float(self.settings.horizon)})
+        return out
+
+    def diagnostics(self) -> dict[str, float]:
+        """Data-dependent counts (clipped and non-finite examples): **local logs only**."""
+        return {"clipped-examples": float(self._clipped), "nonfinite-examples":
+                float(self._nonfinite), "examples": float(self._examples)}
+
+    # -- state ----------------------------------------------------------------------------
+    def _binding(self) -> dict[str, Any]:
+        digest = self.noise.factorization.digest if self.noise is not None else ""
+        return self.settings.binding(digest)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Everything needed to continue: the step counter, the noise stream's state (its
+        generator, buffers and counters) and the settings it was made with."""
+        import json
+
+        out = {
+            "format": np.array(PRIVATE_STATE_FORMAT, dtype=np.int64),
+            "steps": np.array(self._steps, dtype=np.int64),
+            "binding": np.array(json.dumps(self._binding(), sort_keys=True)),
+        }
+        if self.noise is not None:
+            out["noise"] = np.frombuffer(self.noise.to_bytes(), dtype=np.uint8)
+        return out
+
+    def to_bytes(self) -> bytes:
+        """:meth:`state_dict` as bytes (:mod:`~flwr_corrnoise.arraypack`, no pickle), for
+        ``context.state`` or disk. The wrapped optimizer's own state (momentum buffers)
+        is yours to keep (``optimizer.state_dict()``)."""
+        from . import arraypack
+
+        return arraypack.pack(self.state_dict())
+
+    def _load(self, data: bytes) -> None:
+        import json
+
+        from . import arraypack
+        from .learner import PrivacyConfigError
+        from .torch_streams import TorchNoiseStream
+
+        try:
+            arrays = arraypack.unpack(data)
+            if int(arrays["format"]) != PRIVATE_STATE_FORMAT:
+                raise ValueError(f"unsupported private-optimizer state {int(arrays['format'])}")
+            steps = int(arrays["steps"])
+            binding = json.loads(str(arrays["binding"]))
+            noise = (TorchNoiseStream.from_bytes(arrays["noise"].tobytes(), self.device)
+                     if "noise" in arrays else None)
+        except (KeyError, TypeError, EOFError, OSError) as err:
+            raise ValueError(f"unreadable private-optimizer state: {err!r}") from err
+        now = self.settings.binding(binding.get("factorization", ""))
+        if now != binding or (noise is None) == self.settings.private:
+            raise PrivacyConfigError(
+                f"the stored state was made with other privacy settings ({binding}) than "
+                f"this learner has now ({now}); its noise is calibrated for those"
+            )
+        if noise is not None and (noise.step != steps or noise.dim != self.dim):
+            raise ValueError("private-optimizer state does not match its noise stream or "
+                             "this model")
+        self.noise, self._steps = noise, steps
+
+
+@dataclass
+class DeviceRound:
+    """What :func:`device_local_round` returns: the update to send and the learner's
+    public metrics; ``diagnostics`` (data-dependent) are for local logs only."""
+
+    update: list[np.ndarray]
+    position: int
+    metrics: dict[str, float]
+    diagnostics: dict[str, float]
+
+
+def device_local_round(
+    private: PrivateOptimizer,
+    batches: BatchStream,
+    tau: int,
+    position: int,
+    per_example: bool = True,
+) -> DeviceRound:
+    """τ private steps on the device from the model's current parameters (Algorithm 1,
+    lines 5–14): the batches at ``position, position+1, …`` (one per step), each step
+    :meth:`PrivateOptimizer.backward` (``per_example=False``: ``loss.backward()`` on the
+    batch mean, clipped as a whole) and :meth:`PrivateOptimizer.step`.
+
+    All-or-nothing like :func:`~flwr_corrnoise.learner.local_round`: a round that would
+    pass the horizon is refused before it starts, and one that fails half-way restores the
+    parameters and the noise stream (nothing was released, so no noise is reused).
+    """
+    if isinstance(tau, bool) or int(tau) != tau or tau < 1:
+        raise ValueError(f"local steps τ must be a positive integer, got {tau!r}")
+    if private.noise is not None and private.steps + tau > private.settings.horizon:
+        raise HorizonExhaustedError(
+            f"this learner has taken {private.steps} of the {private.settings.horizon} steps "
+            f"its privacy budget covers; a round of {tau} more would exceed it"
+        )
+    saved = [p.detach().clone() for p in private.params]
+    token = private.noise.checkpoint() if private.noise is not None else None
+    counters = (private._steps, private._round_steps)
+    sum_saved = None if private._round_sum is None else private._round_sum.clone()
+    try:
+        for t in range(int(tau)):
+            x, y = batches(position + t)
+            private.zero_grad()
+            if per_example:
+                private.backward(x, y)
+            else:
+                x, y = x.to(private.device), y.to(private.device)
+                loss = private.loss_fn(private.model(x), y)
+                loss.backward()
+            private.step()
+        update = private.round_update()
+    except BaseException:
+        with torch.no_grad():
+            for p, s in zip(private.params, saved, strict=True):
+                p.copy_(s)
+        if token is not None:
+            private.noise.rollback(token)  # type: ignore[union-attr]
+        private._steps, private._round_steps = counters
+        private._round_sum = sum_saved
+        raise
+    return DeviceRound(update=update, position=position + int(tau), metrics=private.metrics(),
+                       diagnostics=private.diagnostics())
