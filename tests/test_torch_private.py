@@ -313,3 +313,51 @@ def test_cuda_step_stays_on_the_device_and_restores() -> None:
     again = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model, s,
                              state=private.to_bytes())
     assert torch.equal(private.noise.next(), again.noise.next())  # type: ignore[union-attr]
+
+
+class SmallCNN(torch.nn.Module):
+    """Conv2d layers (one with few input channels, one with many, stride and padding)
+    and Linear layers: the hook path's cases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.c1 = torch.nn.Conv2d(1, 6, 3)
+        self.c2 = torch.nn.Conv2d(6, 5, 3, stride=2, padding=1, bias=False)
+        self.fc = torch.nn.Linear(5 * 3 * 3, 4)
+        self.out = torch.nn.Linear(4, K)
+
+    def forward(self, x):
+        h = torch.relu(self.c2(torch.relu(self.c1(x))))
+        return self.out(torch.relu(self.fc(h.flatten(1)))) * 20.0
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_hook_path_equals_the_torch_func_path(private: bool) -> None:
+    """The fast per-example gradients (Linear: outer products, Conv2d: grouped conv or
+    per-example conv2d_weight) give the same clipped sums as torch.func's vmap(grad) and
+    as the independent per-example loop — with a NaN example and clipping that bites."""
+    s = settings("blt" if private else "none", clip=10.0)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(7, 1, 7, 7, generator=g, dtype=torch.float64)
+    y = torch.randint(0, K, (7,), generator=g)
+    x[4] = float("nan")
+    sums = {}
+    for mode in ("hooks", "func"):
+        model = SmallCNN().double()
+        opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model, s,
+                               seed=0, per_example=mode)
+        assert opt.per_example == mode
+        opt.backward(x, y)
+        sums[mode] = summed(opt)
+        if private:
+            assert 0 < opt.diagnostics()["clipped-examples"] < 6
+    np.testing.assert_allclose(sums["hooks"], sums["func"], rtol=1e-9, atol=1e-12)
+    keep = torch.tensor([0, 1, 2, 3, 5, 6])
+    ref = per_example_reference(SmallCNN().double(), x[keep], y[keep], s.clip if private
+                                else np.inf)
+    np.testing.assert_allclose(sums["hooks"], ref, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="hooks"):
+        model = TwoTower()
+        PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model, s,
+                         per_example="hooks")
