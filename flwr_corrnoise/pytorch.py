@@ -3,21 +3,28 @@
 Needs the ``torch`` extra (``pip install -e ".[torch]"``); nothing else in the package
 imports this module, so the core stays NumPy/SciPy/Flower only.
 
-Design — why the round itself is not rewritten in torch: the clip, the correlated-noise
-increment and the SGD step are :func:`flwr_corrnoise.learner.local_round`, the one
-implementation every engine uses, and the noise comes from the one
-:class:`~flwr_corrnoise.streams.NoiseStream` whose calibration, covariance and
-bit-for-bit restore are tested. The module only supplies the gradient:
-:class:`ModuleGradient` loads the current local iterate into the model (on the model's
-device), computes the loss on the next batch of the learner's stream, checks it is
-finite, back-propagates and returns the gradient of **all** parameters. ``local_round``
-then clips that gradient to ``B_g`` over all parameter tensors together (the sensitivity
-the calibration assumes), adds one increment of the learner's single noise stream over
-the whole parameter list, and takes the step — in float64, so a torch learner and a NumPy
-learner with the same seed give the same update to float tolerance. Per step this moves
-``d`` floats each way between the host and the model's device (``d`` ≈ 3·10⁵ for the
-paper's CNN, under a millisecond); the learner's state is the stream's state (small for
-the tree and BLT mechanisms) and is what ``context.state`` and the state directory keep.
+Two paths, one algorithm:
+
+* **On the device** — :class:`PrivateOptimizer` (wrap your ``torch.optim.SGD``; keep your
+  own loop) and :func:`device_local_round` (τ steps of it). Per-example gradients, each
+  clipped to ``B_g`` over all parameters, summed; the next increment of the learner's
+  :class:`~flwr_corrnoise.torch_streams.TorchNoiseStream`, drawn on the model's device in
+  the model's dtype; the SGD step. Nothing crosses to the host during a round; the update
+  ``ĝ`` leaves the device once, at the end. This is the fast path (``docs/pytorch.md``,
+  ``benchmarks/torch_step.py``).
+* **The host reference** — :func:`torch_local_round`, :class:`TorchCorrNoiseClient`,
+  :func:`make_torch_client_app`: :class:`ModuleGradient` turns the module into the gradient
+  oracle of :func:`flwr_corrnoise.learner.local_round`, the one NumPy implementation every
+  engine uses, which clips the step's gradient as a whole, adds the NumPy stream's
+  increment and steps in float64 (``d`` floats each way between host and device per
+  step). It is the reference the device path is tested against: at batch 1 both give the
+  same update to float tolerance when fed the same noise (``tests/test_torch_private.py``).
+
+Privacy of the device path: one datum = one example. With per-example clipping the
+*sum* over a batch of ``b`` moves by at most ``2·B_g`` when one example is replaced, the
+sensitivity :class:`~flwr_corrnoise.learner.PrivacySettings` calibrates ``V`` to; the
+noise is added to that sum and the step uses ``(sum + e)/b``, post-processing of the
+calibrated release (sensitivity ``2·B_g/b`` and noise ``V/b`` on the mean).
 """
 
 from __future__ import annotations
@@ -453,10 +460,14 @@ class PrivateOptimizer:
             # one example: its gradient is the batch gradient; no per-example machinery
             loss = self.loss_fn(self.model(x), y)
             grads1 = torch.autograd.grad(loss, self.params, allow_unused=True)
-            pieces = [_Materialized((g if g is not None else torch.zeros_like(p)).unsqueeze(0))
-                      for g, p in zip(grads1, self.params, strict=True)]
-            losses = loss.detach().reshape(1)
-        elif self.per_example == "hooks":
+            clipped = self._clip_whole(
+                [g if g is not None else torch.zeros_like(p)
+                 for g, p in zip(grads1, self.params, strict=True)], loss.detach())
+            for p, g in zip(self.params, clipped, strict=True):
+                p.grad = g
+            self._batch = 1
+            return torch.where(torch.isfinite(loss), loss, 0.0).detach()
+        if self.per_example == "hooks":
             try:
                 pieces, losses = self._hook_pieces(x, y)
             except _UnsupportedError:
@@ -544,25 +555,9 @@ class PrivateOptimizer:
                 f"budget covers; another private step would exceed it (or reuse noise)"
             )
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        cpu = self.device.type == "cpu"  # there a host check is free; on a GPU it would sync
         if self._batch is None:
             # whole-batch mode: the step's gradient is the unit of privacy
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-            ok = torch.isfinite(norm)
-            clip = self.settings.clip
-            if self.settings.private:
-                factor = torch.where(ok, (clip / norm).clamp(max=1.0), 0.0)
-                self._clipped += (ok & (norm > clip)).long()
-            else:
-                factor = ok.to(norm.dtype)
-            self._nonfinite += (~ok).long()
-            self._examples += 1
-            if not cpu:
-                grads = [torch.where(ok, g * factor.to(g.dtype), 0.0) for g in grads]
-            elif not bool(ok):
-                grads = [torch.zeros_like(g) for g in grads]
-            elif self.settings.private and bool(norm > clip):
-                torch._foreach_mul_(grads, float(factor))
+            grads = self._clip_whole(grads, None)
             divisor = 1
         else:
             divisor = self._batch
@@ -584,6 +579,29 @@ class PrivateOptimizer:
         self._steps += 1
         self._batch = None
         self.optimizer.step()
+
+    def _clip_whole(self, grads: list[torch.Tensor], loss: torch.Tensor | None
+                    ) -> list[torch.Tensor]:
+        """Clip one gradient (all parameters together) to ``B_g``; zero if it (or its
+        loss) is not finite. In place where possible: on the CPU a host check is free, so
+        an unclipped finite gradient costs no pass at all; on a GPU it would sync."""
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        ok = torch.isfinite(norm) if loss is None else torch.isfinite(norm) & torch.isfinite(loss)
+        clip = self.settings.clip
+        if self.settings.private:
+            factor = torch.where(ok, (clip / norm).clamp(max=1.0), 0.0)
+            self._clipped += (ok & (norm > clip)).long()
+        else:
+            factor = ok.to(norm.dtype)
+        self._nonfinite += (~ok).long()
+        self._examples += 1
+        if self.device.type != "cpu":
+            return [torch.where(ok, g * factor.to(g.dtype), 0.0) for g in grads]
+        if not bool(ok):
+            return [torch.zeros_like(g) for g in grads]
+        if self.settings.private and bool(norm > clip):
+            torch._foreach_mul_(grads, float(factor))
+        return grads
 
     def round_update(self) -> list[np.ndarray]:
         """ĝ: the mean privatized gradient of the steps since the last call (with SGD at

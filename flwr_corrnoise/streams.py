@@ -25,6 +25,12 @@ blt            buffers·d (constant; 4·d by default)     ``e = ξ − Σ ω_i r
                                                         ``r_i ← θ_i r_i + e``
 ============== ======================================== =================================
 
+The recurrences live with the mechanisms, not here: every factorization supplies a
+:class:`~flwr_corrnoise.mechanisms.streaming.StreamKernel` (``init``/``next`` over an array
+namespace), and :class:`NoiseStream` only owns the generator, the step, the scaling by
+``V`` and the state format. The device-resident torch stream
+(:class:`flwr_corrnoise.torch_streams.TorchNoiseStream`) runs the same kernels on tensors.
+
 The state serializes to a small byte string (:mod:`~flwr_corrnoise.arraypack`, no
 pickle) for Flower's ``context.state`` or a file, and a stream restored from it continues
 bit for bit.
