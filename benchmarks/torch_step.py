@@ -1,10 +1,13 @@
 """Cost of one private step of the paper's CNN, as ratios to a bare SGD step, in one run.
 
-    python benchmarks/torch_step.py --batch-sizes 1 64 --steps 20 --repeats 5
+    python benchmarks/torch_step.py --batch-sizes 1 64 --steps 20 --repeats 7
 
-For every batch size, blocks of ``--steps`` steps of each method run in rotation on the
-same batches (so every method sees the same machine load), and each ratio is the median
-over ``--repeats`` rotations of (method's block) / (the bare block of the same rotation):
+For every batch size ``b``, blocks of ``--steps × max(1, 16 // b)`` steps of each method
+run in rotation on the same batches (so every method sees the same machine load; blocks
+of small batches are longer so that no block is shorter than the machine's load swings),
+and each ratio is the median over ``--repeats`` rotations of (method's block) / (the
+reference's block of the same rotation), the reference being the bare step, the bare step
+plus drawing ``d`` Gaussians (the batch-1 target is ≤ 1.5× that) and Opacus:
 
 * ``bare SGD`` — forward, backward of the batch-mean loss, ``p -= η·grad`` (float32): what
   a user would otherwise run;
@@ -148,17 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     d = sum(q.numel() for q in model.parameters())
     print(f"paper CNN, d = {d:,}, CPU, {args.threads} thread(s), torch {torch.__version__}; "
           f"blocks of {args.steps} steps, median of {args.repeats} rotations")
-    print("| batch | method | ms per step | ratio to bare SGD |")
-    print("|---|---|---|---|")
+    print("| batch | method | ms per step | ÷ bare SGD | ÷ (draw d Gaussians + bare) | "
+          "÷ Opacus |")
+    print("|---|---|---|---|---|---|")
     for b in args.batch_sizes:
+        steps = args.steps * max(1, 16 // b)
         g = torch.Generator().manual_seed(1)
-        x = torch.rand(args.steps * b, 1, 28, 28, generator=g)
-        y = torch.randint(0, 10, (args.steps * b,), generator=g)
+        x = torch.rand(steps * b, 1, 28, 28, generator=g)
+        y = torch.randint(0, 10, (steps * b,), generator=g)
 
         def data(pos: int, b: int = b, x: torch.Tensor = x, y: torch.Tensor = y):
             return x[pos * b : (pos + 1) * b], y[pos * b : (pos + 1) * b]
 
-        fns = methods(model, b, args.steps, args.repeats, args.mechanisms, data,
+        fns = methods(model, b, steps, args.repeats, args.mechanisms, data,
                       host=not args.no_host)
         for fn in fns.values():  # warm-up (allocations, vmap tracing)
             fn()
@@ -167,11 +172,18 @@ def main(argv: list[str] | None = None) -> int:
             for name, fn in fns.items():
                 start = time.perf_counter()
                 fn()
-                times[name].append((time.perf_counter() - start) / args.steps)
+                times[name].append((time.perf_counter() - start) / steps)
+
+        def ratio(ts: list[float], ref: str, times: dict[str, list[float]] = times) -> str:
+            if ref not in times:
+                return "–"
+            r = statistics.median(t / u for t, u in zip(ts, times[ref], strict=True))
+            return f"{r:.2f}×"
+
         for name, ts in times.items():
-            ratio = statistics.median(t / r for t, r in zip(ts, times["bare SGD"], strict=True))
-            print(f"| {b} | {name} | {1e3 * statistics.median(ts):.2f} | {ratio:.2f}× |",
-                  flush=True)
+            print(f"| {b} | {name} | {1e3 * statistics.median(ts):.2f} | "
+                  f"{ratio(ts, 'bare SGD')} | {ratio(ts, 'draw d Gaussians + bare')} | "
+                  f"{ratio(ts, 'Opacus (i.i.d. noise)')} |", flush=True)
     return 0
 
 

@@ -55,4 +55,5 @@ def test_torch_step() -> None:
                 (b, "host reference (v0.x), blt")} <= set(by)
         assert by[(b, "bare SGD")][3] == "1.00×"
     assert ("1", "ours, blt, whole-batch clip") in by
-    assert all(float(r[2]) > 0 and r[3].endswith("×") for r in rows[1:])
+    assert all(float(r[2]) > 0 and r[3].endswith("×") and r[4].endswith("×")
+               for r in rows[1:])
