@@ -359,6 +359,15 @@ class PrivateOptimizer:
     Data-dependent numbers (the loss :meth:`backward` returns, :meth:`diagnostics`) are for
     the learner's own logs only; never put them in a Flower reply (:meth:`metrics` is what
     may leave).
+
+    Arguments: ``seed`` — the learner's noise seed for a new learner (``None``: OS
+    entropy, for deployment); ``state`` — bytes from :meth:`to_bytes` to continue one
+    (not both); ``loss_fn(outputs, targets)`` — applied to one example at a time for
+    per-example gradients (so its reduction does not matter); ``noise_dtype`` — the
+    stream's dtype for a new learner (default: the parameters'; a restored stream keeps
+    its own); ``per_example`` — ``"auto"`` (hooks when every parameter sits in a
+    ``Linear`` or plain ``Conv2d``, else ``torch.func``), ``"hooks"`` or ``"func"``.
+    ``settings.mechanism == "none"`` is the noiseless baseline: no clipping, no noise.
     """
 
     def __init__(
