@@ -133,9 +133,11 @@ class IndependentKernel(StreamKernel):
 
 class HistoryKernel(StreamKernel):
     """``e[k] = Σ_{j≤k} M[k, j]·ξ_j`` for a dense lower-triangular noising matrix ``M``:
-    every past row is kept (``k·d`` floats). ``coefficients(k)`` returns
-    ``M[k, 0..k]``; ``reversed_coefficients`` (if given) is the Toeplitz form, whose row
-    ``k`` is the contiguous slice ``g(k), …, g(0)`` of one array."""
+    every past row is kept (``k·d`` floats).
+
+    Give either ``toeplitz_g`` (``M`` Toeplitz with first column ``g``: row ``k`` is then
+    the contiguous slice ``g(k), …, g(0)`` of one reversed array, no ``N×N`` matrix) or
+    ``matrix`` (a function returning the dense ``M``, called once per stream)."""
 
     def __init__(self, kind: str, horizon: int, toeplitz_g: np.ndarray | None = None,
                  matrix: Callable[[], np.ndarray] | None = None) -> None:
