@@ -57,6 +57,13 @@ class TorchOps:
     def subtract(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return torch.sub(a, b, out=out)
 
+    def sub_matvec(self, e: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> None:
+        # one gemv over the k×d buffers (``w @ r`` takes a slower path and a temporary)
+        torch.addmv(e, r.t(), w, alpha=-1, out=e)
+
+    def decay_add(self, r: torch.Tensor, theta: torch.Tensor, e: torch.Tensor) -> None:
+        torch.addcmul(e, r, theta, out=r)  # one pass over the buffers instead of two
+
 
 def torch_seed(seed: int) -> int:
     """The 64-bit torch generator seed of a learner's (up to 128-bit) noise seed.

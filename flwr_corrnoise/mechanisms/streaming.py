@@ -53,6 +53,12 @@ class ArrayOps(Protocol):
     def subtract(self, a: Array, b: Array, out: Array) -> Array:
         """``out = a − b`` in one pass (``out`` may alias ``b``)."""
 
+    def sub_matvec(self, e: Array, w: Array, r: Array) -> None:
+        """``e −= w @ r`` in place (``w``: ``k`` weights, ``r``: ``k×m`` rows)."""
+
+    def decay_add(self, r: Array, theta: Array, e: Array) -> None:
+        """``r ← θ⊙r + e`` in place (``θ``: ``k×1``, ``e`` broadcast over the rows)."""
+
 
 class NumpyOps:
     """:class:`ArrayOps` for float64 NumPy arrays (the host stream)."""
@@ -70,6 +76,13 @@ class NumpyOps:
 
     def subtract(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.subtract(a, b, out=out)
+
+    def sub_matvec(self, e: np.ndarray, w: np.ndarray, r: np.ndarray) -> None:
+        e -= w @ r
+
+    def decay_add(self, r: np.ndarray, theta: np.ndarray, e: np.ndarray) -> None:
+        r *= theta
+        r += e
 
 
 NUMPY_OPS = NumpyOps()
@@ -264,9 +277,8 @@ class BLTKernel(StreamKernel):
         for lo in range(0, dim, chunk):
             sl = slice(lo, lo + chunk)
             part = r[:, sl]
-            e[sl] -= omega @ part
-            part *= theta
-            part += e[sl]
+            ops.sub_matvec(e[sl], omega, part)
+            ops.decay_add(part, theta, e[sl])
         return e
 
     def saved_rows(self, state: KernelState) -> list[Array]:
