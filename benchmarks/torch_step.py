@@ -1,80 +1,189 @@
-"""Cost of one private local step of the paper's CNN, as a ratio to its bare SGD step.
+"""Cost of one private step of the paper's CNN, as ratios to a bare SGD step, in one run.
 
-    python benchmarks/torch_step.py --batch-size 1 --steps 60 --repeats 5
+    python benchmarks/torch_step.py --batch-sizes 1 64 --steps 20 --repeats 7
 
-For each mechanism, blocks of ``--steps`` private steps (``torch_local_round`` with τ =
-``--steps``: gradient through ``ModuleGradient``, clip over all 305,194 parameters, one
-noise increment, the float64 step) alternate with blocks of plain PyTorch SGD steps on the
-same batches (forward, backward, ``p -= η·grad`` in float32) — the reference a user would
-otherwise run — so both see the same machine load; the ratio is the median over
-``--repeats`` block pairs. Reported: ms per step for both and the ratio.
+For every batch size ``b``, blocks of ``--steps × max(1, 16 // b)`` steps of each method
+run in rotation on the same batches (so every method sees the same machine load; blocks
+of small batches are longer so that no block is shorter than the machine's load swings),
+and each ratio is the median over ``--repeats`` rotations of (method's block) / (the
+reference's block of the same rotation), the reference being the bare step, the bare step
+plus drawing ``d`` Gaussians (the batch-1 target is ≤ 1.5× that) and Opacus:
+
+* ``bare SGD`` — forward, backward of the batch-mean loss, ``p -= η·grad`` (float32): what
+  a user would otherwise run;
+* ``draw d Gaussians + bare`` — the bare block plus ``torch.randn(d)`` per step: the floor
+  for a private step at batch 1 (every mechanism draws at least one d-vector per step);
+* ``ours, <mechanism>`` — :class:`flwr_corrnoise.pytorch.PrivateOptimizer` on the model's
+  device: per-example gradients (``torch.func``), per-example clipping, the correlated
+  increment from the device stream, the SGD step (and the round's running sum for ĝ);
+* ``ours, <mechanism>, whole-batch clip`` — the same with ``loss.backward()`` and the batch
+  gradient clipped as a whole (batch 1 only: per-example clipping is the point at b > 1);
+* ``host reference (v0.x)`` — ``torch_local_round``: the float64 NumPy round that copies
+  parameters and gradients between host and model every step (what this replaces);
+* ``Opacus`` — Opacus' ``GradSampleModule`` + ``DPOptimizer`` (hook-based per-example
+  gradients, clipping, i.i.d. Gaussian noise), if ``opacus`` is installed (optional: it is
+  a benchmark-only comparison, never a dependency).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
+from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from flwr_corrnoise.cnn import PaperCNN
 from flwr_corrnoise.learner import LearnerState, PrivacySettings
-from flwr_corrnoise.pytorch import torch_local_round
+from flwr_corrnoise.pytorch import PrivateOptimizer, torch_local_round
+
+ETA = 0.01
+CE = torch.nn.functional.cross_entropy
+
+
+def methods(model: torch.nn.Module, b: int, steps: int, repeats: int, mechanisms: list[str],
+            data: Callable[[int], tuple[torch.Tensor, torch.Tensor]], host: bool,
+            ) -> dict[str, Callable[[], None]]:
+    """name → a function running one block of ``steps`` steps of that method."""
+    d = sum(p.numel() for p in model.parameters())
+    horizon = steps * (repeats + 2)
+    out: dict[str, Callable[[], None]] = {}
+
+    bare_model = copy.deepcopy(model)
+
+    def bare() -> None:
+        for pos in range(steps):
+            x, y = data(pos)
+            bare_model.zero_grad(set_to_none=True)
+            CE(bare_model(x), y).backward()
+            with torch.no_grad():
+                for p in bare_model.parameters():
+                    p -= ETA * p.grad
+
+    gen = torch.Generator().manual_seed(0)
+
+    def draw_and_bare() -> None:
+        for pos in range(steps):
+            torch.randn(d, generator=gen)
+            x, y = data(pos)
+            bare_model.zero_grad(set_to_none=True)
+            CE(bare_model(x), y).backward()
+            with torch.no_grad():
+                for p in bare_model.parameters():
+                    p -= ETA * p.grad
+
+    out["bare SGD"] = bare
+    out["draw d Gaussians + bare"] = draw_and_bare
+    for mech in mechanisms:
+        settings = PrivacySettings(mechanism=mech, horizon=horizon)
+        m = copy.deepcopy(model)
+        private = PrivateOptimizer(torch.optim.SGD(m.parameters(), lr=ETA), m, settings,
+                                   seed=0)
+
+        def ours(private: PrivateOptimizer = private) -> None:
+            for pos in range(steps):
+                private.zero_grad()
+                private.backward(*data(pos))
+                private.step()
+            private.round_update()
+
+        out[f"ours, {mech}"] = ours
+        if b == 1:
+            m2 = copy.deepcopy(model)
+            whole = PrivateOptimizer(torch.optim.SGD(m2.parameters(), lr=ETA), m2, settings,
+                                     seed=0)
+
+            def ours_whole(private: PrivateOptimizer = whole, m2: torch.nn.Module = m2) -> None:
+                for pos in range(steps):
+                    private.zero_grad()
+                    x, y = data(pos)
+                    CE(m2(x), y).backward()
+                    private.step()
+                private.round_update()
+
+            out[f"ours, {mech}, whole-batch clip"] = ours_whole
+        if host:
+            m3 = copy.deepcopy(model)
+            state = LearnerState.create(settings, [tuple(p.shape) for p in m3.parameters()],
+                                        seed=0)
+
+            def reference(m3: torch.nn.Module = m3, state: LearnerState = state,
+                          settings: PrivacySettings = settings) -> None:
+                torch_local_round(m3, CE, lambda pos: data(pos % steps), state, settings,
+                                  steps, ETA)
+
+            out[f"host reference (v0.x), {mech}"] = reference
+    try:
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+    except ImportError:
+        print("(opacus not installed: no Opacus row)")
+    else:
+        gsm = GradSampleModule(copy.deepcopy(model))
+        dp = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=ETA), noise_multiplier=1.0,
+                         max_grad_norm=1.0, expected_batch_size=b)
+
+        def opacus() -> None:
+            for pos in range(steps):
+                x, y = data(pos)
+                dp.zero_grad(set_to_none=True)
+                CE(gsm(x), y).backward()
+                dp.step()
+
+        out["Opacus (i.i.d. noise)"] = opacus
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--steps", type=int, default=20, help="steps per timed block")
+    p.add_argument("--repeats", type=int, default=5, help="rotations (median over them)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--mechanisms", nargs="+", default=["none", "independent", "tree", "blt"])
+    p.add_argument("--mechanisms", nargs="+", default=["blt", "independent"])
+    p.add_argument("--no-host", action="store_true", help="skip the host reference rows")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = PaperCNN()
-    g = torch.Generator().manual_seed(1)
-    x = torch.rand(args.steps * args.batch_size, 1, 28, 28, generator=g)
-    y = torch.randint(0, 10, (args.steps * args.batch_size,), generator=g)
-    b = args.batch_size
+    d = sum(q.numel() for q in model.parameters())
+    print(f"paper CNN, d = {d:,}, CPU, {args.threads} thread(s), torch {torch.__version__}; "
+          f"blocks of {args.steps} steps, median of {args.repeats} rotations")
+    print("| batch | method | ms per step | ÷ bare SGD | ÷ (draw d Gaussians + bare) | "
+          "÷ Opacus |")
+    print("|---|---|---|---|---|---|")
+    for b in args.batch_sizes:
+        steps = args.steps * max(1, 16 // b)
+        g = torch.Generator().manual_seed(1)
+        x = torch.rand(steps * b, 1, 28, 28, generator=g)
+        y = torch.randint(0, 10, (steps * b,), generator=g)
 
-    def batches(pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return x[pos * b : (pos + 1) * b], y[pos * b : (pos + 1) * b]
+        def data(pos: int, b: int = b, x: torch.Tensor = x, y: torch.Tensor = y):
+            return x[pos * b : (pos + 1) * b], y[pos * b : (pos + 1) * b]
 
-    def bare() -> float:
-        start = time.perf_counter()
-        for pos in range(args.steps):
-            model.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(batches(pos)[0]), batches(pos)[1]).backward()
-            with torch.no_grad():
-                for prm in model.parameters():
-                    prm -= 0.01 * prm.grad
-        return (time.perf_counter() - start) / args.steps
-
-    shapes = [tuple(q.shape) for q in model.parameters()]
-    rows = []
-    for mech in args.mechanisms:
-        settings = PrivacySettings(mechanism=mech, horizon=args.steps * (args.repeats + 1))
-        state = LearnerState.create(settings, shapes, seed=0)
-        ours, ref = [], []
+        fns = methods(model, b, steps, args.repeats, args.mechanisms, data,
+                      host=not args.no_host)
+        for fn in fns.values():  # warm-up (allocations, vmap tracing)
+            fn()
+        times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(args.repeats):
-            ref.append(bare())
-            start = time.perf_counter()
-            torch_local_round(model, torch.nn.functional.cross_entropy,
-                              lambda pos: batches(pos % args.steps), state, settings,
-                              args.steps, 0.01)
-            ours.append((time.perf_counter() - start) / args.steps)
-        ratio = statistics.median(o / r for o, r in zip(ours, ref, strict=True))
-        rows.append([mech, f"{1e3 * statistics.median(ref):.2f}",
-                     f"{1e3 * statistics.median(ours):.2f}", f"{ratio:.1f}×"])
-    d = sum(int(np.prod(s)) for s in shapes)
-    print(f"paper CNN, d = {d:,}, batch {b}, {args.threads} thread(s)")
-    print("| mechanism | bare SGD step (ms) | private step (ms) | ratio |")
-    print("|---|---|---|---|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - start) / steps)
+
+        def ratio(ts: list[float], ref: str, times: dict[str, list[float]] = times) -> str:
+            if ref not in times:
+                return "–"
+            r = statistics.median(t / u for t, u in zip(ts, times[ref], strict=True))
+            return f"{r:.2f}×"
+
+        for name, ts in times.items():
+            print(f"| {b} | {name} | {1e3 * statistics.median(ts):.2f} | "
+                  f"{ratio(ts, 'bare SGD')} | {ratio(ts, 'draw d Gaussians + bare')} | "
+                  f"{ratio(ts, 'Opacus (i.i.d. noise)')} |", flush=True)
     return 0
 
 

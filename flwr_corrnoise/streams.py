@@ -25,6 +25,12 @@ blt            buffers·d (constant; 4·d by default)     ``e = ξ − Σ ω_i r
                                                         ``r_i ← θ_i r_i + e``
 ============== ======================================== =================================
 
+The recurrences live with the mechanisms, not here: every factorization supplies a
+:class:`~flwr_corrnoise.mechanisms.streaming.StreamKernel` (``init``/``next`` over an array
+namespace), and :class:`NoiseStream` only owns the generator, the step, the scaling by
+``V`` and the state format. The device-resident torch stream
+(:class:`flwr_corrnoise.torch_streams.TorchNoiseStream`) runs the same kernels on tensors.
+
 The state serializes to a small byte string (:mod:`~flwr_corrnoise.arraypack`, no
 pickle) for Flower's ``context.state`` or a file, and a stream restored from it continues
 bit for bit.
@@ -53,12 +59,10 @@ from .mechanisms import (
     check_mechanism,
     factorization_by_digest,
 )
-from .mechanisms.blt import BufferedToeplitz
-from .mechanisms.tree import BinaryTree
+from .mechanisms.streaming import NUMPY_OPS, ArrayOps
 from .secure_noise import ChaCha20Gaussian, add_on_grid, granularity, round_to_grid
 
 _MASK64 = (1 << 64) - 1
-_CHUNK = 1 << 15  # columns per chunk of the BLT update (4 buffers × 32k floats = 1 MB)
 STATE_FORMAT = 1
 
 
@@ -130,6 +134,9 @@ class NoiseStream:
     True
     """
 
+    #: the array namespace the mechanism's kernel runs in (float64 NumPy on the host)
+    _ops: ArrayOps = NUMPY_OPS
+
     def __init__(
         self,
         mechanism: str,
@@ -156,26 +163,17 @@ class NoiseStream:
         if (self._factorization.name, self._factorization.n) != (self.mechanism, self.horizon):
             raise ValueError("the factorization does not match the stream's mechanism and N")
         self.kind = self._factorization.stream_kind
-        # tree: levels and estimates of the current dyadic cover (stack, largest first);
-        # toeplitz/dense: every past ξ row, in a buffer that grows by doubling;
-        # blt: the buffers r (buffers × d), updated in place.
-        self._levels: list[int] = list(levels or [])
-        self._rows: list[np.ndarray] = []
-        self._buf = np.zeros((0, self.dim))
-        self._count = 0
-        given = [] if rows is None else list(rows)
-        if self.kind in ("toeplitz", "dense"):
-            self._buf = np.array(given, dtype=np.float64).reshape(len(given), self.dim)
-            self._count = len(given)
-        elif self.kind == "blt":
-            k = self._factorization.buffers  # type: ignore[attr-defined]
-            self._buf = (
-                np.array(given, dtype=np.float64).reshape(len(given), self.dim)
-                if given else np.zeros((k, self.dim))
-            )
-            self._count = len(self._buf)
-        else:
-            self._rows = [np.asarray(r, dtype=np.float64) for r in given]
+        # the mechanism's own recurrence (mechanisms/streaming.py): no dispatch on names here
+        self._kernel = self._factorization.stream_kernel()
+        given = [] if rows is None else [self._as_row(r) for r in rows]
+        for r in given:
+            if tuple(r.shape) != (self.dim,):
+                raise ValueError("noise state buffers have the wrong dimension")
+        self._state = self._kernel.init(self._ops, self.dim, list(levels or []), given)
+
+    def _as_row(self, row: np.ndarray) -> np.ndarray:
+        """One serialized row as an array of this stream's namespace."""
+        return np.asarray(row, dtype=np.float64)
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -221,14 +219,7 @@ class NoiseStream:
                 f"all of them have been used; adding more noisy steps would exceed the privacy "
                 f"budget (or reuse noise)"
             )
-        if self.kind == "independent":
-            unit = self._draw()
-        elif self.kind == "tree":
-            unit = self._next_tree()
-        elif self.kind == "blt":
-            unit = self._next_blt()
-        else:
-            unit = self._next_dense()
+        unit = self._kernel.next(self._state, self.step, self._draw, self._ops)
         self.step += 1
         if self.std != 1.0:
             unit *= self.std  # in place: every kind returns a fresh array
@@ -266,72 +257,6 @@ class NoiseStream:
     def _draw(self) -> np.ndarray:
         return self._rng.standard_normal(self.dim)
 
-    def _next_tree(self) -> np.ndarray:
-        # Leaf `step` completes, then every ancestor whose interval ends here. The
-        # efficient tree draws each one's own noise in that order (the node order of
-        # BinaryTree.matrices()); the vanilla tree draws only the largest, the one node that
-        # enters the dyadic cover (BinaryTree.drawn_nodes says why).
-        tree = self._factorization
-        assert isinstance(tree, BinaryTree)
-        est = self._draw() if tree.efficient else None
-        level = 0
-        removed: np.ndarray | None = None
-        while self._levels and self._levels[-1] == level:
-            self._levels.pop()
-            left = self._rows.pop()
-            if removed is None:
-                removed = left.copy()
-            else:
-                removed += left
-            if tree.efficient:
-                own = self._draw()
-                alpha = tree.alpha[level + 1]
-                est += left  # type: ignore[operator]
-                est *= 1.0 - alpha  # type: ignore[operator]
-                own *= alpha
-                est += own  # type: ignore[operator]
-            level += 1
-        if est is None:
-            est = self._draw()
-        self._levels.append(level)
-        self._rows.append(est)
-        # a fresh array: the caller scales it in place, and `est` is kept as state
-        return est.copy() if removed is None else np.subtract(est, removed, out=removed)
-
-    def _next_blt(self) -> np.ndarray:
-        # C·e = ξ as a recursion (mechanisms/blt.py): O(buffers·d) work, no history
-        blt = self._factorization
-        assert isinstance(blt, BufferedToeplitz)
-        r = self._buf
-        e = self._draw()
-        theta = blt.theta[:, None]
-        # in cache-sized column chunks, so the k×d buffers cross memory once per step
-        for lo in range(0, self.dim, _CHUNK):
-            sl = slice(lo, lo + _CHUNK)
-            part = r[:, sl]
-            e[sl] -= blt.omega @ part
-            part *= theta
-            part += e[sl]
-        return e
-
-    def _next_dense(self) -> np.ndarray:
-        if self._count == self._buf.shape[0]:
-            # doubling, but never past the horizon: at d ≈ 3·10⁵ (a CNN) the rows are
-            # the learner's whole memory, and a buffer of 2N rows would double it
-            grown = np.zeros((min(self.horizon, max(16, 2 * self._count)), self.dim))
-            grown[: self._count] = self._buf[: self._count]
-            self._buf = grown
-        self._buf[self._count] = self._draw()
-        self._count += 1
-        k = self.step
-        if self.kind == "toeplitz":
-            # g(k), g(k−1), …, g(0) as a contiguous slice (a reversed view is 2× slower)
-            g_rev = self._factorization.g_reversed  # type: ignore[attr-defined]
-            coef = g_rev[self.horizon - 1 - k :]
-        else:
-            coef = self._factorization.Cinv[k, : k + 1]  # type: ignore[attr-defined]
-        return coef @ self._buf[: self._count]
-
     @property
     def factorization(self) -> Factorization:
         """The exact factorization this stream's noise comes from."""
@@ -340,43 +265,49 @@ class NoiseStream:
     # -- cheap undo, for a round that fails half-way ---------------------------------
     def checkpoint(self) -> tuple:
         """A token to :meth:`rollback` to; O(log N) work and no copy of the history
-        (the BLT buffers, updated in place, are copied: ``buffers·d`` floats)."""
+        (buffers a kernel updates in place, BLT's, are copied: ``buffers·d`` floats)."""
+        st = self._state
         return (
             self.step,
-            self._rng.state  # secure (ChaCha20): (key, block)
-            if isinstance(self._rng, ChaCha20Gaussian) else self._rng.bit_generator.state,
-            list(self._levels),
-            list(self._rows),  # tree estimates are replaced, never modified in place
-            self._count,
-            self._buf.copy() if self.kind == "blt" else None,
+            self._rng_state(),
+            list(st.levels),
+            list(st.rows),  # tree estimates are replaced, never modified in place
+            st.count,
+            self._ops.copy(st.buf) if self._kernel.mutates_buffer else None,
         )
 
     def rollback(self, token: tuple) -> None:
         """Undo every :meth:`next` since ``token`` was taken (nothing was released)."""
-        self.step, rng_state, levels, rows, count, blt_buffers = token
+        self.step, rng_state, levels, rows, count, buffers = token
+        self._set_rng_state(rng_state)
+        st = self._state
+        st.levels, st.rows, st.count = list(levels), list(rows), count
+        if buffers is not None:
+            st.buf[...] = buffers
+
+    def _rng_state(self) -> object:
+        if isinstance(self._rng, ChaCha20Gaussian):  # secure (ChaCha20): (key, block)
+            return self._rng.state
+        return self._rng.bit_generator.state
+
+    def _set_rng_state(self, state: object) -> None:
         if isinstance(self._rng, ChaCha20Gaussian):
-            self._rng.state = rng_state
+            self._rng.state = state  # type: ignore[assignment]
         else:
-            self._rng.bit_generator.state = rng_state
-        self._levels, self._rows, self._count = list(levels), list(rows), count
-        if blt_buffers is not None:
-            self._buf[...] = blt_buffers
+            self._rng.bit_generator.state = state
 
     # -- state --------------------------------------------------------------------------
     @property
     def state_floats(self) -> int:
         """Floats held besides the generator: the stream's memory (history rows for the
         dense kinds, cover estimates for the tree, the buffers for BLT)."""
-        return (len(self._rows) + self._count) * self.dim
+        return self._kernel.state_floats(self._state) * self.dim
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything needed to continue the stream, as plain arrays (no pickle)."""
         shape_lens = np.array([len(s) for s in self.shapes], dtype=np.int64)
         shape_dims = np.array([d for s in self.shapes for d in s], dtype=np.int64)
-        if self.kind in ("toeplitz", "dense", "blt"):
-            rows = self._buf[: self._count].copy()
-        else:
-            rows = np.asarray(self._rows) if self._rows else np.zeros((0, self.dim))
+        rows = self._rows_array(self._kernel.saved_rows(self._state))
         return {
             "format": np.array(STATE_FORMAT, dtype=np.int64),
             "mechanism": np.array(self.mechanism),
@@ -385,71 +316,74 @@ class NoiseStream:
             "shape_dims": shape_dims,
             "std": np.array(self.std, dtype=np.float64),
             "step": np.array(self.step, dtype=np.int64),
-            "rng": _pack_rng(self._rng),
+            "rng": self._pack_rng(),
             "secure": np.array(isinstance(self._rng, ChaCha20Gaussian)),
-            "levels": np.array(self._levels, dtype=np.int64),
+            "levels": np.array(self._state.levels, dtype=np.int64),
             "factorization": np.array(self._factorization.digest),
             "rows": rows,
         }
 
+    def _rows_array(self, saved: list[np.ndarray]) -> np.ndarray:
+        return np.array(saved) if saved else np.zeros((0, self.dim))
+
+    def _pack_rng(self) -> np.ndarray:
+        return _pack_rng(self._rng)
+
     @classmethod
     def from_state_dict(cls, state: dict[str, np.ndarray]) -> NoiseStream:
         """Rebuild a stream from :meth:`state_dict`; validates what it reads."""
-        try:
-            if int(state["format"]) != STATE_FORMAT:
-                raise ValueError(f"unsupported noise-state format {int(state['format'])}")
-            lens = [int(x) for x in state["shape_lens"]]
-            dims = [int(x) for x in state["shape_dims"]]
-            shapes, offset = [], 0
-            for n in lens:
-                shapes.append(tuple(dims[offset : offset + n]))
-                offset += n
-            rows = np.asarray(state["rows"], dtype=np.float64)
-            mechanism, horizon = str(state["mechanism"]), int(state["horizon"])
-            # the exact factorization the stream was made with, never a newer cache entry
-            factorization = (
-                factorization_by_digest(mechanism, horizon, str(state["factorization"]))
-                if "factorization" in state else None  # states written before digests
+        if str(state.get("backend", "numpy")) != "numpy":
+            raise ValueError(
+                f"this is the state of a {state['backend']} noise stream; restore it with "
+                f"flwr_corrnoise.torch_streams.TorchNoiseStream"
             )
+        try:
+            kwargs = cls._parse_state(state)
             stream = cls(
-                mechanism=mechanism,
-                horizon=horizon,
-                shapes=normalize_shapes(shapes),
-                std=float(state["std"]),
                 rng=_unpack_rng(  # type: ignore[arg-type]
                     np.asarray(state["rng"]),
                     secure=bool(state["secure"]) if "secure" in state else False,
                 ),
-                step=int(state["step"]),
-                levels=[int(x) for x in state["levels"]],
-                rows=rows,
-                factorization=factorization,
+                rows=np.asarray(state["rows"], dtype=np.float64),
+                **kwargs,
             )
         except (KeyError, TypeError, IndexError) as err:
             raise ValueError(f"malformed noise-stream state: {err!r}") from err
         stream._check_consistent()
         return stream
 
+    @staticmethod
+    def _parse_state(state: dict[str, np.ndarray]) -> dict:
+        """The fields every backend's state shares (all but the generator and the rows)."""
+        if int(state["format"]) != STATE_FORMAT:
+            raise ValueError(f"unsupported noise-state format {int(state['format'])}")
+        lens = [int(x) for x in state["shape_lens"]]
+        dims = [int(x) for x in state["shape_dims"]]
+        shapes, offset = [], 0
+        for n in lens:
+            shapes.append(tuple(dims[offset : offset + n]))
+            offset += n
+        mechanism, horizon = str(state["mechanism"]), int(state["horizon"])
+        # the exact factorization the stream was made with, never a newer cache entry
+        factorization = (
+            factorization_by_digest(mechanism, horizon, str(state["factorization"]))
+            if "factorization" in state else None  # states written before digests
+        )
+        return {
+            "mechanism": mechanism,
+            "horizon": horizon,
+            "shapes": normalize_shapes(shapes),
+            "std": float(state["std"]),
+            "step": int(state["step"]),
+            "levels": [int(x) for x in state["levels"]],
+            "factorization": factorization,
+        }
+
     def _check_consistent(self) -> None:
         """Reject a state whose buffers do not match its step (corruption, tampering)."""
         if not 0 <= self.step <= self.horizon:
             raise ValueError(f"noise state step {self.step} outside [0, {self.horizon}]")
-        if any(r.shape != (self.dim,) for r in self._rows) or self._buf.shape[1:] != (self.dim,):
-            raise ValueError("noise state buffers have the wrong dimension")
-        if self.kind == "tree":
-            expected = [h for h in range(self.step.bit_length() - 1, -1, -1) if self.step >> h & 1]
-            if self._levels != expected or len(self._rows) != len(expected):
-                raise ValueError("tree noise state does not match its step")
-        elif self.kind in ("toeplitz", "dense"):
-            if self._count != self.step:
-                raise ValueError("noise state history does not match its step")
-        elif self.kind == "blt":
-            if self._buf.shape != (self._factorization.buffers, self.dim):  # type: ignore[attr-defined]
-                raise ValueError("BLT noise state does not have one buffer per BLT buffer")
-            if not np.all(np.isfinite(self._buf)):
-                raise ValueError("BLT noise state holds non-finite values")
-        elif self._rows:
-            raise ValueError("independent noise state must not hold buffers")
+        self._kernel.check(self._state, self.step, self.dim)
 
     def to_bytes(self) -> bytes:
         """Serialize (for ``context.state`` or disk): :mod:`flwr_corrnoise.arraypack`."""

@@ -47,7 +47,13 @@ def test_mechanisms_table(steps: str) -> None:
 
 def test_torch_step() -> None:
     pytest.importorskip("torch")
-    rows = run("torch_step.py", "--steps", "3", "--repeats", "1",
-               "--mechanisms", "none", "blt")
-    assert [r[0] for r in rows[1:]] == ["none", "blt"]
-    assert all(float(r[1]) > 0 and float(r[2]) > 0 and r[3].endswith("×") for r in rows[1:])
+    rows = run("torch_step.py", "--batch-sizes", "1", "4", "--steps", "2", "--repeats", "1",
+               "--mechanisms", "blt")
+    by = {(r[0], r[1]): r for r in rows[1:]}
+    for b in ("1", "4"):
+        assert {(b, "bare SGD"), (b, "draw d Gaussians + bare"), (b, "ours, blt"),
+                (b, "host reference (v0.x), blt")} <= set(by)
+        assert by[(b, "bare SGD")][3] == "1.00×"
+    assert ("1", "ours, blt, whole-batch clip") in by
+    assert all(float(r[2]) > 0 and r[3].endswith("×") and r[4].endswith("×")
+               for r in rows[1:])

@@ -110,3 +110,33 @@ def test_final_noise_to_signal_matches_a_sampled_stream(mechanism: str) -> None:
     sampled = np.linalg.norm(total / setup.num_learners) / (setup.steps * setup.clip)
     assert sampled == pytest.approx(ratio, rel=0.03)
     assert final_noise_to_signal(setup.with_(mechanism="none"), d) == 0.0
+
+
+def test_collapse_diagnostics_measure_the_noise_drift(root: Path, tmp_path: Path) -> None:
+    """simulations/cnn_collapse.py: at τ = 1 gradients are taken at x^r (no drift); at
+    τ = 2 the second iterate's drift is the learner's own noise increment, whose norm
+    η·V·√d·‖(C⁻¹)_k‖ we compute from the factorization independently."""
+    from flwr_corrnoise.learner import PrivacySettings
+    from flwr_corrnoise.mechanisms import build_factorization
+    from simulations import cnn_collapse
+
+    cnn_collapse.main(["--data-root", str(root), "--dataset", "mnist", "--learners", "2",
+                       "--steps", "4", "--horizon", "4", "--taus", "1", "2", "--methods",
+                       "blt", "--every", "2", "--probe", "20", "--out", str(tmp_path)])
+    rows = list(csv.DictReader((tmp_path / "diagnostics.csv").open()))
+    assert {(r["tau"], r["step"]) for r in rows} == {(t, s) for t in ("1", "2")
+                                                     for s in ("0.0", "2.0", "4.0")}
+    settings = PrivacySettings(mechanism="blt", horizon=4)
+    v, eta = settings.calibration().std, 0.02  # type: ignore[union-attr]
+    m = build_factorization("blt", 4).noising_matrix()
+    d = sum(p.numel() for p in PaperCNN().parameters())
+    for r in rows:
+        assert 0.0 <= float(r["dead-conv2"]) <= 1.0 and 0.0 <= float(r["accuracy"]) <= 1.0
+        if r["step"] == "0.0":
+            continue
+        if r["tau"] == "1":
+            assert float(r["drift"]) == 0.0
+        else:  # iterates t = 0 (no drift) and t = 1 (one increment) of the round at k
+            k = int(float(r["step"])) - 2
+            expected = eta * v * np.sqrt(d) * np.linalg.norm(m[k]) / 2
+            assert float(r["drift"]) == pytest.approx(expected, rel=0.02)

@@ -17,6 +17,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from .streaming import HistoryKernel, StreamKernel
+
 
 def prefix_sum_matrix(n: int) -> np.ndarray:
     """Return ``A``, the ``n×n`` lower-triangular matrix of ones (the prefix-sum workload)."""
@@ -165,6 +167,23 @@ class Factorization(ABC):
         """
         B, _ = self.matrices()
         return np.diff(B, axis=0, prepend=np.zeros((1, B.shape[1])))
+
+    def stream_kernel(self) -> StreamKernel:
+        """This mechanism's streaming recurrence (:mod:`.streaming`), built once.
+
+        Why here: the mechanism owns its math, so a noise stream (NumPy or torch) asks the
+        factorization for its kernel instead of dispatching on names. The default streams
+        any square factorization from its dense noising matrix (``k·d`` floats of history);
+        mechanisms with a cheaper recurrence override :meth:`_make_stream_kernel`.
+        """
+        kernel = getattr(self, "_stream_kernel", None)
+        if kernel is None:
+            kernel = self._make_stream_kernel()
+            self._stream_kernel = kernel
+        return kernel
+
+    def _make_stream_kernel(self) -> StreamKernel:
+        return HistoryKernel(self.stream_kind or "dense", self.n, matrix=self.noising_matrix)
 
     def summary(self) -> dict[str, float | int | str]:
         """The figures the CLI prints and ``docs/mechanisms.md`` tabulates."""

@@ -43,6 +43,7 @@ from scipy.optimize import minimize
 
 from . import cache
 from .base import Factorization
+from .streaming import BLTKernel, StreamKernel
 
 #: default number of buffers: 4 is within 0.1 % of 5 or 6 at N ≤ 10⁵ (docs/benchmarks.md)
 DEFAULT_BUFFERS = 4
@@ -295,3 +296,6 @@ class BufferedToeplitz(Factorization):
         from scipy.linalg import toeplitz
 
         return np.tril(toeplitz(self.g))
+
+    def _make_stream_kernel(self) -> StreamKernel:
+        return BLTKernel(self.theta, self.omega)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Factorization, prefix_sum_matrix
+from .streaming import IndependentKernel, StreamKernel
 
 
 class Independent(Factorization):
@@ -29,3 +30,6 @@ class Independent(Factorization):
 
     def matrices(self) -> tuple[np.ndarray, np.ndarray]:
         return prefix_sum_matrix(self.n), np.eye(self.n)
+
+    def _make_stream_kernel(self) -> StreamKernel:
+        return IndependentKernel()

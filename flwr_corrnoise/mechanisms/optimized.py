@@ -35,6 +35,7 @@ import scipy.linalg as sla
 
 from . import cache
 from .base import Factorization, check_horizon
+from .streaming import HistoryKernel, StreamKernel
 
 #: default stopping rule: relative gap of ‖B‖_F² to the certified lower bound
 DEFAULT_GAP = 1e-4
@@ -249,3 +250,6 @@ class Optimized(Factorization):
     def lower_bound_rmse(self) -> float:
         """Certified lower bound on the RMSE of *any* factorization at unit sensitivity."""
         return float(np.sqrt(self.lower_bound / self.n))
+
+    def _make_stream_kernel(self) -> StreamKernel:
+        return HistoryKernel("dense", self.n, matrix=lambda: self.Cinv)

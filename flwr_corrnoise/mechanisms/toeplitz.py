@@ -15,6 +15,7 @@ import numpy as np
 from scipy.linalg import toeplitz
 
 from .base import Factorization
+from .streaming import HistoryKernel, StreamKernel
 
 
 def sqrt_coefficients(n: int) -> np.ndarray:
@@ -70,3 +71,7 @@ class ToeplitzSqrt(Factorization):
 
     def noising_matrix(self) -> np.ndarray:
         return np.tril(toeplitz(self.g))
+
+    def _make_stream_kernel(self) -> StreamKernel:
+        # e[k] = Σ_j g(k−j)·ξ_j: C⁻¹ is dense, so every past ξ row is kept
+        return HistoryKernel("toeplitz", self.n, toeplitz_g=self.g)

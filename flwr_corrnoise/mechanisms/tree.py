@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Factorization
+from .streaming import StreamKernel, TreeKernel
 
 
 def node_list(n: int) -> list[tuple[int, int]]:
@@ -155,3 +156,6 @@ class BinaryTree(Factorization):
                 B[k] += est[index[(h, end)]]
                 start = end + 1
         return B, C
+
+    def _make_stream_kernel(self) -> StreamKernel:
+        return TreeKernel(self.efficient, self.alpha)
