@@ -66,8 +66,13 @@ class ReplayNoise:
         self.stream = TorchNoiseStream.from_bytes(stream.to_bytes())
         self.dim = self.stream.dim
 
+    secure = False  # torch streams are never secure (ChaCha20 is NumPy-only)
+
     def next(self) -> np.ndarray:
         return self.stream.next().numpy()
+
+    def add_next(self, value: np.ndarray) -> np.ndarray:
+        return value + self.next()
 
     def checkpoint(self):
         return self.stream.checkpoint()
