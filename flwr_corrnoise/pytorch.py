@@ -42,10 +42,12 @@ from flwr.clientapp import ClientApp
 from .flower.client import CorrNoiseNumPyClient, make_client_app
 from .learner import LearnerState, NonFiniteError, PrivacySettings, RoundResult, local_round
 from .streams import HorizonExhaustedError
+from .torch_streams import TorchNoiseStream
 
 __all__ = [
     "BatchStream",
     "DeviceRound",
+    "FlowerPrivateOptimizer",
     "LossFn",
     "ModuleGradient",
     "PrivateOptimizer",
@@ -53,6 +55,7 @@ __all__ = [
     "device_local_round",
     "get_parameters",
     "make_torch_client_app",
+    "private_optimizer",
     "set_parameters",
     "torch_local_round",
 ]
@@ -378,13 +381,12 @@ class PrivateOptimizer:
         *,
         seed: int | None = None,
         state: bytes | None = None,
+        stream: TorchNoiseStream | None = None,
         loss_fn: LossFn = torch.nn.functional.cross_entropy,
         noise_dtype: torch.dtype | None = None,
         per_example: str = "auto",
     ) -> None:
         from torch.func import functional_call, grad_and_value, vmap
-
-        from .torch_streams import TorchNoiseStream
 
         self.optimizer = optimizer
         self.model = model
@@ -405,12 +407,20 @@ class PrivateOptimizer:
         self.shapes = [tuple(p.shape) for p in self.params]
         self.dim = sum(p.numel() for p in self.params)
         dtype = noise_dtype or self.params[0].dtype
-        if state is not None and seed is not None:
-            raise ValueError("give a seed for a new learner or a state to continue one, not both")
+        if sum(x is not None for x in (seed, state, stream)) > 1:
+            raise ValueError("give a seed for a new learner, or a state or a stream to "
+                             "continue one; only one of them")
         self.noise: TorchNoiseStream | None = None
         self._steps = 0
         if state is not None:
             self._load(state)
+        elif stream is not None:  # a learner state's stream (private_optimizer)
+            if not settings.private:
+                raise ValueError("the noiseless baseline has no noise stream")
+            if stream.dim != self.dim or stream.device.type != self.device.type:
+                raise ValueError(f"the stream holds {stream.dim} floats on {stream.device}, "
+                                 f"the model {self.dim} on {self.device}")
+            self.noise, self._steps = stream, stream.step
         elif settings.private:
             cal = settings.calibration()
             assert cal is not None
@@ -768,3 +778,101 @@ def device_local_round(
         raise
     return DeviceRound(update=update, position=position + int(tau), metrics=private.metrics(),
                        diagnostics=private.diagnostics())
+
+
+class FlowerPrivateOptimizer(PrivateOptimizer):
+    """:class:`PrivateOptimizer` inside a Flower ``ClientApp``, built by
+    :func:`private_optimizer`: its noise stream and counters are the learner's state that
+    :class:`~flwr_corrnoise.flower.PrivateSteps` loads, locks and stores, and
+    :meth:`reply` is the release gate's reply."""
+
+    private: Any  # the round's PrivateSteps (annotated loosely: no Flower import cycle)
+
+    def reply(self, arrays: Any, metrics: Mapping[str, Any] | None = None) -> Any:
+        """The train reply (see :meth:`PrivateSteps.reply`): ``arrays`` is the local model
+        (e.g. ``ArrayRecord(model.state_dict())``) after the private steps. The steps taken
+        are recorded in the learner's state before it is stored."""
+        private = self.private
+        taken = self._steps - private.state.step
+        private.state.step += taken
+        private.state.position += taken
+        diag = self.diagnostics()  # data-dependent: the learner's diagnostics file only
+        private._clipped += int(diag["clipped-examples"])
+        private._nonfinite += int(diag["nonfinite-examples"])
+        return private.reply(arrays, metrics)
+
+
+def private_optimizer(
+    msg: Any,
+    context: Context,
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    *,
+    config_defaults: Mapping[str, Any] | None = None,
+    release_metrics: Iterable[str] = (),
+    **kwargs: Any,
+) -> FlowerPrivateOptimizer:
+    """Per-step correlated noise in the user's own PyTorch loop inside a Flower
+    ``ClientApp`` (the app needs ``ClientApp(mods=[PrivateSteps.guard()])``)::
+
+        opt = private_optimizer(msg, context, torch.optim.SGD(model.parameters(), lr=lr), model)
+        for x, y in my_stream(context, steps):
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()   # or opt.backward(x, y): per-example clipping
+            opt.step()                        # clip + next correlated increment + SGD step
+        return opt.reply(ArrayRecord(model.state_dict()), metrics)
+
+    Why on top of :class:`~flwr_corrnoise.flower.PrivateSteps`: one learner session owns
+    the settings, the proposal check, the lock, the stored state and the reply, whichever
+    loop runs; the optimizer only supplies the device step. The learner's stream is a
+    :class:`~flwr_corrnoise.torch_streams.TorchNoiseStream` on the model's device, stored
+    in the learner's state like any stream. A fresh learner's stream is made from the
+    learner's seed on the model's device; a stored host (NumPy) stream that has released
+    noise cannot be moved to the device (its generator differs), so that is refused, as is
+    secure noise (ChaCha20 is NumPy-only: use :meth:`PrivateSteps.step`). The model's
+    parameters must be the received arrays (same order and shapes: no buffers).
+    ``kwargs`` go to :class:`PrivateOptimizer` (``loss_fn``, ``noise_dtype``,
+    ``per_example``).
+    """
+    from .flower.steps import PrivateSteps
+    from .learner import PrivacyConfigError
+
+    private = PrivateSteps(msg, context, config_defaults=config_defaults,
+                           release_metrics=release_metrics)
+    try:
+        if private.session.secure:
+            raise PrivacyConfigError(
+                "secure noise (ChaCha20 on a grid) is NumPy-only: the device optimizer "
+                "cannot use it; call PrivateSteps.step() on host gradients, or set "
+                "secure-noise = false")
+        params = list(model.parameters())
+        if [tuple(p.shape) for p in params] != [tuple(s) for s in private.shapes]:
+            raise PrivacyConfigError(
+                "the model's parameters are not the arrays the server sent (order and "
+                "shapes must match; send model parameters only, no buffers)")
+        state = private.state
+        noise = state.noise
+        device = params[0].device
+        dtype = kwargs.pop("noise_dtype", None) or params[0].dtype
+        if noise is not None and not isinstance(noise, TorchNoiseStream):
+            if noise.step != 0 or state.seed is None:
+                raise PrivacyConfigError(
+                    "this learner's stored noise stream is a host (NumPy) stream that has "
+                    "released noise; it cannot continue on the device (another generator): "
+                    "keep using PrivateSteps.step(), or start a new learner")
+            noise = TorchNoiseStream.create(private.settings.mechanism,
+                                            private.settings.horizon, private.shapes,
+                                            noise.std, state.seed, device=device, dtype=dtype)
+        elif noise is not None and noise.device != device:
+            noise = TorchNoiseStream.from_bytes(noise.to_bytes(), device)
+        state.noise = noise
+        opt = FlowerPrivateOptimizer(optimizer, model, private.settings, stream=noise,
+                                     **kwargs)
+        if noise is None:
+            opt._steps = state.step
+        opt.private = private
+        private.external = True  # its own step() would mix host and device noise
+    except BaseException:
+        private.close()
+        raise
+    return opt

@@ -332,7 +332,17 @@ class NoiseStream:
     @classmethod
     def from_state_dict(cls, state: dict[str, np.ndarray]) -> NoiseStream:
         """Rebuild a stream from :meth:`state_dict`; validates what it reads."""
-        if str(state.get("backend", "numpy")) != "numpy":
+        backend = str(state.get("backend", "numpy"))
+        if backend == "torch" and cls is NoiseStream:
+            # a learner state may hold a device stream (flwr_corrnoise.pytorch): restored
+            # on a device of the type it was saved on
+            try:
+                from .torch_streams import TorchNoiseStream
+            except ImportError as err:
+                raise ValueError("this learner state holds a PyTorch noise stream; "
+                                 "restoring it needs the 'torch' extra") from err
+            return TorchNoiseStream.from_state_dict(state)
+        if backend != "numpy":
             raise ValueError(
                 f"this is the state of a {state['backend']} noise stream; restore it with "
                 f"flwr_corrnoise.torch_streams.TorchNoiseStream"

@@ -1,7 +1,8 @@
-"""docs/adopt.md's three diffs, applied to a plain Message-API NumPy app and run on Flower.
+"""docs/adopt.md's diffs, applied to plain Message-API apps (NumPy, PyTorch), run on Flower.
 
-The plain app (``tests/adoption/plain_app``: logistic regression, local SGD on a stream
-kept in ``context.state``, FedAvg) and the diffs (``tests/adoption/*.diff``) are the files
+The plain apps (``tests/adoption/plain_app``: logistic regression, local SGD on a stream
+kept in ``context.state``, FedAvg; ``plain_torch_app``: the same with ``torch.optim.SGD``)
+and the diffs (``tests/adoption/*.diff``) are the files
 docs/adopt.md shows verbatim. Each diff is applied with ``patch``, the result runs on
 Flower's Ray simulation engine with the app's own run config, and must train privately
 (not the noiseless model), report every learner's ε by partition id, and stay within the
@@ -22,7 +23,7 @@ from .adoption import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 #: changed lines (added + removed) each variant may take (issue 13)
-BUDGET = {"per-step": 10, "per-round": 5, "central": 5}
+BUDGET = {"per-step": 10, "per-round": 5, "central": 5, "per-step-torch": 10}
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -32,7 +33,8 @@ def test_docs_show_the_tested_diffs_and_app_verbatim() -> None:
     doc = (ROOT / "docs" / "adopt.md").read_text()
     for variant in harness.VARIANTS:
         assert harness.diff_path(variant).read_text() in doc, variant
-    assert (harness.PLAIN / "plain_app.py").read_text() in doc  # the app the diffs patch
+    for plain in (harness.PLAIN, harness.PLAIN_TORCH):  # the apps the diffs patch
+        assert (plain / "plain_app.py").read_text() in doc, plain
 
 
 @pytest.mark.parametrize("variant", harness.VARIANTS)
@@ -62,6 +64,8 @@ def noiseless_model(rounds: int, steps: int, lr: float, learners: int = 2) -> np
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", harness.VARIANTS)
 def test_adopted_app_trains_privately_and_reports_privacy(variant: str, tmp_path: Path) -> None:
+    if variant.endswith("-torch"):
+        pytest.importorskip("torch")
     app = harness.adopt(variant, tmp_path / variant)
     module = harness.load(app, f"adopted_{variant.replace('-', '_')}")
     harness.simulate(app, module)
@@ -81,6 +85,7 @@ def test_adopted_app_trains_privately_and_reports_privacy(variant: str, tmp_path
     final = result.arrays.to_numpy_ndarrays()[0]
     assert np.all(np.isfinite(final))
     # private: the released model is not the noiseless one the plain app would produce
+    # (the PyTorch app computes the same SGD in float32)
     plain = noiseless_model(rounds, 4, 0.2)
     assert np.linalg.norm(final - plain) > 1e-3
     assert set(result.evaluate_metrics_serverapp) == {0, 1, 2, 3}

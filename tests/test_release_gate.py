@@ -217,7 +217,37 @@ def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
             c, model_fn(c), mse, batches(kind),
             evaluate_fn=lambda m: (datum(kind, POSITION), 1, {})))
 
-    return {"make_torch_client_app": torch_app, "TorchCorrNoiseClient": torch_client}
+    def optimizer_app(kind: str) -> ClientApp:
+        """The user's own PyTorch loop with the device optimizer (per-example clipping)."""
+        from flwr_corrnoise.pytorch import private_optimizer
+
+        app = ClientApp(mods=[PrivateSteps.guard()])
+
+        @app.train()
+        def train(msg: Message, context: Context) -> Message:
+            model = model_fn(context)
+            with torch.no_grad():
+                model.weight.copy_(torch.from_numpy(
+                    msg.content["arrays"].to_numpy_ndarrays()[0]))
+            opt = private_optimizer(msg, context, torch.optim.SGD(model.parameters(), lr=0.1),
+                                    model, loss_fn=mse)
+            r = int(msg.content["config"]["server-round"])
+            for t in range(TAU):
+                opt.zero_grad()
+                loss = opt.backward(*batches(kind)((r - 1) * TAU + t))
+                opt.step()
+            return opt.reply([p.detach().numpy() for p in model.parameters()],
+                             {"num-examples": 7, "train-loss": float(loss)})
+
+        @app.evaluate()
+        def evaluate(msg: Message, context: Context) -> Message:
+            return Message(RecordDict({"metrics": MetricRecord({"loss": datum(kind, POSITION)})}),
+                           reply_to=msg)
+
+        return app
+
+    return {"make_torch_client_app": torch_app, "TorchCorrNoiseClient": torch_client,
+            "private_optimizer": optimizer_app}
 
 
 def all_front_ends() -> dict[str, Callable[[str], ClientApp]]:
@@ -228,7 +258,7 @@ def all_front_ends() -> dict[str, Callable[[str], ClientApp]]:
 @pytest.mark.parametrize("front_end", ["make_client_app", "numpy_client_app",
                                        "CorrNoiseRoundMod", "PrivateSteps",
                                        "make_torch_client_app",
-                                       "TorchCorrNoiseClient"])
+                                       "TorchCorrNoiseClient", "private_optimizer"])
 @pytest.mark.parametrize("other", ["huge", "nonfinite"])
 def test_neighbouring_streams_send_identical_replies_but_for_the_noised_arrays(
     front_end: str, other: str, tmp_path: Path

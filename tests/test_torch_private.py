@@ -280,7 +280,7 @@ def test_other_settings_or_foreign_parameters_are_refused() -> None:
     with pytest.raises(PrivacyConfigError, match="other privacy settings"):
         PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model,
                          settings("blt", clip=1.0), state=blob)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="only one of them"):
         PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model, s, seed=1,
                          state=blob)
     other = torch.nn.Linear(2, 2)

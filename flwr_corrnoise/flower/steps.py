@@ -133,6 +133,9 @@ class PrivateSteps:
         self.first_step, self.first_position = self.state.step, self.state.position
         self._clipped = self._nonfinite = 0
         self._done = False
+        #: the steps are taken by a device optimizer that owns the stream
+        #: (:func:`flwr_corrnoise.pytorch.private_optimizer`)
+        self.external = False
         with _lock:
             _OPEN[id(msg)] = self
 
@@ -155,6 +158,9 @@ class PrivateSteps:
         (:class:`~flwr_corrnoise.streams.HorizonExhaustedError`), before any release."""
         if self._done:
             raise PrivacyConfigError("step() after reply(): the round was released")
+        if self.external:
+            raise PrivacyConfigError("this round's steps belong to the device optimizer "
+                                     "(private_optimizer): call its step()")
         single = isinstance(grad, np.ndarray)
         parts = [np.asarray(grad)] if single else [np.asarray(g) for g in grad]
         flat = np.concatenate([p.astype(np.float64).ravel() for p in parts])

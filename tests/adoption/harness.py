@@ -24,7 +24,13 @@ from flwr.simulation.run_simulation import EventType, _run_simulation
 
 HERE = Path(__file__).resolve().parent
 PLAIN = HERE / "plain_app"
-VARIANTS = ("per-step", "per-round", "central")
+PLAIN_TORCH = HERE / "plain_torch_app"  # the same app in PyTorch (torch.optim.SGD)
+VARIANTS = ("per-step", "per-round", "central", "per-step-torch")
+
+
+def plain_dir(variant: str | None) -> Path:
+    """The plain app a variant's diff patches (both keep their code in ``plain_app.py``)."""
+    return PLAIN_TORCH if variant is not None and variant.endswith("-torch") else PLAIN
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
     "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False},
@@ -47,7 +53,7 @@ def adopt(variant: str | None, dest: Path, run_config: dict[str, object] | None 
     """A copy of the plain app in ``dest`` with ``variant``'s diff applied (``None``: the
     plain app) and ``run_config`` entries set in its ``pyproject.toml`` (a value ``None``
     removes the key)."""
-    shutil.copytree(PLAIN, dest)
+    shutil.copytree(plain_dir(variant), dest)
     if variant is not None:
         subprocess.run(["patch", "-p1", "--no-backup-if-mismatch", "-i",
                         str(diff_path(variant))], cwd=dest, check=True, capture_output=True)
