@@ -12,8 +12,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -57,10 +60,18 @@ def superlink_pids(flwr_home: Path) -> list[int]:
     return found
 
 
-@pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr CLI not installed")
-def test_flwr_run_local_simulation(tmp_path: Path) -> None:
+#: the ``flwr`` CLI of *this* environment (beside ``sys.executable``), not whatever ``PATH``
+#: finds: a user's venv need not be activated
+FLWR = Path(sys.executable).parent / "flwr"
+needs_flwr = pytest.mark.skipif(not FLWR.exists(), reason=f"flwr CLI not beside {sys.executable}")
+
+
+@contextmanager
+def flwr_env(**extra: str) -> Iterator[dict[str, str]]:
+    """An environment with its own ``FLWR_HOME`` and free ports for ``flwr run``; on exit,
+    the background ``flower-superlink`` that ``flwr run`` leaves behind is stopped by its
+    pid (only the ones under this home) and the home removed."""
     home = Path(tempfile.mkdtemp(prefix="flwrhome", dir="/tmp"))
-    out = tmp_path / "results"
     env = {
         **os.environ,
         "FLWR_HOME": str(home),
@@ -69,12 +80,28 @@ def test_flwr_run_local_simulation(tmp_path: Path) -> None:
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_TELEMETRY_ENABLED": "0",
         "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        **extra,
     }
+    try:
+        yield env
+    finally:
+        for pid in superlink_pids(home):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while superlink_pids(home) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        shutil.rmtree(home, ignore_errors=True)
+    assert not superlink_pids(home)
+
+
+@needs_flwr
+def test_flwr_run_local_simulation(tmp_path: Path) -> None:
+    out = tmp_path / "results"
     run_config = (f"num-learners=3 dim=6 num-server-rounds=3 local-steps=2 mechanism='tree' "
                   f"seed=11 data-seed=4 test-size=100 results-dir='{out}'")
-    try:
+    with flwr_env() as env:
         proc = subprocess.run(
-            ["flwr", "run", str(APP), "--stream",
+            [str(FLWR), "run", str(APP), "--stream",
              "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
              "--run-config", run_config],
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
@@ -84,21 +111,13 @@ def test_flwr_run_local_simulation(tmp_path: Path) -> None:
         while not (out / "final_model.npy").exists() and time.monotonic() < deadline:
             time.sleep(0.5)
         final = np.load(out / "final_model.npy")
-    finally:
-        for pid in superlink_pids(home):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while superlink_pids(home) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        shutil.rmtree(home, ignore_errors=True)
-    assert not superlink_pids(home)
     setup = LogRegSetup(num_learners=3, dim=6, rounds=3, tau=2, mechanism="tree", seed=11,
                         data_seed=4, test_size=100)
     res = run_logreg_inprocess(setup)
     np.testing.assert_allclose(final, res.params[0], atol=1e-10, rtol=0)
 
 
-@pytest.mark.skipif(shutil.which("flwr") is None, reason="flwr CLI not installed")
+@needs_flwr
 def test_flwr_run_of_a_run_every_learner_refuses_is_marked_failed(tmp_path: Path) -> None:
     """What makes `flwr run` report failure: an exception from the ServerApp. The adopted
     plain app (docs/adopt.md, per-step) with a server proposing the old docs' horizon of
@@ -114,41 +133,23 @@ def test_flwr_run_of_a_run_every_learner_refuses_is_marked_failed(tmp_path: Path
     src.write_text(src.read_text().replace(
         "FedAvg(fraction_evaluate=0.0), context.run_config)",
         "FedAvg(fraction_evaluate=0.0), {**context.run_config, 'horizon': 4000})"))
-    home = Path(tempfile.mkdtemp(prefix="flwrhome", dir="/tmp"))
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-        # this checkout's code in Flower's processes, whatever the working directory
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    try:
+    # this checkout's code in Flower's processes, whatever the working directory
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    with flwr_env(PYTHONPATH=pythonpath) as env:
         proc = subprocess.run(
-            ["flwr", "run", str(app), "--stream",
+            [str(FLWR), "run", str(app), "--stream",
              "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"],
             env=env, cwd=app, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0  # Flower's CLI: submitted, whatever the outcome
         runs: list = []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            ls = subprocess.run(["flwr", "ls", "--format", "json"], env=env, cwd=app,
+            ls = subprocess.run([str(FLWR), "ls", "--format", "json"], env=env, cwd=app,
                                 capture_output=True, text=True, timeout=60)
             runs = json.loads(ls.stdout).get("runs", [])
             if runs and str(runs[0]["status"]).startswith("finished"):
                 break
             time.sleep(1)
-    finally:
-        for pid in superlink_pids(home):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while superlink_pids(home) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        shutil.rmtree(home, ignore_errors=True)
-    assert not superlink_pids(home)
     assert len(runs) == 1 and runs[0]["status"] == "finished:failed", runs
     details = runs[0]["status-details"]
     assert "RunFailedError" in details or "nothing was released" in details

@@ -44,7 +44,10 @@ def wait_port(port: int, timeout: float = 60.0) -> None:
     raise TimeoutError(f"Ray head did not open port {port}")
 
 
-@pytest.mark.skipif(shutil.which("ray") is None, reason="ray CLI not installed")
+RAY = Path(sys.executable).parent / "ray"  # this environment's, not whatever PATH finds
+
+
+@pytest.mark.skipif(not RAY.exists(), reason="ray CLI not installed beside sys.executable")
 def test_simulation_on_existing_ray_cluster(tmp_path: Path) -> None:
     from ray._private.services import get_node_ip_address
 
@@ -53,7 +56,7 @@ def test_simulation_on_existing_ray_cluster(tmp_path: Path) -> None:
     # Ray's unix sockets live under the temp dir: keep its path short (108-byte limit)
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
+        [str(RAY), "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
          "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", temp],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
         start_new_session=True,

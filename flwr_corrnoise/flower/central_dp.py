@@ -49,12 +49,19 @@ from ..privacy import Calibration, epsilon_spent
 from ..settings_keys import lookup, require
 from ..streams import NoiseStream
 from ..variants import central_calibration, central_noise_std
-from .monitor import RoundWatch, RunFailedError, learner_key, log_summary, privacy_report
+from .monitor import (
+    DelegatesEvaluation,
+    RoundWatch,
+    RunFailedError,
+    learner_key,
+    log_summary,
+    privacy_report,
+)
 
 log = logging.getLogger(__name__)
 
 
-class CorrNoiseCentralDP(Strategy):
+class CorrNoiseCentralDP(DelegatesEvaluation, Strategy):
     """Wrap ``strategy`` (FedAvg family) with server-side clipping and correlated noise.
 
     ``min_learners`` is passed on to the wrapped strategy's node minimums
@@ -240,16 +247,6 @@ class CorrNoiseCentralDP(Strategy):
         return str(getattr(self.strategy, "weighted_by_key", "num-examples"))
 
     # -- everything else is the wrapped strategy's ------------------------------------------
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        return self.strategy.aggregate_evaluate(server_round, replies)
-
     def summary(self) -> None:
         """Ours, not the wrapped FedAvg's: the carriers have equal weights."""
         log_summary(self, f"Correlated-noise central DP around {type(self.strategy).__name__}", [

@@ -27,12 +27,20 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ..learner import NOISELESS, PrivacySettings
 from ..settings_keys import require
-from .monitor import REPORTED, RoundWatch, learner_key, log_summary, privacy_report, start_config
+from .monitor import (
+    REPORTED,
+    DelegatesEvaluation,
+    RoundWatch,
+    learner_key,
+    log_summary,
+    privacy_report,
+    start_config,
+)
 
 log = logging.getLogger(__name__)
 
 
-class CorrNoiseLocalDP(Strategy):
+class CorrNoiseLocalDP(DelegatesEvaluation, Strategy):
     """Wrap ``strategy`` (FedAvg family) for learners that noise their own replies.
 
     ``run_config`` (the ServerApp's ``context.run_config``) gives the proposal: the privacy
@@ -116,12 +124,3 @@ class CorrNoiseLocalDP(Strategy):
         self.watch.observe(server_round, replies, released)
         return arrays, MetricRecord(summary)
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        return self.strategy.aggregate_evaluate(server_round, replies)

@@ -27,8 +27,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log as flwr_log
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from ..settings_keys import lookup
@@ -159,3 +160,21 @@ def start_config(train_config: ConfigRecord | None, extra: Mapping[str, Any]) ->
     for key, value in extra.items():
         out[key] = value
     return out
+
+
+class DelegatesEvaluation:
+    """Evaluation is the wrapped strategy's (``self.strategy``): our wrappers change what
+    is trained and released, not how a user evaluates (centrally, or with the learners'
+    opt-in)."""
+
+    strategy: Strategy
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
