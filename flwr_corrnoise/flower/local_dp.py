@@ -123,4 +123,3 @@ class CorrNoiseLocalDP(DelegatesEvaluation, Strategy):
                    **privacy_report(reports)}
         self.watch.observe(server_round, replies, released)
         return arrays, MetricRecord(summary)
-
