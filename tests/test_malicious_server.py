@@ -6,6 +6,7 @@ simulation engine), through Flower's real ClientApp call path.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -170,8 +171,10 @@ def test_diagnostics_stay_on_the_learner(tmp_path: Path) -> None:
     reply = train(app, node(tmp_path), r=1)
     reply = train(app, node(tmp_path), r=2)
     assert not reply.has_error()
-    lines = (tmp_path / "diagnostics.jsonl").read_text().splitlines()
-    assert len(lines) == 2 and '"clipped-steps": 1.0' in lines[1]
+    lines = [json.loads(x) for x in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
+    # the huge datum (round 2) is clipped; others may be too (the noisy iterate is random)
+    assert len(lines) == 2 and lines[1]["clipped-steps"] >= 1.0
+    assert "clipped-steps" not in dict(reply.content["metrics"])
 
 
 def test_calibration_is_on_the_safe_side() -> None:
