@@ -53,26 +53,24 @@ def methods(model: torch.nn.Module, b: int, steps: int, repeats: int, mechanisms
 
     bare_model = copy.deepcopy(model)
 
+    def bare_step(pos: int) -> None:
+        x, y = data(pos)
+        bare_model.zero_grad(set_to_none=True)
+        CE(bare_model(x), y).backward()
+        with torch.no_grad():
+            for p in bare_model.parameters():
+                p -= ETA * p.grad
+
     def bare() -> None:
         for pos in range(steps):
-            x, y = data(pos)
-            bare_model.zero_grad(set_to_none=True)
-            CE(bare_model(x), y).backward()
-            with torch.no_grad():
-                for p in bare_model.parameters():
-                    p -= ETA * p.grad
+            bare_step(pos)
 
     gen = torch.Generator().manual_seed(0)
 
     def draw_and_bare() -> None:
         for pos in range(steps):
             torch.randn(d, generator=gen)
-            x, y = data(pos)
-            bare_model.zero_grad(set_to_none=True)
-            CE(bare_model(x), y).backward()
-            with torch.no_grad():
-                for p in bare_model.parameters():
-                    p -= ETA * p.grad
+            bare_step(pos)
 
     out["bare SGD"] = bare
     out["draw d Gaussians + bare"] = draw_and_bare

@@ -35,7 +35,7 @@ from . import arraypack
 from .mechanisms import MECHANISMS, FactorizationChangedError, build_factorization
 from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
 from .settings_keys import lookup, require
-from .streams import HorizonExhaustedError, NoiseStream, new_seed
+from .streams import HorizonExhaustedError, NoiseStream, new_seed, split_flat
 
 log = logging.getLogger(__name__)
 
@@ -351,15 +351,6 @@ def _flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 
 
-def _split(flat: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-    out, offset = [], 0
-    for shape in shapes:
-        size = math.prod(shape)
-        out.append(flat[offset : offset + size].reshape(shape))
-        offset += size
-    return out
-
-
 def local_round(
     params: Sequence[np.ndarray],
     gradient: GradientFn,
@@ -423,7 +414,7 @@ def local_round(
         nonfinite = 0
         for _ in range(int(tau)):
             try:
-                g = _flatten(gradient(_split(z, shapes), state.position))
+                g = _flatten(gradient(split_flat(z, shapes), state.position))
             except NonFiniteError:
                 g = None
             if g is not None and g.shape != x.shape:
@@ -461,7 +452,7 @@ def local_round(
                 "horizon": float(settings.horizon),
             }
         )
-    return RoundResult(update=_split(update, shapes), state=state, metrics=metrics,
+    return RoundResult(update=split_flat(update, shapes), state=state, metrics=metrics,
                        diagnostics=diagnostics)
 
 

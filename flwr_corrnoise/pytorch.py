@@ -41,7 +41,7 @@ from flwr.clientapp import ClientApp
 
 from .flower.client import CorrNoiseNumPyClient, make_client_app
 from .learner import LearnerState, NonFiniteError, PrivacySettings, RoundResult, local_round
-from .streams import HorizonExhaustedError
+from .streams import HorizonExhaustedError, split_flat
 from .torch_streams import TorchNoiseStream
 
 __all__ = [
@@ -205,15 +205,6 @@ def make_torch_client_app(
 # -- the private step on the model's device ---------------------------------------------
 
 PRIVATE_STATE_FORMAT = 1
-
-
-def _split_flat(flat: torch.Tensor, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for shape in shapes:
-        n = math.prod(shape)
-        out.append(flat[offset : offset + n].view(shape))
-        offset += n
-    return out
 
 
 class _UnsupportedError(Exception):
@@ -587,8 +578,8 @@ class PrivateOptimizer:
             p.grad = g
         if self._round_sum is None:
             self._round_sum = torch.zeros(self.dim, device=self.device, dtype=grads[0].dtype)
-            self._round_views = list(self.noise.split(self._round_sum) if self.noise else
-                                     _split_flat(self._round_sum, self.shapes))
+            # views of the sum (slices of a contiguous flat tensor reshape without a copy)
+            self._round_views = split_flat(self._round_sum, self.shapes)
         torch._foreach_add_(self._round_views, grads)  # Σ of the privatized grads, for ĝ
         self._round_steps += 1
         self._steps += 1
@@ -628,12 +619,7 @@ class PrivateOptimizer:
         flat = (self._round_sum / self._round_steps).cpu().numpy()
         self._round_sum.zero_()
         self._round_steps = 0
-        out, offset = [], 0
-        for shape in self.shapes:
-            n = math.prod(shape)
-            out.append(flat[offset : offset + n].reshape(shape))
-            offset += n
-        return out
+        return split_flat(flat, self.shapes)
 
     # -- counters, privacy spent ---------------------------------------------------------
     @property
@@ -793,12 +779,9 @@ class FlowerPrivateOptimizer(PrivateOptimizer):
         (e.g. ``ArrayRecord(model.state_dict())``) after the private steps. The steps taken
         are recorded in the learner's state before it is stored."""
         private = self.private
-        taken = self._steps - private.state.step
-        private.state.step += taken
-        private.state.position += taken
         diag = self.diagnostics()  # data-dependent: the learner's diagnostics file only
-        private._clipped += int(diag["clipped-examples"])
-        private._nonfinite += int(diag["nonfinite-examples"])
+        private.record_external_steps(self._steps, int(diag["clipped-examples"]),
+                                      int(diag["nonfinite-examples"]))
         return private.reply(arrays, metrics)
 
 

@@ -90,6 +90,17 @@ def normalize_shapes(dim_or_shapes: int | Sequence[Sequence[int]] | Sequence[int
     return shapes
 
 
+def split_flat(flat: np.ndarray, shapes: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """A flat vector cut into arrays of ``shapes`` (views where the array type can; NumPy
+    arrays and torch tensors alike)."""
+    out, offset = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        out.append(flat[offset : offset + size].reshape(tuple(shape)))
+        offset += size
+    return out
+
+
 def _pack_rng(gen: np.random.Generator | ChaCha20Gaussian) -> np.ndarray:
     if isinstance(gen, ChaCha20Gaussian):  # secure: tag, 256-bit key, block counter
         return gen.pack()
@@ -247,12 +258,7 @@ class NoiseStream:
 
     def split(self, flat: np.ndarray) -> list[np.ndarray]:
         """Split a flat length-``d`` vector into the stream's shapes (views)."""
-        out, offset = [], 0
-        for shape in self.shapes:
-            size = math.prod(shape)
-            out.append(flat[offset : offset + size].reshape(shape))
-            offset += size
-        return out
+        return split_flat(flat, self.shapes)
 
     def _draw(self) -> np.ndarray:
         return self._rng.standard_normal(self.dim)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Strategy
 
 from ..learner import PrivacySettings, check_update, clip_by_global_norm
 from ..privacy import Calibration, epsilon_spent
@@ -50,9 +50,9 @@ from ..settings_keys import lookup, require
 from ..streams import NoiseStream
 from ..variants import central_calibration, central_noise_std
 from .monitor import (
-    DelegatesEvaluation,
     RoundWatch,
     RunFailedError,
+    WrappedStrategy,
     learner_key,
     log_summary,
     privacy_report,
@@ -61,7 +61,7 @@ from .monitor import (
 log = logging.getLogger(__name__)
 
 
-class CorrNoiseCentralDP(DelegatesEvaluation, Strategy):
+class CorrNoiseCentralDP(WrappedStrategy, Strategy):
     """Wrap ``strategy`` (FedAvg family) with server-side clipping and correlated noise.
 
     ``min_learners`` is passed on to the wrapped strategy's node minimums
@@ -137,16 +137,6 @@ class CorrNoiseCentralDP(DelegatesEvaluation, Strategy):
                    min_learners=lookup(run_config, "min-learners", where), seed=seed,
                    max_idle_rounds=lookup(run_config, "max-idle-rounds", where),
                    connect_timeout=lookup(run_config, "connect-timeout", where))
-
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
-        """Flower's loop, and a failure if the run released nothing at all."""
-        result = super().start(grid, initial_arrays, num_rounds, timeout, train_config,
-                               evaluate_config, evaluate_fn)
-        if num_rounds > 0:
-            self.watch.check_end()
-        return result
 
     # -- training --------------------------------------------------------------------------
     def configure_train(

@@ -23,14 +23,14 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Strategy
 
 from ..learner import NOISELESS, PrivacySettings
 from ..settings_keys import require
 from .monitor import (
     REPORTED,
-    DelegatesEvaluation,
     RoundWatch,
+    WrappedStrategy,
     learner_key,
     log_summary,
     privacy_report,
@@ -40,7 +40,7 @@ from .monitor import (
 log = logging.getLogger(__name__)
 
 
-class CorrNoiseLocalDP(DelegatesEvaluation, Strategy):
+class CorrNoiseLocalDP(WrappedStrategy, Strategy):
     """Wrap ``strategy`` (FedAvg family) for learners that noise their own replies.
 
     ``run_config`` (the ServerApp's ``context.run_config``) gives the proposal: the privacy
@@ -82,17 +82,9 @@ class CorrNoiseLocalDP(DelegatesEvaluation, Strategy):
             f"a released update",
         ])
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
-        """Flower's loop, with the proposal in the logged train config and a final check
-        that something was released."""
-        result = super().start(grid, initial_arrays, num_rounds, timeout,
-                               start_config(train_config, self.proposal), evaluate_config,
-                               evaluate_fn)
-        if num_rounds > 0:
-            self.watch.check_end()
-        return result
+    def start_train_config(self, train_config: ConfigRecord | None) -> ConfigRecord:
+        """The proposal in the logged train config (it is sent with every round)."""
+        return start_config(train_config, self.proposal)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

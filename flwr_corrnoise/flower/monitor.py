@@ -30,7 +30,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from ..settings_keys import lookup
 
@@ -162,12 +162,29 @@ def start_config(train_config: ConfigRecord | None, extra: Mapping[str, Any]) ->
     return out
 
 
-class DelegatesEvaluation:
-    """Evaluation is the wrapped strategy's (``self.strategy``): our wrappers change what
-    is trained and released, not how a user evaluates (centrally, or with the learners'
-    opt-in)."""
+class WrappedStrategy:
+    """What our strategy wrappers (``CorrNoiseLocalDP``, ``CorrNoiseCentralDP``) share:
+    evaluation is the wrapped strategy's (``self.strategy``) — they change what is trained
+    and released, not how a user evaluates (centrally, or with the learners' opt-in) — and
+    Flower's loop ends with ``self.watch``'s check that something was released."""
 
     strategy: Strategy
+    watch: RoundWatch
+
+    def start_train_config(self, train_config: ConfigRecord | None) -> ConfigRecord | None:
+        """The train config Flower's start-up log shows (default: as given)."""
+        return train_config
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
+        """Flower's loop, and a failure if the run released nothing at all."""
+        result = super().start(grid, initial_arrays, num_rounds, timeout,  # type: ignore[misc]
+                               self.start_train_config(train_config), evaluate_config,
+                               evaluate_fn)
+        if num_rounds > 0:
+            self.watch.check_end()
+        return result
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -227,6 +227,15 @@ class PrivateSteps:
             _BUILT[id(self.msg)] = out
         return out
 
+    def record_external_steps(self, step: int, clipped: int, nonfinite: int) -> None:
+        """Steps a device optimizer took on this learner's stream (it owns the stream:
+        ``step`` is the stream's index now); the counts are local diagnostics only."""
+        taken = step - self.state.step
+        self.state.step += taken
+        self.state.position += taken
+        self._clipped += clipped
+        self._nonfinite += nonfinite
+
     def close(self) -> None:
         """Release the state lock (the guard does it if the train function failed)."""
         with _lock:
