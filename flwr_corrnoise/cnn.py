@@ -85,6 +85,10 @@ class CNNSetup:
     test_size: int = 10000
     eval_every: int = 0  # rounds between test evaluations; 0: about 20 points per run
     threads: int = 0  # torch threads; 0: leave torch's default
+    #: "device": the private step on the model's device (PrivateOptimizer, per-example
+    #: clipping); "host": the NumPy reference round (local_round, float64, batch clipped
+    #: as a whole) — the definition, ≈ 5–10× slower
+    engine: str = "device"
 
     @property
     def rounds(self) -> int:
@@ -230,10 +234,26 @@ class CNNResult:
 
 
 def run_cnn(setup: CNNSetup, progress: bool = True) -> CNNResult:
-    """One run in process (the engine of :mod:`flwr_corrnoise.engine`)."""
+    """One run in process: :func:`~flwr_corrnoise.torch_engine.run_inprocess_device`
+    (``engine="device"``) or the NumPy reference engine
+    :func:`~flwr_corrnoise.engine.run_inprocess` (``engine="host"``)."""
     if setup.threads:
         torch.set_num_threads(setup.threads)
     data = cnn_data(setup)
+    if setup.engine == "device":
+        from .torch_engine import run_inprocess_device
+
+        evaluator = CNNEvaluator(setup, data, progress)
+        start = time.perf_counter()
+        dev = run_inprocess_device(
+            model_fn=lambda i: initial_model(setup),
+            batches=[batch_stream(data, i, setup.batch_size)
+                     for i in range(setup.num_learners)],
+            settings=setup.settings(), rounds=setup.rounds, tau=setup.tau, eta=setup.eta,
+            eta_g=setup.eta_g, seed=setup.seed, evaluate=evaluator)
+        return CNNResult(setup, evaluator.rows, dev.params, time.perf_counter() - start)
+    if setup.engine != "host":
+        raise ValueError(f"engine must be 'device' or 'host', not {setup.engine!r}")
     model = initial_model(setup)  # one module serves every learner: each call loads params
     grads = [ModuleGradient(model, torch.nn.functional.cross_entropy,
                             batch_stream(data, i, setup.batch_size))
@@ -291,7 +311,8 @@ def cnn_apps(setup: CNNSetup, progress: bool = True,
     defaults = {"mechanism": setup.mechanism, "epsilon": setup.epsilon,
                 "delta": setup.delta, "clip-norm": setup.clip, "horizon": setup.steps,
                 "seed": setup.seed}
-    return server_app, make_torch_client_app(model_fn, batches_fn, config_defaults=defaults)
+    return server_app, make_torch_client_app(model_fn, batches_fn, config_defaults=defaults,
+                                             engine=setup.engine)
 
 
 def final_noise_to_signal(setup: CNNSetup, dim: int) -> float:

@@ -191,15 +191,105 @@ def make_torch_client_app(
     config_defaults: Mapping[str, Any] | None = None,
     *,
     release_metrics: Iterable[str] = (),
+    engine: str = "device",
 ) -> ClientApp:
     """A Message-API ``ClientApp`` whose learners train ``model_fn(context)`` privately on
-    ``batches_fn(context)`` (see :func:`flwr_corrnoise.flower.make_client_app`)."""
+    ``batches_fn(context)`` (settings, state and replies as for
+    :func:`flwr_corrnoise.flower.make_client_app`; ``batches(position)`` is the learner's
+    stream, each position used at one step only).
 
-    def gradient_factory(context: Context) -> ModuleGradient:
-        return ModuleGradient(model_fn(context), loss_fn, batches_fn(context))
+    ``engine="device"`` (the default): each round is :func:`device_local_round` on the
+    model's device — per-example clipping, the learner's
+    :class:`~flwr_corrnoise.torch_streams.TorchNoiseStream` (stored in the learner's state),
+    the parameters cross to the host once per round. ``engine="host"``: the NumPy reference
+    round (:func:`flwr_corrnoise.learner.local_round` through :class:`ModuleGradient`;
+    float64, the batch clipped as a whole, ``d`` floats each way per step) — what a
+    learner whose state holds a NumPy stream, or a secure-noise learner, must use.
+    """
+    if engine == "host":
+        def gradient_factory(context: Context) -> ModuleGradient:
+            return ModuleGradient(model_fn(context), loss_fn, batches_fn(context))
 
-    return make_client_app(gradient_factory, config_defaults=config_defaults,
-                           release_metrics=release_metrics)
+        return make_client_app(gradient_factory, config_defaults=config_defaults,
+                               release_metrics=release_metrics)
+    if engine != "device":
+        raise ValueError(f"engine must be 'device' or 'host', not {engine!r}")
+    from flwr.app import Message
+
+    from .flower.client import _refuse
+    from .flower.session import LearnerSession, PrivateLearnerGuard, round_config
+
+    app = ClientApp(mods=[PrivateLearnerGuard(False)])
+    defaults = dict(config_defaults or {})
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        try:
+            session = LearnerSession(context, kind="step", defaults=defaults,
+                                     release_metrics=release_metrics)
+            config = dict(msg.content["config"])  # type: ignore[arg-type]
+            session.check_proposal(config)
+            tau, eta = round_config(config)
+            params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
+            shapes = [tuple(np.shape(a)) for a in params]
+            model = model_fn(context)
+            with session.locked():
+                state = session.load(shapes)
+                first_step, position = state.step, state.position
+                noise = device_stream(state, session.settings, shapes, model, session.secure)
+                set_parameters(model, params)  # shapes checked by device_stream
+                private = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=eta), model,
+                                           session.settings, stream=noise, loss_fn=loss_fn)
+                if noise is None:
+                    private._steps = state.step
+                out = device_local_round(private, batches_fn(context), tau, position)
+                state.noise, state.step, state.position = noise, private.steps, out.position
+                state.rounds += 1
+                session.commit(state, first_step=first_step, position=position,
+                               server_round=int(config.get("server-round", -1)),
+                               diagnostics=out.diagnostics)
+            return session.reply(msg, out.update, state, num_examples=float(tau))
+        except Exception as err:  # every failure becomes a clear, data-free reply
+            return LearnerSession.error_reply(msg, err)
+
+    app.evaluate()(_refuse)
+    app.query()(_refuse)
+    return app
+
+
+def device_stream(state: LearnerState, settings: PrivacySettings,
+                  shapes: Sequence[tuple[int, ...]], model: torch.nn.Module, secure: bool,
+                  dtype: torch.dtype | None = None) -> TorchNoiseStream | None:
+    """The learner's noise stream on ``model``'s device: a fresh learner's stream is made
+    from its seed there; a stored torch stream is moved there; a stored host (NumPy)
+    stream that has released noise is refused (its generator differs, so continuing it
+    on the device would be another stream), as is secure noise (ChaCha20 is NumPy-only)."""
+    from .learner import PrivacyConfigError
+
+    if secure:
+        raise PrivacyConfigError(
+            "secure noise (ChaCha20 on a grid) is NumPy-only: the device path cannot use "
+            "it; use the host engine (PrivateSteps.step(), make_torch_client_app("
+            "engine='host')), or set secure-noise = false")
+    params = list(model.parameters())
+    if [tuple(p.shape) for p in params] != [tuple(x) for x in shapes]:
+        raise PrivacyConfigError(
+            "the model's parameters are not the arrays the server sent (order and "
+            "shapes must match; send model parameters only, no buffers)")
+    noise = state.noise
+    device = params[0].device
+    if noise is not None and not isinstance(noise, TorchNoiseStream):
+        if noise.step != 0 or state.seed is None:
+            raise PrivacyConfigError(
+                "this learner's stored noise stream is a host (NumPy) stream that has "
+                "released noise; it cannot continue on the device (another generator): "
+                "keep using the host path, or start a new learner")
+        noise = TorchNoiseStream.create(settings.mechanism, settings.horizon, list(shapes),
+                                        noise.std, state.seed, device=device,
+                                        dtype=dtype or params[0].dtype)
+    elif noise is not None and noise.device != device:
+        noise = TorchNoiseStream.from_bytes(noise.to_bytes(), device)
+    return noise
 
 
 # -- the private step on the model's device ---------------------------------------------
@@ -818,36 +908,13 @@ def private_optimizer(
     ``per_example``).
     """
     from .flower.steps import PrivateSteps
-    from .learner import PrivacyConfigError
 
     private = PrivateSteps(msg, context, config_defaults=config_defaults,
                            release_metrics=release_metrics)
     try:
-        if private.session.secure:
-            raise PrivacyConfigError(
-                "secure noise (ChaCha20 on a grid) is NumPy-only: the device optimizer "
-                "cannot use it; call PrivateSteps.step() on host gradients, or set "
-                "secure-noise = false")
-        params = list(model.parameters())
-        if [tuple(p.shape) for p in params] != [tuple(s) for s in private.shapes]:
-            raise PrivacyConfigError(
-                "the model's parameters are not the arrays the server sent (order and "
-                "shapes must match; send model parameters only, no buffers)")
         state = private.state
-        noise = state.noise
-        device = params[0].device
-        dtype = kwargs.pop("noise_dtype", None) or params[0].dtype
-        if noise is not None and not isinstance(noise, TorchNoiseStream):
-            if noise.step != 0 or state.seed is None:
-                raise PrivacyConfigError(
-                    "this learner's stored noise stream is a host (NumPy) stream that has "
-                    "released noise; it cannot continue on the device (another generator): "
-                    "keep using PrivateSteps.step(), or start a new learner")
-            noise = TorchNoiseStream.create(private.settings.mechanism,
-                                            private.settings.horizon, private.shapes,
-                                            noise.std, state.seed, device=device, dtype=dtype)
-        elif noise is not None and noise.device != device:
-            noise = TorchNoiseStream.from_bytes(noise.to_bytes(), device)
+        noise = device_stream(state, private.settings, private.shapes, model,
+                              private.session.secure, kwargs.pop("noise_dtype", None))
         state.noise = noise
         opt = FlowerPrivateOptimizer(optimizer, model, private.settings, stream=noise,
                                      **kwargs)

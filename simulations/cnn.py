@@ -51,31 +51,91 @@ NAMES = {
     "blt": "BLT, 4 buffers",
 }
 HEADER = ["dataset", "method", "tau", "rounds", "epsilon", "delta", "seed", "final_accuracy",
-          "steps", "batch_size", "eta", "train_size", "seconds"]
+          "steps", "batch_size", "eta", "train_size", "seconds", "engine"]
 
 
-def setups(args: argparse.Namespace) -> list[CNNSetup]:
-    base = CNNSetup(
+def base_setup(args: argparse.Namespace) -> CNNSetup:
+    return CNNSetup(
         dataset=args.dataset, data_root=args.data_root, num_learners=args.learners,
         steps=args.steps, batch_size=args.batch_size, epsilon=args.epsilon, delta=args.delta,
         clip=args.clip, eta=args.eta, eta_g=args.eta_g, train_size=args.train_size,
         iid_size=args.iid_size, test_size=args.test_size, eval_every=args.eval_every,
-        threads=args.threads,
+        threads=args.threads, engine=args.engine,
     )
-    return [base.with_(mechanism=m, tau=t, seed=s, data_seed=s)
+
+
+def setups(args: argparse.Namespace, etas: dict[tuple[str, int], float] | None = None
+           ) -> list[CNNSetup]:
+    """The evaluation runs: seeds ``0 … --seeds−1`` of every method and τ, at the η that
+    tuning picked for the cell (``etas``) or ``--eta``."""
+    base = base_setup(args)
+    return [base.with_(mechanism=m, tau=t, seed=s, data_seed=s,
+                       eta=(etas or {}).get((m, t), args.eta))
             for s in range(args.seeds) for t in args.taus for m in args.methods]
+
+
+def tune_eta(c: float, tau: int, scale: str) -> float:
+    """Grid point ``c`` at ``τ``: ``c/τ`` with ``--tune-scale tau`` (the local drift grows
+    with ``η·τ``, see docs/results-cnn.md), else ``c``."""
+    return float(f"{c / tau if scale == 'tau' else c:.10g}")
+
+
+def tuning_setups(args: argparse.Namespace) -> list[CNNSetup]:
+    """One run per method, τ and grid point on the tuning seed ``--tune-seed`` (its model
+    initialization, noise and data partition are those of no evaluation seed)."""
+    base = base_setup(args)
+    if args.tune_seed < args.seeds:
+        raise ValueError(f"the tuning seed {args.tune_seed} is one of the evaluation seeds "
+                         f"0 … {args.seeds - 1}")
+    return [base.with_(mechanism=m, tau=t, seed=args.tune_seed, data_seed=args.tune_seed,
+                       eta=tune_eta(c, t, args.tune_scale),
+                       eval_every=args.steps // t)  # tuning needs the final accuracy only
+            for t in args.taus for m in args.methods for c in args.tune_etas]
+
+
+def best_etas(rows: list[list]) -> dict[tuple[str, int], float]:
+    """Per (method, τ): the η with the highest final accuracy on the tuning seed (a
+    diverged run, NaN, ranks last; ties go to the smaller η)."""
+    best: dict[tuple[str, int], tuple[float, float]] = {}
+    for r in rows:
+        key, eta, acc = (r[1], int(r[2])), float(r[10]), float(r[7])
+        acc = acc if np.isfinite(acc) else -1.0
+        if key not in best or (acc, -eta) > (best[key][1], -best[key][0]):
+            best[key] = (eta, acc)
+    return {k: v[0] for k, v in best.items()}
+
+
+def tuning_table(rows: list[list]) -> str:
+    """Final accuracy on the tuning seed per method and τ (rows) and η (columns); the
+    chosen η in bold."""
+    chosen = best_etas(rows)
+    cells = sorted(dict.fromkeys((r[1], int(r[2])) for r in rows),
+                   key=lambda k: (k[1], order(k[0])))
+    etas = sorted({float(r[10]) for r in rows})
+    lines = ["| method | τ | " + " | ".join(f"η = {e:g}" for e in etas) + " |",
+             "|---|---|" + "---|" * len(etas)]
+    for m, t in cells:
+        out = []
+        for e in etas:
+            acc = [float(r[7]) for r in rows if (r[1], int(r[2]), float(r[10])) == (m, t, e)]
+            text = f"{acc[0]:.3f}" if acc else ""
+            out.append(f"**{text}**" if acc and chosen[(m, t)] == e else text)
+        lines.append(f"| {NAMES.get(m, m)} | {t} | " + " | ".join(out) + " |")
+    seed = rows[0][6]
+    return "\n".join(lines) + f"\n\n(tuning seed {seed}; {rows[0][0]}, R·τ = {rows[0][8]} " \
+        f"steps of {rows[0][9]} image(s).)"
 
 
 def row(res: CNNResult) -> list:
     s = res.setup
     return [s.dataset, s.mechanism, s.tau, s.rounds, s.epsilon, s.delta, s.seed,
             round(res.final_accuracy, 4), s.steps, s.batch_size, s.eta,
-            s.train_size or 60000, round(res.seconds, 1)]
+            s.train_size or 60000, round(res.seconds, 1), s.engine]
 
 
 def curve_rows(results: list[CNNResult]) -> list[list]:
     return [[r.setup.dataset, r.setup.mechanism, r.setup.tau, r.setup.seed, int(row["round"]),
-             round(row["test-accuracy"], 4)] for r in results for row in r.rows]
+             round(row["test-accuracy"], 4), r.setup.eta] for r in results for row in r.rows]
 
 
 def plot(curves: list[list], runs: list[list], path: Path) -> None:
@@ -134,8 +194,12 @@ def table(rows: list[list]) -> str:
             cells = []
             for t in taus:
                 acc = [float(r[7]) for r in sub if r[1] == m and int(r[2]) == t]
-                cells.append(f"{np.mean(acc):.3f} ± {np.std(acc):.3f}" if len(acc) > 1
-                             else f"{acc[0]:.3f}" if acc else "")
+                cell = (f"{np.mean(acc):.3f} ± {np.std(acc):.3f}" if len(acc) > 1
+                        else f"{acc[0]:.3f}" if acc else "")
+                etas = sorted({float(r[10]) for r in sub if r[1] == m and int(r[2]) == t})
+                if acc and len({float(r[10]) for r in sub}) > 1:  # η tuned per cell
+                    cell += " (η = " + ", ".join(f"{e:g}" for e in etas) + ")"
+                cells.append(cell)
             lines.append(f"| {NAMES.get(m, m)} | " + " | ".join(cells) + " |")
         out.append("\n".join(lines))
     return "\n\n".join(out)
@@ -205,29 +269,83 @@ def flower_check(setup: CNNSetup, reference: CNNResult) -> float:
                for a, b in zip(out[0].params, reference.params, strict=True))
 
 
-def run_jobs(jobs: list[CNNSetup], out: Path, results: list[CNNResult]
+CURVES_HEADER = ["dataset", "method", "tau", "seed", "round", "test_accuracy", "eta"]
+
+
+def run_key(r: list) -> tuple[str, ...]:
+    """What identifies a run in runs.csv: dataset, method, τ, seed, steps, batch, η, engine."""
+    return tuple(str(r[i]) for i in (0, 1, 2, 6, 8, 9, 10, 13))
+
+
+def setup_key(s: CNNSetup) -> tuple[str, ...]:
+    """:func:`run_key` of the row a setup will write."""
+    return tuple(str(x) for x in (s.dataset, s.mechanism, s.tau, s.seed, s.steps,
+                                  s.batch_size, s.eta, s.engine))
+
+
+def _one(setup: CNNSetup) -> tuple[list, list[list]]:
+    """One run (in a worker process): its runs.csv row and curves.csv rows."""
+    res = run_cnn(setup, progress=True)
+    return [str(x) for x in row(res)], [[str(x) for x in c] for c in curve_rows([res])]
+
+
+def run_jobs(jobs: list[CNNSetup], out: Path, name: str = "runs", workers: int = 1
              ) -> tuple[list[list], list[list]]:
-    """Run every setup in process, writing runs.csv as it goes (progress on stderr)."""
+    """Run every setup in process, ``workers`` at a time (each in its own process with
+    one torch thread), appending to ``<name>.csv`` and ``<name>-curves.csv`` (``runs``:
+    ``curves.csv``) as each finishes; progress on stderr. Runs already in the CSV (same
+    dataset, method, τ, seed, horizon, batch, η, engine) are not run again, so an
+    interrupted sweep resumes. Returns the jobs' rows and curves in job order."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    runs_path = out / f"{name}.csv"
+    curves_path = out / ("curves.csv" if name == "runs" else f"{name}-curves.csv")
+    done: dict[tuple[str, ...], list] = {}
+    curves_done: list[list] = []
+    if runs_path.exists() and curves_path.exists():
+        done = {run_key(r): r for r in read_csv(runs_path) if len(r) == len(HEADER)}
+        curves_done = [c for c in read_csv(curves_path) if len(c) == len(CURVES_HEADER)]
+    else:
+        for path, header in ((runs_path, HEADER), (curves_path, CURVES_HEADER)):
+            with open(path, "w", newline="") as fh:
+                csv.writer(fh).writerow(header)
+    todo = [j for j in jobs if setup_key(j) not in done]
+    if len(todo) < len(jobs):
+        print(f"{len(jobs) - len(todo)} of {len(jobs)} runs already in {runs_path}",
+              file=sys.stderr, flush=True)
     start = time.perf_counter()
-    with open(out / "runs.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(HEADER)
-        for k, setup in enumerate(jobs, 1):
-            print(f"[{k}/{len(jobs)}] {setup.dataset} {setup.label} τ={setup.tau} "
-                  f"R={setup.rounds} seed={setup.seed}", file=sys.stderr, flush=True)
-            res = run_cnn(setup, progress=True)
-            results.append(res)
-            writer.writerow(row(res))
-            fh.flush()
-            print(f"[{k}/{len(jobs)}] final accuracy {res.final_accuracy:.3f} "
-                  f"({res.seconds:.0f} s; {time.perf_counter() - start:.0f} s in all)",
-                  file=sys.stderr, flush=True)
-    curves = curve_rows(results)
-    with open(out / "curves.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["dataset", "method", "tau", "seed", "round", "test_accuracy"])
-        writer.writerows(curves)
-    return [[str(x) for x in row(r)] for r in results], [[str(x) for x in c] for c in curves]
+    new_curves: list[list] = []
+
+    def record(k: int, setup: CNNSetup, got: tuple[list, list[list]]) -> None:
+        r, c = got
+        done[run_key(r)] = r
+        new_curves.extend(c)
+        with open(runs_path, "a", newline="") as fh:
+            csv.writer(fh).writerow(r)
+        with open(curves_path, "a", newline="") as fh:
+            csv.writer(fh).writerows(c)
+        print(f"[{k}/{len(todo)}] {setup.label} τ={setup.tau} η={setup.eta:g} "
+              f"seed={setup.seed}: final accuracy {float(r[7]):.3f} ({float(r[12]):.0f} s; "
+              f"{time.perf_counter() - start:.0f} s in all)", file=sys.stderr, flush=True)
+
+    if workers <= 1:
+        for k, setup in enumerate(todo, 1):
+            print(f"[{k}/{len(todo)}] {setup.dataset} {setup.label} τ={setup.tau} "
+                  f"R={setup.rounds} η={setup.eta:g} seed={setup.seed}", file=sys.stderr,
+                  flush=True)
+            record(k, setup, _one(setup))
+    else:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(_one, j.with_(threads=1)): j for j in todo}
+            for k, fut in enumerate(as_completed(futures), 1):
+                record(k, futures[fut], fut.result())
+    keys = [setup_key(j) for j in jobs]
+    rows = [done[k] for k in keys]
+    wanted = {(k[0], k[1], k[2], k[3], k[6]) for k in keys}
+    curves = [c for c in curves_done + new_curves
+              if (c[0], c[1], c[2], c[3], c[6]) in wanted]
+    return rows, curves
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,6 +371,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=0)
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="runs side by side, each in its own process with one torch thread")
+    p.add_argument("--engine", default="device", choices=["device", "host"],
+                   help="device: the private step on the model's device (PrivateOptimizer); "
+                        "host: the NumPy reference round (slow)")
+    p.add_argument("--tune-etas", type=float, nargs="+", default=None,
+                   help="tune η per method and τ on this grid (see --tune-scale) first")
+    p.add_argument("--tune-scale", default="tau", choices=["tau", "none"],
+                   help="tau: grid point c means η = c/τ; none: η = c")
+    p.add_argument("--tune-seed", type=int, default=100,
+                   help="the tuning runs' seed (not an evaluation seed)")
     p.add_argument("--flower", action="store_true",
                    help="also run the first configuration on Flower's Ray simulation")
     p.add_argument("--out", type=Path, default=Path("results/cnn"))
@@ -266,18 +395,26 @@ def main(argv: list[str] | None = None) -> int:
 
         load_dataset(args.dataset, args.data_root, download=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    jobs = setups(args)
-    results: list[CNNResult] = []
+    tuning: list[list] = []
     if args.from_runs:  # redo the plot, table and docs from an earlier run's CSVs
         rows, curves = read_csv(args.out / "runs.csv"), read_csv(args.out / "curves.csv")
         args.steps, args.batch_size = int(rows[0][8]), int(rows[0][9])
+        if (args.out / "tuning.csv").exists():
+            tuning = read_csv(args.out / "tuning.csv")
+        jobs = []
     else:
-        rows, curves = run_jobs(jobs, args.out, results)
+        etas = None
+        if args.tune_etas:
+            tuning, _ = run_jobs(tuning_setups(args), args.out, "tuning", args.workers)
+            etas = best_etas(tuning)
+            print(tuning_table(tuning))
+        jobs = setups(args, etas)
+        rows, curves = run_jobs(jobs, args.out, "runs", args.workers)
     plot(curves, rows, args.out / "accuracy.png")
     text = table(rows)
     print(text)
-    if args.flower and results:
-        diff = flower_check(jobs[0], results[0])
+    if args.flower and jobs:
+        diff = flower_check(jobs[0], run_cnn(jobs[0], progress=False))
         print(f"Flower Ray simulation of {jobs[0].label} τ={jobs[0].tau}: max |Δx| = {diff:.2e}")
         (args.out / "flower-check.txt").write_text(f"{jobs[0]}\nmax abs difference {diff}\n")
     if args.docs:
@@ -289,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(args.out / "accuracy.png",
                     docs / "figures" / f"cnn-accuracy-{args.steps}x{args.batch_size}.png")
         update_marked_section(docs / "results-cnn.md", "cnn", table(merged))
+        if tuning:
+            update_marked_section(docs / "results-cnn.md", "tuning", tuning_table(tuning))
         horizons = sorted({300, 1000, 5000, *(int(r[8]) for r in merged)})
         update_marked_section(docs / "results-cnn.md", "snr", snr_table(horizons))
     print(f"results in {args.out.resolve()}")

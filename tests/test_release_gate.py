@@ -210,7 +210,13 @@ def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
         return ((out - y) ** 2).mean()
 
     def torch_app(kind: str) -> ClientApp:
+        """The device engine (the default): per-example clipping, a torch noise stream."""
         return make_torch_client_app(model_fn, lambda c: batches(kind), loss_fn=mse)
+
+    def torch_host_app(kind: str) -> ClientApp:
+        """The NumPy reference engine through ModuleGradient."""
+        return make_torch_client_app(model_fn, lambda c: batches(kind), loss_fn=mse,
+                                     engine="host")
 
     def torch_client(kind: str) -> ClientApp:
         return numpy_client_app(lambda c: TorchCorrNoiseClient(
@@ -246,7 +252,8 @@ def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
 
         return app
 
-    return {"make_torch_client_app": torch_app, "TorchCorrNoiseClient": torch_client,
+    return {"make_torch_client_app": torch_app, "make_torch_client_app-host": torch_host_app,
+            "TorchCorrNoiseClient": torch_client,
             "private_optimizer": optimizer_app}
 
 
@@ -257,7 +264,7 @@ def all_front_ends() -> dict[str, Callable[[str], ClientApp]]:
 # -- the tests ------------------------------------------------------------------------------
 @pytest.mark.parametrize("front_end", ["make_client_app", "numpy_client_app",
                                        "CorrNoiseRoundMod", "PrivateSteps",
-                                       "make_torch_client_app",
+                                       "make_torch_client_app", "make_torch_client_app-host",
                                        "TorchCorrNoiseClient", "private_optimizer"])
 @pytest.mark.parametrize("other", ["huge", "nonfinite"])
 def test_neighbouring_streams_send_identical_replies_but_for_the_noised_arrays(

@@ -417,7 +417,7 @@ def test_a_budget_too_large_for_the_grid_is_refused_before_any_step() -> None:
 
 @pytest.mark.parametrize("front_end", ["make_client_app", "numpy_client_app",
                                        "CorrNoiseRoundMod", "PrivateSteps",
-                                       "make_torch_client_app"])
+                                       "make_torch_client_app-host"])
 def test_secure_neighbours_send_identical_replies_but_for_the_noised_arrays(
     front_end: str, tmp_path: Path
 ) -> None:

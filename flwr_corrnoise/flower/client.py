@@ -44,6 +44,7 @@ from .session import (
     learner_seed,
     metric_record,
     refuse_query,
+    round_config,
     run_config_proposal,
 )
 
@@ -104,13 +105,7 @@ class CorrNoiseLearner:
 
         Returns the noised update and the privacy metadata (nothing data-dependent)."""
         self.session.check_proposal(config)
-        try:
-            tau = int(config["local-steps"])
-            eta = float(config["learning-rate"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise PrivacyConfigError(
-                f"the server's round config lacks a valid 'local-steps'/'learning-rate': {err!r}"
-            ) from err
+        tau, eta = round_config(config)
         shapes = [tuple(np.shape(p)) for p in parameters]
         with self.session.locked():
             state = self.session.load(shapes)

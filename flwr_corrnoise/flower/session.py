@@ -403,6 +403,17 @@ class LearnerSession:
         return Message(Error(code=code, reason=reason), reply_to=msg)
 
 
+def round_config(config: Mapping[str, Any]) -> tuple[int, float]:
+    """``(τ, η)`` from the server's train config (``local-steps``, ``learning-rate``): the
+    round's shape, which every learner front end reads the same way."""
+    try:
+        return int(config["local-steps"]), float(config["learning-rate"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise PrivacyConfigError(
+            f"the server's round config lacks a valid 'local-steps'/'learning-rate': {err!r}"
+        ) from err
+
+
 def refuse_query(msg: Message) -> Message:
     """The reply to a data-dependent query a private learner does not answer."""
     kind = msg.metadata.message_type
