@@ -3,16 +3,21 @@
 Needs the ``torch`` extra. The CNN is the paper's: two 3×3 convolutions with 32 filters,
 2×2 max-pooling, fully connected 64 then 10 units, ReLU, cross-entropy. 10 learners; a
 part of the training set spread evenly at random, the rest split by class (class ``l`` to
-learner ``l``, :func:`~flwr_corrnoise.data.idx.paper_partition`); the test set evaluated
-on the server. Each local step uses the next ``batch_size`` images of the learner's stream
-(each image once): the step's gradient is the batch's mean gradient, clipped to ``B_g``
-as a whole, so one image changes one clipped step by at most ``2·B_g`` — the sensitivity
-the calibration assumes, whatever the batch size (the paper's setting is one image).
+learner ``l``, :func:`~flwr_corrnoise.data.idx.paper_partition`); the test set
+evaluated on the server. Each local step uses the next ``batch_size`` images of the
+learner's stream (each image once).
 
 Two engines run the same learners: :func:`run_cnn` (in process, for sweeps) and
-:func:`cnn_apps` (a ServerApp/ClientApp pair for Flower's Ray simulation); both call
+:func:`cnn_apps` (a ServerApp/ClientApp pair for Flower's Ray simulation). Both run the
+private step on the model's device by default (``engine="device"``:
+:func:`~flwr_corrnoise.torch_engine.run_inprocess_device` and
+:func:`~flwr_corrnoise.pytorch.make_torch_client_app`, per-example clipping: one image
+moves a step's clipped sum by at most ``2·B_g``, the sensitivity the calibration assumes,
+whatever the batch size), or the NumPy reference round (``engine="host"``:
 :func:`flwr_corrnoise.learner.local_round` through
-:class:`~flwr_corrnoise.pytorch.ModuleGradient`.
+:class:`~flwr_corrnoise.pytorch.ModuleGradient`, the batch's mean gradient clipped as a
+whole — the same sensitivity, ``b``× more relative noise). For the paper's batch of one
+image the two are the same algorithm.
 """
 
 from __future__ import annotations

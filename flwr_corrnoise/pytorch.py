@@ -6,19 +6,21 @@ imports this module, so the core stays NumPy/SciPy/Flower only.
 Two paths, one algorithm:
 
 * **On the device** — :class:`PrivateOptimizer` (wrap your ``torch.optim.SGD``; keep your
-  own loop) and :func:`device_local_round` (τ steps of it). Per-example gradients, each
-  clipped to ``B_g`` over all parameters, summed; the next increment of the learner's
+  own loop), :func:`device_local_round` (τ steps of it) and :func:`make_torch_client_app`
+  (a Flower ``ClientApp`` running it; the default). Per-example gradients, each clipped to
+  ``B_g`` over all parameters, summed; the next increment of the learner's
   :class:`~flwr_corrnoise.torch_streams.TorchNoiseStream`, drawn on the model's device in
   the model's dtype; the SGD step. Nothing crosses to the host during a round; the update
   ``ĝ`` leaves the device once, at the end. This is the fast path (``docs/pytorch.md``,
-  ``benchmarks/torch_step.py``).
+  ``benchmarks/torch_step.py``); :mod:`flwr_corrnoise.torch_engine` runs it in process.
 * **The host reference** — :func:`torch_local_round`, :class:`TorchCorrNoiseClient`,
-  :func:`make_torch_client_app`: :class:`ModuleGradient` turns the module into the gradient
-  oracle of :func:`flwr_corrnoise.learner.local_round`, the one NumPy implementation every
-  engine uses, which clips the step's gradient as a whole, adds the NumPy stream's
-  increment and steps in float64 (``d`` floats each way between host and device per
-  step). It is the reference the device path is tested against: at batch 1 both give the
-  same update to float tolerance when fed the same noise (``tests/test_torch_private.py``).
+  ``make_torch_client_app(..., engine="host")``: :class:`ModuleGradient` turns the module
+  into the gradient oracle of :func:`flwr_corrnoise.learner.local_round`, the one NumPy
+  implementation every engine uses, which clips the step's gradient as a whole, adds the
+  NumPy stream's increment and steps in float64 (``d`` floats each way between host and
+  device per step). It is the reference the device path is tested against: at batch 1
+  both give the same update to float tolerance when fed the same noise
+  (``tests/test_torch_private.py``), and it serves secure noise (NumPy-only).
 
 Privacy of the device path: one datum = one example. With per-example clipping the
 *sum* over a batch of ``b`` moves by at most ``2·B_g`` when one example is replaced, the

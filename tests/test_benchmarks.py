@@ -57,3 +57,16 @@ def test_torch_step() -> None:
     assert ("1", "ours, blt, whole-batch clip") in by
     assert all(float(r[2]) > 0 and r[3].endswith("×") and r[4].endswith("×")
                for r in rows[1:])
+
+
+def test_toeplitz_stream() -> None:
+    """The regenerated Toeplitz increment equals the stored one (the script checks it and
+    exits non-zero otherwise); the regenerated stream costs more per step as k grows."""
+    pytest.importorskip("torch")
+    rows = run("toeplitz_stream.py", "--dim", "5000", "--horizon", "200", "--ks", "5", "60",
+               "--repeats", "1")
+    steps = {r[0]: r for r in rows if r[0] in ("5", "60")}
+    assert float(steps["60"][2]) > float(steps["5"][2]) > 0
+    names = [r[0] for r in rows]
+    assert {"independent", "BLT, 4 buffers", "Toeplitz, stored history",
+            "Toeplitz, regenerated (counter-based)"} <= set(names)
