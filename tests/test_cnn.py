@@ -54,6 +54,48 @@ def test_run_is_reproducible_and_noise_matters(root: Path) -> None:
                for x, y in zip(a.params, quiet.params, strict=True)) > 1e-3
     assert [r["round"] for r in a.rows] == [0.0, 1.0, 2.0]
     assert 0.0 <= a.final_accuracy <= 1.0
+    # the NumPy reference engine runs the same learners; its noise comes from another
+    # generator, so only the noiseless runs agree (float32 device vs float64 host)
+    host_quiet = run_cnn(toy(root, mechanism="none", engine="host"), progress=False)
+    for x, y in zip(quiet.params, host_quiet.params, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+    with pytest.raises(ValueError, match="engine"):
+        run_cnn(toy(root, engine="tpu"), progress=False)
+
+
+def test_tuning_picks_eta_on_its_own_seed_and_resumes(root: Path, tmp_path: Path) -> None:
+    """--tune-etas: one run per method, τ and grid point (η = c/τ) on the tuning seed, the
+    best η per cell then used for the evaluation seeds; a rerun runs nothing again."""
+    from simulations.cnn import best_etas, main, read_csv, tuning_table
+
+    out = tmp_path / "tuned"
+    args = ["--dataset", "mnist", "--data-root", str(root), "--learners", "2", "--steps",
+            "4", "--taus", "1", "2", "--batch-size", "3", "--methods", "none", "blt",
+            "--test-size", "40", "--threads", "1", "--seeds", "2", "--tune-etas", "0.01",
+            "0.08", "--tune-seed", "9", "--out", str(out)]
+    assert main(args) == 0
+    tuning, runs = read_csv(out / "tuning.csv"), read_csv(out / "runs.csv")
+    assert {(r[1], r[2], r[10], r[6]) for r in tuning} == {
+        (m, t, e, "9") for m in ("none", "blt") for t, es in (("1", ("0.01", "0.08")),
+                                                              ("2", ("0.005", "0.04")))
+        for e in es}
+    chosen = best_etas(tuning)
+    assert {(r[1], int(r[2])): float(r[10]) for r in runs} == chosen
+    assert sorted({r[6] for r in runs}) == ["0", "1"]  # the tuning seed is not among them
+    for (m, t), eta in chosen.items():  # the chosen η has the cell's best tuning accuracy
+        cell = [float(r[7]) for r in tuning if (r[1], int(r[2])) == (m, t)]
+        assert max(cell) == next(float(r[7]) for r in tuning
+                                 if (r[1], int(r[2]), float(r[10])) == (m, t, eta))
+    assert "**" in tuning_table(tuning)
+    before = (out / "runs.csv").read_text(), (out / "tuning.csv").read_text()
+    assert main(args) == 0  # resumes: every run is already there
+    assert ((out / "runs.csv").read_text(), (out / "tuning.csv").read_text()) == before
+    with pytest.raises(ValueError, match="tuning seed"):
+        main([*args[:-4], "--tune-seed", "1", "--out", str(out)])
+    assert best_etas([["d", "blt", "1", "", "", "", "9", "nan", "", "", "0.1"],
+                      ["d", "blt", "1", "", "", "", "9", "0.2", "", "", "0.2"],
+                      ["d", "blt", "1", "", "", "", "9", "0.2", "", "", "0.05"]]) == {
+        ("blt", 1): 0.05}  # NaN ranks last, ties go to the smaller η
 
 
 def test_script_writes_csv_plot_and_checks_flower(root: Path, tmp_path: Path) -> None:
