@@ -106,24 +106,30 @@ def best_etas(rows: list[list]) -> dict[tuple[str, int], float]:
 
 
 def tuning_table(rows: list[list]) -> str:
-    """Final accuracy on the tuning seed per method and τ (rows) and η (columns); the
-    chosen η in bold."""
-    chosen = best_etas(rows)
-    cells = sorted(dict.fromkeys((r[1], int(r[2])) for r in rows),
-                   key=lambda k: (k[1], order(k[0])))
-    etas = sorted({float(r[10]) for r in rows})
-    lines = ["| method | τ | " + " | ".join(f"η = {e:g}" for e in etas) + " |",
-             "|---|---|" + "---|" * len(etas)]
-    for m, t in cells:
-        out = []
-        for e in etas:
-            acc = [float(r[7]) for r in rows if (r[1], int(r[2]), float(r[10])) == (m, t, e)]
-            text = f"{acc[0]:.3f}" if acc else ""
-            out.append(f"**{text}**" if acc and chosen[(m, t)] == e else text)
-        lines.append(f"| {NAMES.get(m, m)} | {t} | " + " | ".join(out) + " |")
-    seed = rows[0][6]
-    return "\n".join(lines) + f"\n\n(tuning seed {seed}; {rows[0][0]}, R·τ = {rows[0][8]} " \
-        f"steps of {rows[0][9]} image(s).)"
+    """Final accuracy on the tuning seed per method and τ (rows) and grid point ``η·τ``
+    (columns), one table per dataset, horizon and batch size; the chosen η in bold."""
+    out = []
+    for group in dict.fromkeys((r[0], r[8], r[9]) for r in rows):
+        sub = [r for r in rows if (r[0], r[8], r[9]) == group]
+        chosen = best_etas(sub)
+        cells = sorted(dict.fromkeys((r[1], int(r[2])) for r in sub),
+                       key=lambda k: (k[1], order(k[0])))
+        grid = sorted({round(float(r[10]) * int(r[2]), 10) for r in sub})
+        lines = [f"**{group[0]}, R·τ = {group[1]} steps of {group[2]} image(s)**, final test "
+                 f"accuracy on tuning seed {sub[0][6]}:", "",
+                 "| method | τ | " + " | ".join(f"η·τ = {c:g}" for c in grid) + " |",
+                 "|---|---|" + "---|" * len(grid)]
+        for m, t in cells:
+            cols = []
+            for c in grid:
+                hit = [r for r in sub if (r[1], int(r[2])) == (m, t)
+                       and round(float(r[10]) * t, 10) == c]
+                text = f"{float(hit[0][7]):.3f}" if hit else ""
+                cols.append(f"**{text}**" if hit and chosen[(m, t)] == float(hit[0][10])
+                            else text)
+            lines.append(f"| {NAMES.get(m, m)} | {t} | " + " | ".join(cols) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
 
 
 def row(res: CNNResult) -> list:
@@ -230,16 +236,18 @@ def snr_table(horizons: list[int], learners: int = 10) -> str:
     return "\n".join(lines) + f"\n\n(d = {d:,}, n = {learners} learners, ε = 2, δ = 10⁻³.)"
 
 
-def merge_docs_rows(path: Path, new: list[list]) -> list[list]:
-    """The docs CSV keeps every run; a rerun replaces the rows of the same configuration."""
-    same = {tuple(str(x) for x in (r[0], r[1], r[2], r[6], r[8], r[9])) for r in new}
+def merge_docs_rows(path: Path, new: list[list],
+                    key: tuple[int, ...] = (0, 1, 2, 6, 8, 9)) -> list[list]:
+    """The docs CSV keeps every run; a rerun replaces the rows of the same configuration
+    (columns ``key`` of a row: dataset, method, τ, seed, steps, batch; the tuning CSV adds
+    η)."""
+    same = {tuple(str(r[i]) for i in key) for r in new}
     old: list[list] = []
     if path.exists():
         with open(path) as fh:
             reader = csv.reader(fh)
             next(reader, None)
-            old = [r for r in reader
-                   if tuple(r[i] for i in (0, 1, 2, 6, 8, 9)) not in same]
+            old = [r for r in reader if tuple(r[i] for i in key) not in same]
     return old + [[str(x) for x in r] for r in new]
 
 
@@ -427,7 +435,12 @@ def main(argv: list[str] | None = None) -> int:
                     docs / "figures" / f"cnn-accuracy-{args.steps}x{args.batch_size}.png")
         update_marked_section(docs / "results-cnn.md", "cnn", table(merged))
         if tuning:
-            update_marked_section(docs / "results-cnn.md", "tuning", tuning_table(tuning))
+            merged_tuning = merge_docs_rows(docs / "results-cnn-tuning.csv", tuning,
+                                            key=(0, 1, 2, 6, 8, 9, 10))
+            with open(docs / "results-cnn-tuning.csv", "w", newline="") as fh:
+                csv.writer(fh).writerows([HEADER, *merged_tuning])
+            update_marked_section(docs / "results-cnn.md", "tuning",
+                                  tuning_table(merged_tuning))
         horizons = sorted({300, 1000, 5000, *(int(r[8]) for r in merged)})
         update_marked_section(docs / "results-cnn.md", "snr", snr_table(horizons))
     print(f"results in {args.out.resolve()}")
