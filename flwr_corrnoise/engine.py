@@ -72,11 +72,8 @@ def run_inprocess(
     x = [np.array(p, dtype=np.float64, copy=True) for p in initial]
     sampler = np.random.default_rng(None if seed is None else [seed, 0xFED])
     result = InProcessResult(params=x, states=states)
-    for r in range(rounds):
-        if evaluate is not None:
-            evaluate(r, x)
-        if keep_models:
-            result.models.append([p.copy() for p in x])
+
+    def one_round(r: int, x: list[np.ndarray]) -> list[np.ndarray]:
         if schedule is not None:
             chosen = sorted(int(i) for i in schedule[r])
         elif fraction_train >= 1.0:
@@ -90,11 +87,32 @@ def run_inprocess(
             out = local_round(x, gradients[i], states[i], per_learner[i], tau, eta)
             states[i] = out.state
             updates.append(out.update)
-        x = aggregate(x, updates, eta, eta_g, tau)
-    if evaluate is not None:
-        evaluate(rounds, x)
-    if keep_models:
-        result.models.append([p.copy() for p in x])
-    result.params = x
+        return aggregate(x, updates, eta, eta_g, tau)
+
+    result.params = run_rounds(x, rounds, one_round, evaluate,
+                               result.models if keep_models else None)
     result.states = states
     return result
+
+
+def run_rounds(
+    x: list[np.ndarray],
+    rounds: int,
+    one_round: Callable[[int, list[np.ndarray]], list[np.ndarray]],
+    evaluate: Callable[[int, list[np.ndarray]], object] | None = None,
+    models: list[list[np.ndarray]] | None = None,
+) -> list[np.ndarray]:
+    """The server's loop shared by the in-process engines: ``evaluate(r, x^r)`` before
+    round ``r`` and once after the last (like Flower's ``evaluate_fn``), ``x^{r+1} =
+    one_round(r, x^r)``, and every global model appended to ``models`` if given."""
+    for r in range(rounds):
+        if evaluate is not None:
+            evaluate(r, x)
+        if models is not None:
+            models.append([p.copy() for p in x])
+        x = one_round(r, x)
+    if evaluate is not None:
+        evaluate(rounds, x)
+    if models is not None:
+        models.append([p.copy() for p in x])
+    return x

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .engine import run_rounds
 from .learner import PrivacySettings, aggregate, derive_seed
 from .pytorch import (
     BatchStream,
@@ -86,11 +87,8 @@ def run_inprocess_device(
     x = [np.array(p, dtype=np.float64, copy=True) for p in get_parameters(learners[0].model)]
     result = DeviceRunResult(params=x, learners=learners)
     positions = [0] * len(learners)
-    for r in range(rounds):
-        if evaluate is not None:
-            evaluate(r, x)
-        if keep_models:
-            result.models.append([p.copy() for p in x])
+
+    def one_round(r: int, x: list[np.ndarray]) -> list[np.ndarray]:
         updates = []
         shared: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for i, private in enumerate(learners):
@@ -99,12 +97,10 @@ def run_inprocess_device(
                                      per_example=per_example)
             positions[i] = out.position
             updates.append(out.update)
-        x = aggregate(x, updates, eta, eta_g, tau)
-    if evaluate is not None:
-        evaluate(rounds, x)
-    if keep_models:
-        result.models.append([p.copy() for p in x])
-    result.params = x
+        return aggregate(x, updates, eta, eta_g, tau)
+
+    result.params = run_rounds(x, rounds, one_round, evaluate,
+                               result.models if keep_models else None)
     return result
 
 
