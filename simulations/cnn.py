@@ -70,7 +70,8 @@ def setups(args: argparse.Namespace, etas: dict[tuple[str, int], float] | None =
     tuning picked for the cell (``etas``) or ``--eta``."""
     base = base_setup(args)
     return [base.with_(mechanism=m, tau=t, seed=s, data_seed=s,
-                       eta=(etas or {}).get((m, t), args.eta))
+                       eta=(etas or {}).get((m, t), args.eta),
+                       eval_every=args.eval_every or max(1, args.steps // t // args.eval_points))
             for s in range(args.seeds) for t in args.taus for m in args.methods]
 
 
@@ -160,8 +161,11 @@ def plot(curves: list[list], runs: list[list], path: Path) -> None:
             if not sub:
                 continue
             seeds = sorted({c[3] for c in sub})
-            x = np.array(sorted({int(c[4]) for c in sub}))
-            acc = np.array([[float(c[5]) for c in sub if c[3] == s] for s in seeds])
+            # the rounds every seed evaluated (runs may differ in --eval-points)
+            common = set.intersection(*({int(c[4]) for c in sub if c[3] == s} for s in seeds))
+            x = np.array(sorted(common))
+            acc = np.array([[float(c[5]) for c in sorted(sub, key=lambda c: int(c[4]))
+                             if c[3] == s and int(c[4]) in common] for s in seeds])
             mean, std = acc.mean(axis=0), acc.std(axis=0)
             ax.plot(x, mean, label=NAMES.get(method, method))
             ax.fill_between(x, mean - std, mean + std, alpha=0.2)
@@ -376,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-size", type=int, default=None, help="default: all 60,000")
     p.add_argument("--iid-size", type=int, default=None, help="default: half the training set")
     p.add_argument("--test-size", type=int, default=10000)
-    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="rounds between test evaluations (0: see --eval-points)")
+    p.add_argument("--eval-points", type=int, default=20,
+                   help="test evaluations per run besides round 0 (each costs a pass over "
+                        "the test set)")
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     p.add_argument("--workers", type=int, default=1,
