@@ -4,13 +4,15 @@ A learner's released prefix sums are ``A·G + V·B·ξ``; what it adds at step `
 *increment* ``e[k] = V·(b_k − b_{k−1})·ξ`` (paper 000, Algorithm 1 lines 9–10), with ``ξ``
 a ``W×d`` matrix of i.i.d. standard normals and ``V`` the calibrated noise std.
 
-``ξ`` is drawn row by row from one PCG64 generator, in the order the mechanism needs the
-rows; drawing row ``w`` is ``standard_normal(d)`` for the ``w``-th time, so the rows are
-exactly those of ``standard_normal((W, d))`` from the same seed (a test checks this). The
-vanilla tree draws only the rows that some prefix sum uses
+``ξ`` is drawn row by row from one Philox4x64-10 generator keyed by 128 bits
+(:mod:`~flwr_corrnoise.noise_keys`: OS entropy for a deployed learner, a hash of every bit
+of the seed in a reproducible simulation; its outputs do not reveal the key), in the order
+the mechanism needs the rows; drawing row ``w`` is ``standard_normal(d)`` for the ``w``-th
+time, so the rows are exactly those of ``standard_normal((W, d))`` from the same key (a
+test checks this). The vanilla tree draws only the rows that some prefix sum uses
 (:meth:`~flwr_corrnoise.mechanisms.tree.BinaryTree.drawn_nodes`): one per step. The
-stream's whole state is that generator's 128-bit state, the step index, and what the
-mechanism must remember of past rows:
+stream's whole state is that generator's state (key, counter, a 4-word buffer), the step
+index, and what the mechanism must remember of past rows:
 
 ============== ======================================== =================================
 kind           state besides the generator (floats)     why
@@ -37,7 +39,7 @@ bit for bit.
 Asking for step ``N`` raises :class:`HorizonExhaustedError`: reusing noise would leak data.
 
 **Secure streams** (``create(..., secure=True)``; a learner's opt-in, node config
-``secure-noise``): ``ξ`` comes from a ChaCha20 keystream keyed by OS entropy instead of PCG64 (the
+``secure-noise``): ``ξ`` comes from a ChaCha20 keystream keyed by OS entropy instead of Philox (the
 state is the key and a block counter, seven words), the increments are rounded to a
 power-of-two grid, and :meth:`NoiseStream.add_next` forms the release ``trunc_g(value) + e``
 exactly — see :mod:`~flwr_corrnoise.secure_noise` for the threats and the cost.
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import io
 import math
+import secrets
 from collections.abc import Sequence
 
 import numpy as np
@@ -60,10 +63,12 @@ from .mechanisms import (
     factorization_by_digest,
 )
 from .mechanisms.streaming import NUMPY_OPS, ArrayOps
+from .noise_keys import KEY_BITS, noise_generator, pack_generator, unpack_generator
 from .secure_noise import ChaCha20Gaussian, add_on_grid, granularity, round_to_grid
 
-_MASK64 = (1 << 64) - 1
-STATE_FORMAT = 1
+#: the noise-state format written; format 1 (PCG64 generators) is still read, re-keyed
+STATE_FORMAT = 2
+_READ_FORMATS = (1, 2)
 
 
 class HorizonExhaustedError(RuntimeError):
@@ -104,12 +109,7 @@ def split_flat(flat: np.ndarray, shapes: Sequence[Sequence[int]]) -> list[np.nda
 def _pack_rng(gen: np.random.Generator | ChaCha20Gaussian) -> np.ndarray:
     if isinstance(gen, ChaCha20Gaussian):  # secure: tag, 256-bit key, block counter
         return gen.pack()
-    st = gen.bit_generator.state
-    s, inc = st["state"]["state"], st["state"]["inc"]
-    return np.array(
-        [s >> 64, s & _MASK64, inc >> 64, inc & _MASK64, st["has_uint32"], st["uinteger"]],
-        dtype=np.uint64,
-    )
+    return pack_generator(gen)  # Philox: tag, counter, 128-bit key, buffer (noise_keys.py)
 
 
 def _unpack_rng(
@@ -117,22 +117,14 @@ def _unpack_rng(
 ) -> np.random.Generator | ChaCha20Gaussian:
     if secure:
         return ChaCha20Gaussian.unpack(words)
-    w = [int(x) for x in words]
-    if len(w) != 6:  # e.g. a secure state whose "secure" flag was dropped
-        raise ValueError(f"a PCG64 state is 6 words, got {len(w)}")
-    bitgen = np.random.PCG64()
-    bitgen.state = {
-        "bit_generator": "PCG64",
-        "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
-        "has_uint32": w[4],
-        "uinteger": w[5],
-    }
-    return np.random.Generator(bitgen)
+    if np.asarray(words).size == 7:  # e.g. a secure state whose "secure" flag was dropped
+        raise ValueError("this is a secure (ChaCha20) generator state, not a Philox one")
+    return unpack_generator(words)
 
 
 def new_seed() -> int:
     """128 bits of OS entropy: the seed for a deployed learner (never sent anywhere)."""
-    return int(np.random.SeedSequence().entropy)
+    return secrets.randbits(KEY_BITS)
 
 
 class NoiseStream:
@@ -210,10 +202,9 @@ class NoiseStream:
                 )
             secure_rng = ChaCha20Gaussian.from_os_entropy()
             return cls(mechanism, horizon, normalize_shapes(dim), std, secure_rng)  # type: ignore[arg-type]
-        seed = new_seed() if seed is None else int(seed)
-        if seed < 0:
+        if seed is not None and int(seed) < 0:
             raise ValueError("the seed must be a non-negative integer")
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
+        rng = noise_generator(None if seed is None else int(seed))  # 128-bit Philox key
         return cls(mechanism, horizon, normalize_shapes(dim), std, rng)
 
     # -- the increments ---------------------------------------------------------------
@@ -371,7 +362,7 @@ class NoiseStream:
     @staticmethod
     def _parse_state(state: dict[str, np.ndarray]) -> dict:
         """The fields every backend's state shares (all but the generator and the rows)."""
-        if int(state["format"]) != STATE_FORMAT:
+        if int(state["format"]) not in _READ_FORMATS:
             raise ValueError(f"unsupported noise-state format {int(state['format'])}")
         lens = [int(x) for x in state["shape_lens"]]
         dims = [int(x) for x in state["shape_dims"]]

@@ -8,12 +8,18 @@ over their array namespace (:class:`TorchOps` here), so the NumPy and the torch 
 release the same law — and, fed the same standard normals, the same values to float
 tolerance (``tests/test_torch_streams.py``).
 
-Why not NumPy's generator on the device: a PCG64 draw happens on the host, and moving
-``d`` floats to the device per step is the transfer this module exists to avoid. The
-torch generator (CPU: Mersenne Twister; CUDA: Philox) is seeded from 64 bits derived from
-the learner's 128-bit seed. Its state, the buffers and the counters serialize to the same
-array dict as the NumPy stream's (plus ``backend``, ``dtype`` and ``device`` keys), and a
-stream restored on the same device type continues bit for bit.
+Where the normals come from: the same 128-bit-keyed Philox generator as the NumPy stream
+(:mod:`~flwr_corrnoise.noise_keys`), drawn on the host in the stream's dtype and moved to
+the device (on a CPU model: no copy, ``torch.from_numpy``). Why not torch's generators:
+the CPU one (Mersenne Twister) keeps 32 bits of its seed and its outputs reveal its state,
+the CUDA one (Philox4x32) takes a 64-bit key; a learner's seed was recovered from one
+release by a 2³² search. So a torch stream and a NumPy stream of the same seed and dtype
+draw the same ``ξ`` (float64: bit for bit; a test checks it), and the state holds no
+device-specific generator: a stream saved on a GPU continues on the CPU and back. The
+cost: on a GPU, ``d`` floats cross to the device per step (``benchmarks/noise_keys.py``
+measures the host draw; no GPU figure was taken yet). The buffers and counters serialize to
+the same array dict as the NumPy stream's (plus ``backend``, ``dtype`` and ``device``
+keys), and a restored stream continues bit for bit.
 
 Secure noise (ChaCha20 on a power-of-two grid, :mod:`~flwr_corrnoise.secure_noise`) is
 NumPy-only: a deployment that needs it uses the host stream.
@@ -29,7 +35,8 @@ import numpy as np
 import torch
 
 from .mechanisms import Factorization
-from .streams import NoiseStream, Shapes, new_seed, normalize_shapes
+from .noise_keys import noise_generator
+from .streams import NoiseStream, Shapes, _unpack_rng, normalize_shapes
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -65,14 +72,6 @@ class TorchOps:
         torch.addcmul(e, r, theta, out=r)  # one pass over the buffers instead of two
 
 
-def torch_seed(seed: int) -> int:
-    """The 64-bit torch generator seed of a learner's (up to 128-bit) noise seed.
-
-    Derived through NumPy's ``SeedSequence`` so that nearby learner seeds give unrelated
-    generator seeds (torch's ``manual_seed`` takes 64 bits)."""
-    return int(np.random.SeedSequence(int(seed)).generate_state(1, dtype=np.uint64)[0])
-
-
 class TorchNoiseStream(NoiseStream):
     """A noise stream whose increments are tensors on ``device`` in ``dtype``.
 
@@ -89,8 +88,10 @@ class TorchNoiseStream(NoiseStream):
         horizon: int,
         shapes: Shapes,
         std: float,
-        rng: torch.Generator,
+        rng: np.random.Generator,
         step: int = 0,
+        *,
+        device: torch.device | str = "cpu",
         levels: list[int] | None = None,
         rows: Sequence[np.ndarray] | np.ndarray | None = None,
         factorization: Factorization | None = None,
@@ -99,9 +100,10 @@ class TorchNoiseStream(NoiseStream):
         if dtype not in _DTYPES.values():
             raise ValueError(f"a torch noise stream is float32 or float64, not {dtype}")
         self.dtype = dtype
-        self.device = rng.device
-        self._ops = TorchOps(dtype, rng.device)  # type: ignore[assignment]
-        super().__init__(mechanism, horizon, shapes, std, rng, step, levels,  # type: ignore[arg-type]
+        self.device = torch.device(device)
+        self._np_dtype = np.dtype(str(dtype).removeprefix("torch."))
+        self._ops = TorchOps(dtype, self.device)  # type: ignore[assignment]
+        super().__init__(mechanism, horizon, shapes, std, rng, step, levels,
                          rows, factorization)  # type: ignore[arg-type]
 
     @classmethod
@@ -121,12 +123,11 @@ class TorchNoiseStream(NoiseStream):
         if secure:
             raise ValueError("secure noise (ChaCha20 on a grid) is NumPy-only; use "
                              "NoiseStream.create(..., secure=True) on the host")
-        seed = new_seed() if seed is None else int(seed)
-        if seed < 0:
+        if seed is not None and int(seed) < 0:
             raise ValueError("the seed must be a non-negative integer")
-        gen = torch.Generator(device=torch.device(device))
-        gen.manual_seed(torch_seed(seed))
-        return cls(mechanism, horizon, normalize_shapes(dim), std, gen, dtype=dtype)
+        gen = noise_generator(None if seed is None else int(seed))  # 128-bit Philox key
+        return cls(mechanism, horizon, normalize_shapes(dim), std, gen, device=device,
+                   dtype=dtype)
 
     def _as_row(self, row: np.ndarray) -> torch.Tensor:  # type: ignore[override]
         arr = np.asarray(row)
@@ -135,23 +136,15 @@ class TorchNoiseStream(NoiseStream):
         return torch.from_numpy(arr.copy()).to(self.device)
 
     def _draw(self) -> torch.Tensor:  # type: ignore[override]
-        return torch.randn(self.dim, generator=self._rng, dtype=self.dtype,  # type: ignore[call-overload]
-                           device=self.device)
+        # the keyed Philox draw on the host, in the stream's dtype; on the CPU a view
+        row = torch.from_numpy(self._rng.standard_normal(self.dim, dtype=self._np_dtype))
+        return row if self.device.type == "cpu" else row.to(self.device)
 
     def next(self) -> torch.Tensor:  # type: ignore[override]
         """The flat increment ``e[step]`` (length ``d``, a tensor on the stream's device)."""
         return super().next()  # type: ignore[return-value]
 
     # -- state ---------------------------------------------------------------------------
-    def _rng_state(self) -> torch.Tensor:
-        return self._rng.get_state()  # type: ignore[union-attr]
-
-    def _set_rng_state(self, state: object) -> None:
-        self._rng.set_state(state)  # type: ignore[union-attr, arg-type]
-
-    def _pack_rng(self) -> np.ndarray:
-        return self._rng.get_state().numpy().copy()  # type: ignore[union-attr]
-
     def _rows_array(self, saved: list) -> np.ndarray:  # type: ignore[override]
         np_dtype = np.dtype(str(self.dtype).removeprefix("torch."))
         if not saved:
@@ -175,7 +168,8 @@ class TorchNoiseStream(NoiseStream):
         cls, state: dict[str, np.ndarray], device: torch.device | str | None = None
     ) -> TorchNoiseStream:
         """Rebuild a stream from :meth:`state_dict` on ``device`` (default: a device of the
-        recorded type). The generator state only continues bit for bit on that type."""
+        recorded type). The generator lives on the host, so a stream continues bit for bit
+        on any device."""
         if str(state.get("backend", "numpy")) != "torch":
             raise ValueError("this is the state of a NumPy noise stream; restore it with "
                              "NoiseStream.from_state_dict")
@@ -183,12 +177,13 @@ class TorchNoiseStream(NoiseStream):
             dtype = _DTYPES[str(state["dtype"])]
             recorded = str(state["device"])
             dev = torch.device(recorded if device is None else device)
-            if dev.type != recorded:
-                raise ValueError(f"a noise stream saved on {recorded} continues only on "
-                                 f"{recorded} (its generator is device-specific), not {dev}")
-            gen = torch.Generator(device=dev)
-            gen.set_state(torch.from_numpy(np.asarray(state["rng"], dtype=np.uint8).copy()))
-            stream = cls(rng=gen, rows=np.asarray(state["rows"]), dtype=dtype,
+            if np.asarray(state["rng"]).dtype == np.uint8:  # torch generator (format 1)
+                raise ValueError(
+                    "this torch noise state holds a torch generator (32/64-bit seed, written "
+                    "before keyed generators); its noise may be predictable, so it is not "
+                    "continued: start a new learner state")
+            gen = _unpack_rng(np.asarray(state["rng"]))
+            stream = cls(rng=gen, rows=np.asarray(state["rows"]), dtype=dtype, device=dev,
                          **cls._parse_state(state))
         except (KeyError, TypeError, IndexError, RuntimeError) as err:
             raise ValueError(f"malformed torch noise-stream state: {err!r}") from err

@@ -70,3 +70,12 @@ def test_toeplitz_stream() -> None:
     names = [r[0] for r in rows]
     assert {"independent", "BLT, 4 buffers", "Toeplitz, stored history",
             "Toeplitz, regenerated (counter-based)"} <= set(names)
+
+
+def test_noise_keys() -> None:
+    rows = run("noise_keys.py", "--dims", "100", "2000", "--repeats", "2",
+               "--block-elements", "20000")
+    names = {r[1] for r in rows[1:]}
+    assert {"PCG64 float64 (replaced)", "keyed Philox float64 (NumPy streams)"} <= names
+    assert all(float(r[3].rstrip("×")) > 0 for r in rows[1:])
+    assert {r[0] for r in rows[1:]} == {"100", "2,000"}

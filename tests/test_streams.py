@@ -11,10 +11,16 @@ from flwr_corrnoise.mechanisms import MECHANISMS, BinaryTree, build_factorizatio
 from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream
 
 
+def reference_generator(seed: int) -> np.random.Generator:
+    """ξ's generator as noise_keys.py documents it, built here from NumPy directly:
+    Philox4x64-10 keyed by the 128 bits SeedSequence(seed) hashes the seed into."""
+    key = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=key))
+
+
 def xi_matrix(seed: int, rows: int, dim: int) -> np.ndarray:
-    """ξ as the stream defines it: one PCG64 generator seeded through a SeedSequence."""
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
-    return rng.standard_normal((rows, dim))
+    """ξ as the stream defines it: one keyed Philox generator, rows in draw order."""
+    return reference_generator(seed).standard_normal((rows, dim))
 
 
 def draw_all(stream: NoiseStream) -> np.ndarray:
@@ -55,7 +61,7 @@ def test_vanilla_tree_skips_only_nodes_no_prefix_sum_uses(n: int) -> None:
 
 
 def test_row_by_row_draws_equal_block_draw() -> None:
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(5)))
+    rng = reference_generator(5)
     rows = np.array([rng.standard_normal(7) for _ in range(9)])
     np.testing.assert_array_equal(rows, xi_matrix(5, 9, 7))
 

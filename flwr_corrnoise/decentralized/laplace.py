@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flwr_corrnoise import arraypack
+from flwr_corrnoise.noise_keys import noise_generator
 from flwr_corrnoise.streams import _pack_rng, _unpack_rng
 
 __all__ = [
@@ -153,8 +154,9 @@ class ScaleSchedule:
 class LaplaceStream:
     """One learner's Laplace noise, step by step, with its state as bytes.
 
-    State is the PCG64 state and the step counter: a learner whose state lives in Flower's
-    ``context.state`` (or on disk) restores it and draws exactly the next step's noise — never
+    State is the keyed Philox generator's state (noise_keys.py) and the step counter: a
+    learner whose state lives in Flower's ``context.state`` (or on disk) restores it and
+    draws exactly the next step's noise — never
     the same noise twice, never skipping. ``scales`` optionally multiplies the schedule per
     coordinate (heterogeneous per-coordinate scales).
     """
@@ -179,7 +181,8 @@ class LaplaceStream:
         if cs.shape != (self.dim,) or not np.all(np.isfinite(cs)) or np.any(cs < 0):
             raise ValueError("coordinate scales must be a finite, ≥ 0 vector of length dim")
         self.coordinate_scales = cs
-        self.rng = _rng if _rng is not None else np.random.default_rng(seed)
+        # the library's keyed noise generator (noise_keys.py: Philox, 128-bit key)
+        self.rng = _rng if _rng is not None else noise_generator(seed)
         self.step = int(_step)
 
     def current_scale(self) -> np.ndarray:

@@ -2,8 +2,8 @@
 
 A noise stream hands out the increments ``e = C⁻¹ξ`` one step at a time. What differs
 between mechanisms is only the recurrence that turns the next standard-normal rows into
-``e[k]`` and the little state it keeps; where the normals come from (NumPy's PCG64, a
-ChaCha20 keystream, a torch generator on a GPU) and what array type holds the state do not
+``e[k]`` and the little state it keeps; where the normals come from (the keyed Philox of
+:mod:`~flwr_corrnoise.noise_keys`, a ChaCha20 keystream) and what array type holds the state do not
 change the math. So, as in jax_privacy's ``StreamingMatrix(init, next)``, every
 :class:`~flwr_corrnoise.mechanisms.base.Factorization` supplies a :class:`StreamKernel`:
 
