@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flwr_corrnoise.data.mushrooms import load_mushrooms, split_by_class
+from flwr_corrnoise.data.mushrooms import RAW_ROW_NORM, ROW_NORM, load_mushrooms, split_by_class
 from flwr_corrnoise.decentralized.baselines import DOLA, DSGD, PDOP
 from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes
 from flwr_corrnoise.decentralized.chen_wang_privacy import (
@@ -72,12 +72,17 @@ def log(msg: str) -> None:
 
 # -- data and the optimum -----------------------------------------------------------------
 def load_data(args: argparse.Namespace) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
-    """003's split of mushrooms, or a generated stand-in with the same shape (named)."""
+    """003's split of mushrooms, or a generated stand-in with the same shape (named).
+
+    Sets ``args.feature_bound``, the row-norm bound the rows have *by construction* (√22 raw
+    one-hot, 1 normalized), which :func:`make_task` declares."""
+    args.feature_bound = ROW_NORM
     if not args.synthetic:
         try:
             X, y, source = load_mushrooms(args.data_path, normalize=not args.raw_rows)
             if args.raw_rows:
                 source += ", raw one-hot rows (‖a‖² = 22)"
+                args.feature_bound = RAW_ROW_NORM
             return split_by_class(X, y, N), source
         except (FileNotFoundError, ImportError) as err:
             log(f"mushrooms not available ({err}); using the synthetic stand-in")
@@ -94,7 +99,12 @@ def load_data(args: argparse.Namespace) -> tuple[list[tuple[np.ndarray, np.ndarr
 
 
 def make_task(shards: list, args: argparse.Namespace, seed: int) -> LogisticTask:
-    return LogisticTask(shards, reg=args.reg, horizon=args.steps, seed=seed, name="mushrooms")
+    """The task with its *declared* feature bound (set by :func:`load_data` from how the rows
+    were built), never the data's maximum row norm — the ε reported must hold for every
+    neighbouring stream, not just this one."""
+    return LogisticTask(shards, reg=args.reg, horizon=args.steps, seed=seed,
+                        feature_bound=getattr(args, "feature_bound", ROW_NORM),
+                        name="mushrooms")
 
 
 class Optimum:

@@ -153,8 +153,8 @@ def test_empirical_sensitivity_below_tight_bound(clip: float | None) -> None:
     L = task.smoothness
     if clip is not None:
         bound = tight_sensitivity(T, STEPS, 0.6, L, 2 * clip, dim)
-    else:  # unclipped convex loss: the contractive bound (C = 2 max‖a‖)
-        bound = contractive_sensitivity(T, steps, 0.6, L, task.reg, 2 * task.row_norm_max, dim)
+    else:  # unclipped convex loss: the contractive bound (C = 2B, B the declared row bound)
+        bound = contractive_sensitivity(T, steps, 0.6, L, task.reg, 2 * task.feature_bound, dim)
     diffs = []
     for t in range(T):
         _, s1 = algo.release(s1)

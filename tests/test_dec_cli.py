@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -25,11 +26,21 @@ def test_decentralized_json_subprocess() -> None:
     eps = out[f"epsilon [{TIGHT}]"]
     assert len(eps) == 5 and out["local-dp"] is True
     # independent: the accountant with the CLI's defaults (ϱ₀ = 1, ς_i = 0.1 + 0.01(i+1),
-    # unclipped normalized rows: C = 2, L = 1/4 + r at most)
+    # unclipped, declared feature bound 1: C = 2, L = 1/4 + r)
     for i, e in enumerate(eps):
         ref = chen_wang_epsilon(150, StepSizes(1.0, 0.77, 1.0, 0.65), w_self=0.6, L=0.25 + 1e-3,
                                 C=2.0, dim=10, noise_scale=1.0, exponent=0.1 + 0.01 * (i + 1))
-        assert e == pytest.approx(ref[-1], rel=1e-6)  # synthetic rows reach ‖a‖ = 1
+        assert e == pytest.approx(ref[-1], rel=1e-6)  # declared feature bound B = 1
+    # with ε ≈ 100 over 10 coordinates the final accuracy is at the noise's mercy (0.42–0.62
+    # over seeds), so only its range is checked here; learning is checked noise-free below
+    assert 0.0 <= out["final-accuracy-mean"] <= 1.0
+
+
+def test_decentralized_learns_without_noise(capsys) -> None:
+    assert main(["decentralized", "--algorithm", "chen-wang", "--steps", "150",
+                 "--noise-scale", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(math.isinf(e) for e in out[f"epsilon [{TIGHT}]"])  # no noise, no privacy
     assert 0.5 < out["final-accuracy-mean"] <= 1.0
 
 

@@ -74,7 +74,9 @@ def test_stream_roundtrip_continues_exactly() -> None:
     off = LaplaceStream(4, ScaleSchedule.chen_wang(0.0, 0.1), seed=[7, 1])
     on = LaplaceStream(4, sched, seed=[7, 1])
     assert np.all(off.next() == 0) and np.any(on.next() != 0)
-    assert off.rng.bit_generator.state == on.rng.bit_generator.state
+    # same position in the generator: the next raw draws agree (compared by value, since a
+    # keyed Philox state holds arrays that `==` on dicts cannot compare)
+    assert np.array_equal(off.rng.random(5), on.rng.random(5))
     with pytest.raises(ValueError):
         LaplaceStream.from_bytes(a.to_bytes()[:-3])
 

@@ -16,10 +16,16 @@ Sources, in order:
 Labels: ``b = 0`` edible, ``b = 1`` poisonous. Rows are scaled to unit ℓ2 norm (every row
 has 22 ones): without it the per-sample smoothness is ``‖a‖²/4 = 5.5`` and paper 003's
 sensitivity recursion explodes (≈ 10³⁷); with it ``C = 2``, ``L = ¼ + r``.
+
+Row-norm bounds by construction (what a task *declares* as its ``feature-bound``; the task
+projects every row onto that bound, so a file that breaks it cannot break the accounting):
+:data:`ROW_NORM` for normalized rows, :data:`RAW_ROW_NORM` (``√22``: one 1 per attribute)
+for raw one-hot rows.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -27,9 +33,14 @@ import numpy as np
 
 from flwr_corrnoise.data.libsvm import read_libsvm
 
-__all__ = ["DEBIAN_RDA", "load_mushrooms", "mushrooms_from_rda", "one_hot", "split_by_class"]
+__all__ = ["DEBIAN_RDA", "RAW_ROW_NORM", "ROW_NORM", "load_mushrooms", "mushrooms_from_rda",
+           "one_hot", "split_by_class"]
 
 DEBIAN_RDA = Path("/usr/lib/R/site-library/cba/data/Mushroom.rda")
+#: ‖a‖ of a normalized row (``load_mushrooms(normalize=True)``)
+ROW_NORM = 1.0
+#: ‖a‖ of a raw one-hot row: 22 categorical attributes, exactly one 1 each
+RAW_ROW_NORM = math.sqrt(22.0)
 
 
 def one_hot(table: list[list[str | None]]) -> np.ndarray:

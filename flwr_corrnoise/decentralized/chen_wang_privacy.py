@@ -28,8 +28,13 @@ Two bounds on ``Δ_t = √d Φ_t`` (``Φ_t = ‖θ_t − θ'_t‖₂``), both la
   convexity argument, so an algorithm with ``clip`` set does not report it; steps with
   ``|w_ii|γ_t ≥ 1`` fall back to eq. (22)'s factor.)
 
-``C`` bounds ``‖∇l(θ, ξ) − ∇l(θ, ξ')‖₂`` (Assumption 5: twice the per-sample clip norm, or
-``2 max‖a‖`` for logistic regression), ``L`` the per-sample gradient's Lipschitz constant.
+``C`` bounds ``‖∇l(θ, ξ) − ∇l(θ, ξ')‖₂`` (Assumption 5) and ``L`` is the per-sample
+gradient's Lipschitz constant. Both must hold for *every* pair of neighbouring streams, so both
+come from the task's **declared** bounds (:func:`gradient_constants`): ``C = 2·min(clip, G)``
+with ``G`` the task's declared per-sample gradient bound (logistic regression: the feature
+bound ``B``, which the task enforces by projecting every row onto ``{‖a‖ ≤ B}``), and
+``L = B²/4 + r``. A maximum over the data at hand would under-bound a neighbour whose replaced
+row is larger, and would make the reported ε itself a function of the data.
 
 Baselines, two accountants each (labelled):
 
@@ -208,13 +213,22 @@ def chen_wang_epsilons(algo: ChenWang, state: State, steps: int) -> dict[str, np
 
 
 def gradient_constants(algo: object) -> tuple[float, float]:
-    """``(C, L)`` of an algorithm's task: ``C = 2·clip`` (or ``2 max‖a‖`` unclipped, for
-    logistic regression), ``L`` the per-sample smoothness."""
+    """``(C, L)`` from declared settings only: ``C = 2·min(clip, G)`` (``2G`` unclipped),
+    ``G`` the task's declared per-sample gradient bound, ``L`` its declared smoothness.
+
+    Why ``min``: the task's projection already bounds each data-term gradient by ``G``, and a
+    clip can only shrink it further; either way two samples differ by at most ``2·min``.
+    A task that declares no bounds is refused — there is no safe value to fall back on."""
     task = algo.task  # type: ignore[attr-defined]
+    G = getattr(task, "gradient_bound", None)
+    L = getattr(task, "smoothness", None)
+    if G is None or L is None:
+        raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r} declares no "
+                         "gradient_bound/smoothness: paper 003's accountants need both")
     clip = getattr(algo, "clip", None)
-    L = float(task.smoothness)
-    C = 2.0 * float(clip) if clip is not None else 2.0 * float(task.row_norm_max)
-    return C, L
+    G = float(G)
+    C = 2.0 * (min(float(clip), G) if clip is not None else G)
+    return C, float(L)
 
 
 # -- baselines ---------------------------------------------------------------------------

@@ -10,6 +10,15 @@ interface reads the node's own local data.
 
 Tasks are rebuilt from a kebab-case config by :func:`build_task` (the Flower ClientApps do
 this), so a task must be a deterministic function of its config.
+
+**Declared bounds, not data maxima.** The privacy accountants need a bound ``C`` on how much
+one replaced datum can move a per-sample gradient and the per-sample smoothness ``L``. Both
+must hold for *every* neighbouring data set — including one whose replaced row is larger than
+anything in the data at hand — so they cannot be read off the data (a maximum over the shards
+under-bounds a neighbour with a larger row, and the reported ε itself would then depend on the
+data). A task therefore *declares* them from its settings (:class:`LogisticTask`: the
+``feature_bound`` ``B``, config key ``feature-bound``) and *enforces* them: every row is
+projected onto ``{‖a‖ ≤ B}`` before any gradient sees it.
 """
 
 from __future__ import annotations
@@ -21,11 +30,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TASKS", "LogisticTask", "Task", "build_task", "register_task", "synthetic_shards"]
+__all__ = ["TASKS", "LogisticTask", "Task", "build_task", "project_rows", "register_task",
+           "synthetic_shards"]
+
+
+def project_rows(X: np.ndarray, bound: float) -> np.ndarray:
+    """Each row (last axis) projected onto the ℓ2 ball of radius ``bound``: rows inside are
+    returned unchanged (bit for bit), rows outside are scaled onto the sphere. This is what
+    makes a declared feature bound true for any datum, whatever a data file holds."""
+    X = np.asarray(X, dtype=float)
+    norms = np.linalg.norm(X, axis=-1, keepdims=True)
+    scale = np.where(norms > bound, bound / np.where(norms > bound, norms, 1.0), 1.0)
+    return X * scale
 
 
 class Task(ABC):
-    """A learning problem: ``dim`` parameters, per-node streams, loss and gradient."""
+    """A learning problem: ``dim`` parameters, per-node streams, loss and gradient.
+
+    A task that paper 003's accountants (and its baselines') can use also declares
+    ``gradient_bound`` (a bound on one sample's data-term gradient norm) and ``smoothness``
+    (``L`` of one sample's gradient), as functions of its settings — never of its data — and
+    enforces them inside :meth:`grad` (see the module docstring).
+    """
 
     dim: int
     num_nodes: int
@@ -53,14 +79,21 @@ class LogisticTask(Task):
     """ℓ2-regularized binary logistic regression (paper 003, Sec. VII-A).
 
     Per sample ``(a, b)``, ``b ∈ {0, 1}``: ``l = (1 − b) aᵀθ − log s(aᵀθ) + (r/2)‖θ‖²
-    = log(1 + e^{aᵀθ}) − b aᵀθ + (r/2)‖θ‖²``; gradient ``(s(aᵀθ) − b) a + rθ``. With rows
-    ``‖a‖ ≤ 1`` the data term is 1-Lipschitz in norm (``C = 2`` between two samples) and
-    ``¼``-smooth (``L = ¼ + r``).
+    = log(1 + e^{aᵀθ}) − b aᵀθ + (r/2)‖θ‖²``; gradient ``(s(aᵀθ) − b) a + rθ``.
+
+    ``feature_bound`` ``B`` is *declared*, not measured: every row is projected onto
+    ``{‖a‖ ≤ B}`` (at construction, and again inside :meth:`grad` and :meth:`loss`, so rows
+    that reach them by any other way are bounded too). Then the data term has norm
+    ``|s − b|·‖a‖ ≤ B`` (:attr:`gradient_bound`; two samples differ by ``≤ 2B``) and is
+    ``B²/4``-smooth (:attr:`smoothness` ``= B²/4 + r``) — for every datum, so the ε the
+    accountants report is a function of the settings only. The default ``B = 1`` is what the
+    bundled loaders guarantee by construction (unit-norm rows); a larger ``B`` keeps larger
+    rows intact at the price of larger ``C`` and ``L``.
     """
 
     def __init__(self, shards: Sequence[tuple[np.ndarray, np.ndarray]], *, reg: float = 1e-3,
                  horizon: int = 2000, seed: int = 0, batch_size: int = 1,
-                 name: str = "logistic") -> None:
+                 feature_bound: float = 1.0, name: str = "logistic") -> None:
         if not shards:
             raise ValueError("need at least one node shard")
         self.shards = [(np.asarray(X, dtype=float), np.asarray(y, dtype=float))
@@ -75,6 +108,11 @@ class LogisticTask(Task):
                 raise ValueError("features must be finite and labels in {0, 1}")
         if not (math.isfinite(reg) and reg >= 0):
             raise ValueError(f"regularization must be ≥ 0, got {reg!r}")
+        bound = float(feature_bound)
+        if not (math.isfinite(bound) and bound > 0):
+            raise ValueError(f"feature bound must be finite and > 0, got {feature_bound!r}")
+        self.feature_bound = bound
+        self.shards = [(project_rows(X, self.feature_bound), y) for X, y in self.shards]
         self.dim = dims.pop()
         self.num_nodes = len(self.shards)
         self.reg = float(reg)
@@ -87,7 +125,6 @@ class LogisticTask(Task):
                 0, X.shape[0], size=(self.horizon, self.batch_size))
             for i, (X, _) in enumerate(self.shards)
         ])  # [n, horizon, b]
-        self.row_norm_max = max(float(np.linalg.norm(X, axis=1).max()) for X, _ in self.shards)
 
     #: the regularized logistic loss is convex in θ (what the contractive accountant needs)
     convex = True
@@ -98,9 +135,14 @@ class LogisticTask(Task):
         return self.reg
 
     @property
+    def gradient_bound(self) -> float:
+        """Declared bound on one sample's data-term gradient norm, ``|s − b|·‖a‖ ≤ B``."""
+        return self.feature_bound
+
+    @property
     def smoothness(self) -> float:
-        """L of one sample's gradient: ``‖a‖²/4 + r``."""
-        return self.row_norm_max**2 / 4 + self.reg
+        """Declared ``L`` of one sample's gradient: ``B²/4 + r`` (``B`` the feature bound)."""
+        return self.feature_bound**2 / 4 + self.reg
 
     def _take(self, nodes: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         X = np.stack([self.shards[int(i)][0][idx[k]] for k, i in enumerate(nodes)])
@@ -122,14 +164,19 @@ class LogisticTask(Task):
         return self._take(nodes, self.indices[nodes, : t + 1].reshape(nodes.size, -1))
 
     def loss(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        X = project_rows(X, self.feature_bound)
         z = np.einsum("kmd,kd->km", X, theta)
         data = np.logaddexp(0.0, z) - y * z
         return data.mean(axis=1) + 0.5 * self.reg * np.sum(theta * theta, axis=1)
 
     def grad(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray,
              clip: float | None = None) -> np.ndarray:
+        X = project_rows(X, self.feature_bound)  # the declared bound holds for any input
         z = np.einsum("kmd,kd->km", X, theta)
         coef = 0.5 * (1.0 + np.tanh(0.5 * z)) - y  # sigmoid, overflow-free
+        # |s − b| ≤ 1 for labels in {0, 1} (a no-op then); holds the declared gradient bound
+        # even for a label that reached this point without the constructor's check
+        coef = np.clip(coef, -1.0, 1.0)
         if clip is not None:
             norms = np.abs(coef) * np.linalg.norm(X, axis=2)
             coef = coef * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
@@ -188,7 +235,8 @@ def _synthetic_logreg(cfg: Mapping[str, Any]) -> Task:
                          int(cfg.get("data-seed", 0)),
                          bool(cfg.get("split-by-class", True))),
         reg=float(cfg.get("reg", 1e-3)), horizon=int(cfg.get("horizon", 2000)),
-        seed=int(cfg.get("data-seed", 0)), name="synthetic-logreg",
+        seed=int(cfg.get("data-seed", 0)), feature_bound=float(cfg.get("feature-bound", 1.0)),
+        name="synthetic-logreg",
     )
 
 
@@ -200,11 +248,12 @@ def _mushrooms(cfg: Mapping[str, Any]) -> Task:
     n = int(cfg.get("num-nodes", 5))
     return LogisticTask(split_by_class(X, y, n), reg=float(cfg.get("reg", 1e-3)),
                         horizon=int(cfg.get("horizon", 2000)), seed=int(cfg.get("data-seed", 0)),
-                        name="mushrooms")
+                        feature_bound=float(cfg.get("feature-bound", 1.0)), name="mushrooms")
 
 
 def build_task(name: str, cfg: Mapping[str, Any]) -> Task:
-    """A task by name from a kebab-case config (``num-nodes``, ``horizon``, ``data-seed``…)."""
+    """A task by name from a kebab-case config (``num-nodes``, ``horizon``, ``data-seed``,
+    ``feature-bound``…)."""
     if name not in TASKS:
         raise KeyError(f"unknown task {name!r}; registered: {sorted(TASKS)}")
     return TASKS[name](cfg)
