@@ -30,10 +30,36 @@ average (every carrier reply holds it, with weight 1), so its own step is post-p
 **no un-noised client metrics** are released: the wrapped strategy's aggregated metrics are
 replaced by the wrapper's privacy report. The server is trusted: it sees every learner's
 clipped update. Not for robust (non-linear) aggregators such as the median or Krum.
+
+**What is released, exactly.** The noised model, and metadata that is a function of the
+settings, the round counter and participation (who replied, how many): ε spent, the noise
+std, the rounds released, ε per replying node. *Nothing that depends on a reply's content*
+— not how many replies were zeroed, not which ones, not an error's code or text, not a
+client metric — reaches the round metrics, ``Result``, :attr:`CorrNoiseCentralDP.rounds`,
+Flower's round log or a :class:`~flwr_corrnoise.flower.monitor.RunFailedError`'s text. Such
+details stay in the server's local log (the ``flwr_corrnoise`` logger) and
+:attr:`CorrNoiseCentralDP.diagnostics`. The wrapped strategy is handed one identical
+carrier per reply (error replies included), so even its own log ("Received N results and 0
+failures") counts participation only.
+
+**No client-side evaluation.** A wrapped FedAvg would send evaluate messages and release
+the mean of the clients' losses on their data: un-noised and outside the budget. The
+wrapper sends no evaluate messages (a loud warning when the wrapped strategy would have)
+and drops any evaluate replies; evaluate the released model on the server
+(``start(..., evaluate_fn=...)``), which is post-processing.
+
+**Stopping a run.** The run fails (``max-idle-rounds``) only on facts that do not depend on
+the data: rounds with fewer than ``min_learners`` replies, rounds past the horizon, and
+rounds in which *every* reply is Flower's "the ClientApp could not be loaded" error
+(:data:`~flwr_corrnoise.flower.monitor.APP_NOT_LOADED_CODES`: no data was touched). A
+ClientApp that raises on every learner counts as zero contributions and is reported loudly
+in the server's log, but does not stop the run: whether the app raises may depend on a
+datum, and stopping would release that bit.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -50,6 +76,7 @@ from ..settings_keys import lookup, require
 from ..streams import NoiseStream
 from ..variants import central_calibration, central_noise_std
 from .monitor import (
+    APP_NOT_LOADED_CODES,
     RoundWatch,
     RunFailedError,
     WrappedStrategy,
@@ -115,10 +142,24 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
         self.current: list[np.ndarray] | None = None
         self.keys: list[str] | None = None
         self.released = 0
-        self.watch = RoundWatch(max_idle_rounds, type(self).__name__)
+        # content_free: a RunFailedError's text names participation and "could not load"
+        # codes only, never an error text a plain ClientApp may have written from its data
+        self.watch = RoundWatch(max_idle_rounds, type(self).__name__, content_free=True)
         self.connect_timeout = float(connect_timeout)
-        #: per-round log: accepted and dropped replies, ε spent after the round
+        #: per-round history, safe to publish: round, replies received, released, ε spent
+        #: (functions of participation and the counters only)
         self.rounds: list[dict[str, Any]] = []
+        #: the server's local diagnostics: which replies counted as zero and why. They
+        #: depend on the learners' data: never released, never in the metrics or history
+        self.diagnostics: list[dict[str, Any]] = []
+        if float(getattr(strategy, "fraction_evaluate", 0.0) or 0.0) > 0.0:
+            log.warning(
+                "CorrNoiseCentralDP: %s(fraction_evaluate=%g) would evaluate on the clients "
+                "and release their aggregated loss on their data, un-noised and outside the "
+                "central budget; client-side evaluation is OFF under central DP (no evaluate "
+                "messages are sent). Evaluate the released model on the server with "
+                "start(..., evaluate_fn=...), and pass fraction_evaluate=0.0 to silence this.",
+                type(strategy).__name__, float(strategy.fraction_evaluate))  # type: ignore[attr-defined]
 
     @classmethod
     def from_run_config(
@@ -163,7 +204,6 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
         x = self.current
         replies = list(replies)
         total = np.zeros(sum(p.size for p in x))
-        carriers: list[Message] = []
         zeroed: list[dict[str, Any]] = []
         for msg in replies:
             node = int(msg.metadata.src_node_id)
@@ -171,19 +211,20 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
                 if msg.has_error():
                     raise ValueError(f"error reply {msg.error.code}")
                 (record,) = msg.content.array_records.values()
-                carriers.append(msg)
                 update = record.to_numpy_ndarrays()
                 check_update(update, x)
                 delta = np.concatenate([(np.asarray(u, dtype=np.float64) - p).ravel()
                                         for u, p in zip(update, x, strict=True)])
             except Exception as err:  # a zero contribution, never a change of what is released
                 zeroed.append({"node": node, "reason": f"{type(err).__name__}: {err}"})
-                log.warning("round %d: the reply of node %d counts as zero: %s", server_round,
-                            node, err)
+                log.warning("round %d: the reply of node %d counts as zero (local log only, "
+                            "never released): %s", server_round, node, err)
                 continue
             total += clip_by_global_norm(delta, self.calibration.clip)[0]
+        # content-dependent: the server's local diagnostics only
+        self.diagnostics.append({"round": server_round, "zeroed": zeroed})
         entry: dict[str, Any] = {"round": server_round, "replies": len(replies),
-                                 "zeroed": zeroed, "released": False}
+                                 "released": False}
         self.rounds.append(entry)
         if len(replies) < self.min_learners:
             log.warning("round %d: %d replies < min_learners = %d: nothing released",
@@ -207,13 +248,11 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
             offset += p.size
         content = RecordDict({"arrays": ArrayRecord(arrays),
                               "metrics": MetricRecord({self._weight_key(): 1.0})})
-        if carriers:
-            prepared = []
-            for msg in carriers:  # every carrier holds the same noised average
-                msg.content = content
-                prepared.append(msg)
-        else:
-            prepared = [Message(content, reply_to=replies[0])]
+        # one identical carrier per reply, error replies included: what the wrapped strategy
+        # sees (and logs: "Received N results and 0 failures") is participation, not content.
+        # New messages: the caller's replies are left as they were.
+        prepared = [Message(content=content, metadata=copy.deepcopy(msg.metadata))
+                    for msg in replies]
         arrays_out, _ = self.strategy.aggregate_train(server_round, prepared)
         spent = min(epsilon_spent(self.calibration.std, self.calibration.delta,
                                   self.calibration.clip, self.mechanism, self.num_rounds,
@@ -221,17 +260,44 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
                     self.calibration.epsilon)
         entry.update({"released": True, "epsilon-spent": spent})
         report = {"central-epsilon-spent": spent, "central-noise-std": self.noise_std,
-                  "central-rounds-released": float(self.released),
-                  "num-zeroed": float(len(zeroed))}
+                  "central-rounds-released": float(self.released)}
         # every replying learner's data is covered by the same central guarantee: ε per
         # learner (by node id: a plain app's reply names no partition)
         report.update(privacy_report({
             learner_key({}, int(m.metadata.src_node_id)): {"epsilon-spent": spent}
             for m in replies}))
-        # idle = every reply is an Error (the app fails on every learner: a misconfiguration);
-        # malformed or non-finite replies are zeroed contributions and do not count here
-        self.watch.observe(server_round, replies, sum(not m.has_error() for m in replies))
+        # Idle only if no reply could even load the app (Flower's codes, no data touched): a
+        # misconfiguration. A reply that raised may have raised on a datum, so an all-error
+        # round is released (zero contributions) and reported in the local log only.
+        unloaded = sum(m.has_error() and int(m.error.code) in APP_NOT_LOADED_CODES
+                       for m in replies)
+        if zeroed and len(zeroed) == len(replies) and unloaded < len(replies):
+            log.error("round %d: every reply counted as zero (local log only): the released "
+                      "model moved by the noise alone; check the ClientApp: %s", server_round,
+                      RoundWatch.describe(server_round, replies, 0))
+        self.watch.observe(server_round, replies, int(unloaded < len(replies)))
         return arrays_out, MetricRecord(report)
+
+    # -- evaluation: never on the clients ----------------------------------------------------
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No evaluate messages: the clients' answers (a loss on their data) would be an
+        un-noised release outside the central budget. Evaluate on the server instead."""
+        if float(getattr(self.strategy, "fraction_evaluate", 0.0) or 0.0) > 0.0:
+            log.warning("round %d: client-side evaluation is off under central DP (not "
+                        "covered by its guarantee); no evaluate messages sent", server_round)
+        return []
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Nothing: client evaluation results are never released under central DP."""
+        replies = list(replies)
+        if replies:
+            log.warning("round %d: %d evaluate replies dropped: client metrics are not "
+                        "released under central DP", server_round, len(replies))
+        return None
 
     def _weight_key(self) -> str:
         return str(getattr(self.strategy, "weighted_by_key", "num-examples"))
@@ -247,4 +313,5 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
             f"{self.noise_std:.4g}",
             f"the run fails after {self.watch.max_idle_rounds} consecutive round(s) without "
             f"a release",
+            "client-side evaluation: off (not covered by central DP; use evaluate_fn)",
         ])

@@ -13,6 +13,13 @@ the run ``finished:failed`` with the exception's text as its details (``flwr ls`
 ``flwr.simulation.run_simulation`` re-raises it. ``flwr run`` itself exits 0 once the run
 is submitted (and after ``--stream`` ends), whatever its status: check ``flwr ls``.
 
+What the monitor may say about a round depends on who replied. A private learner's error
+reply is built by the release gate (fixed code and reason, functions of its settings and
+state), so local DP's failure text names codes and reasons. Under central DP the replies come
+from unmodified apps whose errors may be raised by a datum: a ``content_free`` watch names
+only participation and Flower's "could not load the app" codes in what it raises; the
+details go to the server's local log.
+
 Per-learner privacy: :func:`privacy_report` turns the replies' released metadata
 (``epsilon-spent``, ``learner-id`` = the partition id) into one ``MetricRecord`` with a key
 per learner, ``epsilon-spent.learner-<id>`` (node id where a reply names no partition),
@@ -28,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -38,6 +46,11 @@ log = logging.getLogger(__name__)
 
 #: released privacy metadata the server reports per learner
 REPORTED = ("epsilon-spent", "epsilon", "delta", "steps", "horizon", "noise-std")
+
+#: Flower's error codes for a ClientApp that could not be loaded or installed: the app never
+#: ran, so no data decided them (unlike CLIENT_APP_RAISED_EXCEPTION, which a datum may cause)
+APP_NOT_LOADED_CODES = frozenset({int(ErrorCode.LOAD_CLIENT_APP_EXCEPTION),
+                                  int(ErrorCode.INVALID_FAB)})
 
 
 class RunFailedError(RuntimeError):
@@ -78,13 +91,19 @@ def privacy_metrics_aggr(records: list[RecordDict], weighting_key: str) -> Metri
 
 
 class RoundWatch:
-    """Consecutive rounds with nothing released, and the error codes that caused them."""
+    """Consecutive rounds with nothing released, and the error codes that caused them.
 
-    def __init__(self, max_idle_rounds: int, what: str) -> None:
+    ``content_free=True`` (central DP, whose replies come from unmodified apps): the text
+    kept in :attr:`last` and raised in :class:`RunFailedError` names the replies' count
+    and :data:`APP_NOT_LOADED_CODES` only — no other code, no reason — while the full
+    description goes to the local log."""
+
+    def __init__(self, max_idle_rounds: int, what: str, *, content_free: bool = False) -> None:
         if int(max_idle_rounds) < 1:
             raise ValueError(f"max-idle-rounds must be >= 1, got {max_idle_rounds!r}")
         self.max_idle_rounds = int(max_idle_rounds)
         self.what = what
+        self.content_free = bool(content_free)
         self.idle = 0
         self.released = 0
         self.last: str = ""
@@ -95,17 +114,25 @@ class RoundWatch:
                           warn=run_config is not None), what)
 
     @staticmethod
-    def describe(server_round: int, replies: list[Message], released: int) -> str:
-        """What happened in a round: replies, updates, and the error codes by count."""
+    def describe(server_round: int, replies: list[Message], released: int, *,
+                 content_free: bool = False) -> str:
+        """What happened in a round: replies, updates, and the error codes by count (with
+        ``content_free``: only the codes of :data:`APP_NOT_LOADED_CODES`, no reasons)."""
         codes: Counter[int] = Counter()
         reasons: dict[int, str] = {}
         for msg in replies:
             if msg.has_error():
-                codes[int(msg.error.code)] += 1
-                reasons.setdefault(int(msg.error.code), str(msg.error.reason)[:300])
+                code = int(msg.error.code)
+                if content_free and code not in APP_NOT_LOADED_CODES:
+                    continue
+                codes[code] += 1
+                reasons.setdefault(code, str(msg.error.reason)[:300])
         text = (f"round {server_round}: {len(replies)} learner(s) replied, {released} "
                 f"update(s) released")
-        if codes:
+        if codes and content_free:
+            text += "; " + "; ".join(f"{n} × code {code} (the ClientApp could not be loaded)"
+                                     for code, n in sorted(codes.items()))
+        elif codes:
             text += "; error replies: " + "; ".join(
                 f"{n} × code {code} ({reasons[code]})" for code, n in sorted(codes.items()))
         elif not replies:
@@ -118,16 +145,21 @@ class RoundWatch:
             self.idle, self.released = 0, self.released + 1
             return
         self.idle += 1
-        self.last = self.describe(server_round, replies, released)
-        log.error("flwr-corrnoise: nothing released: %s", self.last)
+        self.last = self.describe(server_round, replies, released,
+                                  content_free=self.content_free)
+        # the local log gets the whole description (the server's own, never released)
+        log.error("flwr-corrnoise: nothing released: %s",
+                  self.describe(server_round, replies, released))
         if self.idle >= self.max_idle_rounds:
             raise RunFailedError(
                 f"flwr-corrnoise ({self.what}): nothing was released for {self.idle} "
                 f"consecutive round(s) (max-idle-rounds = {self.max_idle_rounds}); last "
                 f"{self.last}. Codes 4101: a learner refuses the server's privacy proposal "
                 f"or its own settings are invalid (compare the learners' keys with the run "
-                f"config); 4102: horizon used up; 4104/4105: learner state lost/busy; "
-                f"other codes: Flower's (the ClientApp could not be loaded or raised)")
+                f"config) or the server's model has other shapes than the learner's; 4102: "
+                f"horizon used up; 4103: the server's model is not finite; 4104/4105: "
+                f"learner state lost/busy; other codes: Flower's (the ClientApp could not "
+                f"be loaded or raised)")
 
     def check_end(self) -> None:
         """At the end of a run: a run that released nothing is a failure."""
@@ -164,9 +196,11 @@ def start_config(train_config: ConfigRecord | None, extra: Mapping[str, Any]) ->
 
 class WrappedStrategy:
     """What our strategy wrappers (``CorrNoiseLocalDP``, ``CorrNoiseCentralDP``) share:
-    evaluation is the wrapped strategy's (``self.strategy``) — they change what is trained
-    and released, not how a user evaluates (centrally, or with the learners' opt-in) — and
-    Flower's loop ends with ``self.watch``'s check that something was released."""
+    evaluation is the wrapped strategy's (``self.strategy``) — under local DP a learner
+    answers an evaluate message only if it opted in, so what it answers is its own release —
+    and Flower's loop ends with ``self.watch``'s check that something was released.
+    ``CorrNoiseCentralDP`` overrides evaluation: its clients are unguarded apps, and their
+    losses are not covered by the central guarantee."""
 
     strategy: Strategy
     watch: RoundWatch

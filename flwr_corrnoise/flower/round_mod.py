@@ -40,6 +40,17 @@ update counts as **zero** and the noise is still released: the reply's kind must
 on the data. Error replies are only for reasons that are functions of the configuration,
 the state and the server's message (a weaker proposal, the horizon used up, a lost state).
 
+**The server's model is checked before anything is spent.** A model that is not finite
+(code 4103) or whose array shapes differ from the learner's stream — or from the shapes the
+learner declared with ``model_shapes=`` — (code 4101) is refused with a fixed reason before
+the wrapped app runs and before the state is touched: no step, no noise, no ε. Without a
+declaration the *first* model the learner accepts fixes the stream's shapes (a function of
+the server's message, never of the data): a server that sends a model of another size first
+would fix that size, and every later model of the right size would be refused. Declare
+``model_shapes`` (e.g. ``[p.shape for p in Net().state_dict().values()]``) to rule that out.
+Why not take the shapes from what the wrapped app returns: a wrong-size model usually makes
+the app raise, and whether it raises may depend on a datum — the reply's kind must not.
+
 **Attach it to the whole app**, ``ClientApp(mods=[CorrNoiseRoundMod()])``: it then also
 refuses evaluate and query messages (their answers depend on the data and no budget covers
 them) unless the learner opts in (``allow_evaluation=True`` or node config
@@ -57,7 +68,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from ..learner import PrivacyConfigError, PrivacySettings
+from ..learner import NonFiniteError, PrivacyConfigError, PrivacySettings
 from ..streams import HorizonExhaustedError
 from ..variants import round_release
 from .session import ROUND_STATE_KEY, LearnerSession, PrivateLearnerGuard, round_settings
@@ -66,6 +77,31 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ROUND_STATE_KEY", "CorrNoiseRoundMod", "round_settings"]
 
+Shapes = tuple[tuple[int, ...], ...]
+
+#: fixed reasons (the details go to the learner's log): functions of the server's message
+#: and the learner's settings/state only
+NON_FINITE_MODEL = "the global model received from the server is not finite"
+OTHER_SHAPES = ("the server's model does not have this learner's array shapes (declared, or "
+                "fixed by the noise stream's first round); nothing was spent")
+
+
+def declared_shapes(model: Any) -> Shapes:
+    """Array shapes from shapes, arrays, an ``ArrayRecord`` or a state dict (mapping)."""
+    items = model.values() if isinstance(model, Mapping) else model
+    out = []
+    for item in items:
+        shape = getattr(item, "shape", item)
+        try:
+            out.append(tuple(int(d) for d in shape))
+        except TypeError as err:
+            raise PrivacyConfigError(
+                f"model_shapes: give array shapes (tuples), arrays or a state dict, got "
+                f"{item!r}") from err
+    if not out:
+        raise PrivacyConfigError("model_shapes: the model has no arrays")
+    return tuple(out)
+
 
 class CorrNoiseRoundMod:
     """Clip each round's update and add per-round correlated noise (paper 001).
@@ -73,7 +109,9 @@ class CorrNoiseRoundMod:
     ``settings`` (optional) fixes the privacy settings in code; otherwise they are read from
     the context as described in the module docstring. ``config_defaults`` are the app's
     defaults for the kebab-case keys; ``release_metrics`` and ``allow_evaluation`` are the
-    app's (unaccounted) opt-ins.
+    app's (unaccounted) opt-ins. ``model_shapes`` declares the learner's model (shapes,
+    arrays or a state dict): a server model of other shapes is then refused from the first
+    round on, so it can never fix the noise stream's shapes.
     """
 
     def __init__(
@@ -83,10 +121,13 @@ class CorrNoiseRoundMod:
         *,
         release_metrics: Iterable[str] = (),
         allow_evaluation: bool = False,
+        model_shapes: Any = None,
     ) -> None:
         if settings is not None and not settings.private:
             raise PrivacyConfigError("CorrNoiseRoundMod needs a noise mechanism, not 'none'")
         self.settings = settings
+        self.model_shapes: Shapes | None = (None if model_shapes is None
+                                            else declared_shapes(model_shapes))
         self.defaults = dict(config_defaults or {})
         self.release_metrics = tuple(release_metrics)
         self.guard = PrivateLearnerGuard(allow_evaluation)
@@ -115,7 +156,13 @@ class CorrNoiseRoundMod:
         keys: list[str],
     ) -> Message:
         settings = session.settings
-        state = session.load([np.shape(a) for a in received])
+        shapes = tuple(tuple(int(d) for d in np.shape(a)) for a in received)
+        # the server's model, checked before the state is loaded, the app runs or any noise
+        # is drawn: a refusal here changes nothing
+        self._check_model(received, shapes, self.model_shapes, "declared")
+        state = session.load(list(shapes))
+        if state.noise is not None:
+            self._check_model(received, shapes, tuple(state.noise.shapes), "stream's")
         if state.step >= settings.horizon:
             raise HorizonExhaustedError(
                 f"this learner's per-round noise is calibrated for {settings.horizon} "
@@ -146,6 +193,18 @@ class CorrNoiseRoundMod:
         return session.reply(msg, arrays, state, num_examples=1.0)
 
     @staticmethod
+    def _check_model(received: list[np.ndarray], shapes: Shapes, expected: Shapes | None,
+                     what: str) -> None:
+        """Refuse a non-finite server model (4103) or one of other shapes than
+        ``expected`` (4101), with fixed reasons; the details stay in the local log."""
+        if not all(np.all(np.isfinite(np.asarray(a))) for a in received):
+            raise NonFiniteError(NON_FINITE_MODEL)
+        if expected is not None and shapes != tuple(tuple(s) for s in expected):
+            log.error("the server's model has shapes %s, the learner's %s shapes are %s: "
+                      "refused", shapes, what, expected)
+            raise PrivacyConfigError(OTHER_SHAPES)
+
+    @staticmethod
     def _wrapped_update(
         msg: Message, ctxt: Context, call_next: ClientAppCallable, received: list[np.ndarray]
     ) -> tuple[np.ndarray, str]:
@@ -162,6 +221,10 @@ class CorrNoiseRoundMod:
                 return zero, "no 'arrays' ArrayRecord"
             returned = record.to_numpy_ndarrays()
             if [np.shape(a) for a in returned] != [np.shape(a) for a in received]:
+                log.error("the wrapped app returned arrays of other shapes than the server's "
+                          "model; its round update counts as zero (declare model_shapes= so "
+                          "that a server model of other shapes is refused before anything "
+                          "is spent)")
                 return zero, "arrays of other shapes"
             delta = np.concatenate([
                 (np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).ravel()
