@@ -4,7 +4,9 @@
 sensitivity, RMSE and max error at unit sensitivity and the seconds it took to build;
 ``flwr-corrnoise calibrate --epsilon 2 --delta 1e-3 --clip 1 --mechanism toeplitz
 --steps 4000 --json`` prints the noise std for that budget; ``flwr-corrnoise report
-RESULTS_DIR`` prints the privacy each learner spent and plots it with the accuracy. A run
+RESULTS_DIR`` prints the privacy each learner spent and plots it with the accuracy;
+``flwr-corrnoise audit --mechanism blt --steps 16 --runs 2000`` runs the empirical privacy
+auditor (:mod:`flwr_corrnoise.audit`) and exits 4 if it falsifies the claimed ε. A run
 that stopped with :class:`~flwr_corrnoise.flower.RunFailedError` (nothing released) exits 3
 with its reason.
 """
@@ -148,6 +150,33 @@ def _decentralized(args: argparse.Namespace) -> dict[str, object]:
     return result
 
 
+def _audit(args: argparse.Namespace) -> dict[str, object]:
+    """Empirical privacy audit of one configuration (:mod:`flwr_corrnoise.audit`): the
+    claimed ε beside the lower bound the runs prove; exit 4 if the bound exceeds it."""
+    from .audit import FALSIFIED_EXIT, audit
+
+    res = audit(args.mechanism, variant=args.variant, steps=args.steps, tau=args.tau,
+                dim=args.dim, epsilon=args.epsilon, delta=args.delta, clip=args.clip,
+                method=args.method, runs=args.runs, alpha=args.alpha,
+                learners=args.learners, canary_step=args.canary_step, seed=args.seed,
+                secure=args.secure, noise_scale=args.noise_scale,
+                reuse_seed=args.reuse_seed)
+    if res.falsified:
+        args.exit_status = FALSIFIED_EXIT
+    verdict = (f"FALSIFIED: the runs prove epsilon >= {res.epsilon_lower_bound:.3f} > the "
+               f"claimed {res.epsilon:g} (confidence {1 - res.alpha:g})" if res.falsified else
+               f"consistent: lower bound {res.epsilon_lower_bound:.3f} <= claimed "
+               f"{res.epsilon:g}")
+    first = ("mechanism", "variant", "epsilon_claimed", "epsilon_lower_bound",
+             "epsilon_analytic", "epsilon_gaussian_fit", "delta", "runs", "alpha")
+    rest = res.as_dict()
+    rest["epsilon_claimed"] = rest.pop("epsilon")
+    out: dict[str, object] = {key: rest.pop(key) for key in first}
+    out.update(rest)
+    out["verdict"] = verdict
+    return out
+
+
 def _report(args: argparse.Namespace) -> dict[str, object]:
     from pathlib import Path
 
@@ -219,6 +248,41 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--json", action="store_true", help="print JSON")
     dec.set_defaults(func=_decentralized)
 
+    aud = sub.add_parser(
+        "audit", help="empirical privacy audit: the real private step on neighbouring "
+                      "streams over many noise keys; the ε lower bound beside the claimed ε")
+    aud.add_argument("--mechanism", required=True, choices=sorted(MECHANISMS))
+    aud.add_argument("--variant", default="step", choices=["step", "round", "central"],
+                     help="noise at every local step (paper 000), every round on the "
+                          "learner (001) or once per round on the server (002)")
+    aud.add_argument("--steps", type=int, default=16,
+                     help="horizon: local steps (step) or rounds (round, central)")
+    aud.add_argument("--tau", type=int, default=1, help="step variant: local steps per round")
+    aud.add_argument("--epsilon", type=float, default=2.0)
+    aud.add_argument("--delta", type=float, default=1e-3)
+    aud.add_argument("--clip", type=float, default=1.0)
+    aud.add_argument("--method", default="exact", choices=METHODS)
+    aud.add_argument("--runs", type=int, default=2000,
+                     help="executions on each of the two neighbouring streams")
+    aud.add_argument("--alpha", type=float, default=0.05,
+                     help="the bound holds with probability >= 1 - alpha")
+    aud.add_argument("--dim", type=int, default=2, help="model size d")
+    aud.add_argument("--learners", type=int, default=2, help="central: min-learners")
+    aud.add_argument("--canary-step", type=int, default=None,
+                     help="the step (round) whose datum differs (default: the most exposed)")
+    aud.add_argument("--seed", type=int, default=None,
+                     help="derive every execution's noise key from this (reproducible); "
+                          "default: OS entropy per execution")
+    aud.add_argument("--secure", action="store_true",
+                     help="audit the learners' secure noise (ChaCha20, grid)")
+    aud.add_argument("--noise-scale", type=float, default=1.0,
+                     help="self-test: run with this multiple of the calibrated noise std "
+                          "(< 1 must be caught)")
+    aud.add_argument("--reuse-seed", action="store_true",
+                     help="self-test: one noise key for every execution (must be caught)")
+    aud.add_argument("--json", action="store_true", help="print JSON")
+    aud.set_defaults(func=_audit)
+
     rep = sub.add_parser(
         "report", help="privacy spent per learner and accuracy of a Flower run's results; "
                        "plots them (matplotlib)")
@@ -254,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, value in result.items():
             shown = f"{value:.6g}" if isinstance(value, float) else value
             print(f"{key:<{width}}  {shown}")
-    return 0
+    return int(getattr(args, "exit_status", 0))  # audit: 4 when the claim is falsified
 
 
 if __name__ == "__main__":  # pragma: no cover
