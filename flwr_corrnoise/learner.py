@@ -24,10 +24,11 @@ import io
 import json
 import logging
 import math
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any
+from functools import lru_cache, partial
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -230,6 +231,19 @@ class LearnerState:
     seed: int | None = None
     #: the settings and factorization this state was made with (:meth:`PrivacySettings.binding`)
     binding: dict[str, Any] | None = None
+    #: the learner's identity: 128 bits of OS entropy (hex), drawn when the learner is created
+    #: and recorded in its ledger and marker, so that a state copied into another learner's
+    #: directory is recognised (``None``: a state written before identities existed)
+    learner_id: str | None = None
+    #: how many rounds this state has committed; the ledger records it before every commit,
+    #: so that an older copy of the state (rolled back) is recognised
+    generation: int = 0
+
+    @staticmethod
+    def new_id() -> str:
+        """A fresh learner identity: 128 bits from OS entropy (``secrets``), so no two
+        learners share one and no one can choose one to match another's."""
+        return secrets.token_hex(16)
 
     @classmethod
     def create(
@@ -255,7 +269,8 @@ class LearnerState:
             noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std,
                                        seed, secure=secure)
             digest = noise.factorization.digest
-        return cls(noise=noise, seed=seed, binding=settings.binding(digest))
+        return cls(noise=noise, seed=seed, binding=settings.binding(digest),
+                   learner_id=cls.new_id())
 
     def check_binding(self, settings: PrivacySettings) -> None:
         """Refuse to continue under other settings or another factorization than the
@@ -298,6 +313,9 @@ class LearnerState:
             arrays["seed"] = np.array(str(self.seed))
         if self.binding is not None:
             arrays["binding"] = np.array(json.dumps(self.binding, sort_keys=True))
+        if self.learner_id is not None:
+            arrays["identity"] = np.array(self.learner_id)
+            arrays["generation"] = np.array(self.generation, dtype=np.int64)
         return arraypack.pack(arrays)
 
     @classmethod
@@ -312,6 +330,12 @@ class LearnerState:
             noise = NoiseStream.from_bytes(arrays["noise"].tobytes()) if "noise" in arrays else None
             seed = int(str(arrays["seed"])) if "seed" in arrays else None
             binding = json.loads(str(arrays["binding"])) if "binding" in arrays else None
+            learner_id = str(arrays["identity"]) if "identity" in arrays else None
+            generation = int(arrays["generation"]) if "generation" in arrays else 0
+            if learner_id is not None and len(bytes.fromhex(learner_id)) != 16:
+                raise ValueError("the learner identity is not 128 bits")
+            if generation < 0:
+                raise ValueError("negative commit generation")
         except FactorizationChangedError as err:
             raise PrivacyConfigError(str(err)) from err
         except (OSError, ValueError, KeyError, EOFError, TypeError) as err:
@@ -319,7 +343,7 @@ class LearnerState:
         if noise is not None and noise.step != step:
             raise ValueError("learner state is inconsistent: noise step != step counter")
         return cls(step=step, position=position, rounds=rounds, noise=noise, seed=seed,
-                   binding=binding)
+                   binding=binding, learner_id=learner_id, generation=generation)
 
 
 #: a secure stream's clip norm is at most this many noise stds (the grid's exact range)
@@ -351,6 +375,82 @@ def _flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 
 
+# -- a datum whose gradient cannot be computed: the one rule every front end applies -------
+
+_T = TypeVar("_T")
+
+#: why a step's gradient counted as zero (local diagnostics only): a non-finite value
+#: (or a :class:`NonFiniteError` from the user's code), or a failure (an exception, a
+#: gradient of the wrong size)
+NONFINITE, FAILED = "nonfinite", "failed"
+
+#: refusals that are functions of the configuration, the state and the server's message —
+#: not of a datum — and so keep their error reply even when raised inside the user's code
+_NOT_DATA_ERRORS: tuple[type[BaseException], ...] = (PrivacyConfigError, HorizonExhaustedError)
+
+_reported: set[str] = set()
+
+
+def attempt_datum(compute: Callable[[], _T], where: str = "the gradient") -> tuple[_T | None, str]:
+    """Run the user's code for one datum (load it, run the model and the loss, form the
+    gradient): ``(result, "")``, or ``(None, why)`` with ``why`` :data:`NONFINITE` or
+    :data:`FAILED`.
+
+    Why this exists: whether a datum's gradient can be computed is a property of the datum
+    — a wrong-size input, a label out of range, a non-finite value, anything that makes
+    the user's code raise — so it must not change anything that leaves the learner (a
+    changed reply kind or error text is a release with ε = ∞). Every front end (the NumPy
+    round, :class:`~flwr_corrnoise.flower.PrivateSteps`, the torch device step) calls this
+    and counts such a step as a **zero gradient**: its noise increment is still added, and
+    replacing a clipped gradient by zero moves the release by at most ``B_g``, within the
+    ``2·B_g`` sensitivity the noise is calibrated for.
+
+    Only ``Exception`` s count: an interrupt (``KeyboardInterrupt``, ``SystemExit``) still
+    stops the round, which is then rolled back (nothing released). The library's own
+    refusals (:class:`PrivacyConfigError`, :class:`HorizonExhaustedError`) are not data
+    and propagate. The exception's text may quote the datum, so it goes to the learner's
+    log only (a warning with the traceback the first time each kind is seen, then debug).
+    """
+    try:
+        return compute(), ""
+    except _NOT_DATA_ERRORS:
+        raise
+    except NonFiniteError:
+        return None, NONFINITE
+    except Exception as err:
+        key = f"{where}:{type(err).__name__}"
+        if key not in _reported:
+            _reported.add(key)
+            log.warning("flwr-corrnoise: %s could not be computed for a datum (%s); that "
+                        "step counts as a zero gradient. If this happens on every datum, "
+                        "the code has a bug. Local only, never sent.", where,
+                        type(err).__name__, exc_info=err)
+        else:
+            log.debug("%s failed on a datum (%s); zero gradient", where, type(err).__name__)
+        return None, FAILED
+
+
+def datum_gradient(compute: Callable[[], Any], size: int) -> tuple[np.ndarray, str]:
+    """One datum's flat float64 gradient for a model of ``size`` parameters, or zeros (and
+    why, see :func:`attempt_datum`) if it cannot be computed: an exception, a result that
+    is not ``size`` numbers, or a non-finite one. The NumPy front ends'
+    (:func:`local_round`, :meth:`~flwr_corrnoise.flower.PrivateSteps.step`) one place for
+    the rule."""
+    def flat() -> np.ndarray:
+        value = compute()
+        if isinstance(value, np.ndarray) or np.isscalar(value):
+            return np.asarray(value, dtype=np.float64).ravel()
+        return _flatten(value)
+
+    g, why = attempt_datum(flat)
+    if g is not None and g.size != size:
+        log.debug("a gradient of %d numbers for a model of %d: zero gradient", g.size, size)
+        g, why = None, FAILED
+    if g is not None and not np.all(np.isfinite(g)):
+        g, why = None, NONFINITE
+    return (np.zeros(size) if g is None else g), why
+
+
 def local_round(
     params: Sequence[np.ndarray],
     gradient: GradientFn,
@@ -362,16 +462,18 @@ def local_round(
     """Run ``τ`` local steps from ``params`` (paper 000, Algorithm 1 lines 5–14).
 
     ``state`` is advanced in place (and returned in the result). On any error (horizon used
-    up, a non-finite model from the server, a failing gradient oracle) it is rolled back to
-    exactly what it was: a failed round releases nothing, so no released noise is ever
-    reused.
+    up, a non-finite model from the server, an interrupt) it is rolled back to exactly
+    what it was: a failed round releases nothing, so no released noise is ever reused.
 
-    A **non-finite gradient** (NaN/Inf, or the oracle raising
-    :class:`NonFiniteError` for a non-finite loss) is *not* an error: whether a datum's
-    gradient is finite depends on the data, so an error reply would leak it. That step's
-    clipped gradient counts as zero (a change of at most ``B_g`` from any finite one, within
-    the ``2·B_g`` sensitivity), its noise increment is still added, and the event is
-    counted in :attr:`RoundResult.diagnostics`, which never leaves the learner.
+    A **datum whose gradient cannot be computed** is *not* an error: a non-finite gradient
+    (NaN/Inf, or the oracle raising :class:`NonFiniteError` for a non-finite loss), a
+    gradient of the wrong size, or the oracle raising (a malformed datum, a label out of
+    range). Whether that happens depends on the data, so an error reply would leak it
+    (:func:`attempt_datum`). That step's clipped gradient counts as zero (a change of at
+    most ``B_g`` from any finite one, within the ``2·B_g`` sensitivity), its noise
+    increment is still added, the stream position moves on, and the event is counted in
+    :attr:`RoundResult.diagnostics` (``nonfinite-steps``, ``failed-steps``), which never
+    leaves the learner.
     """
     if isinstance(tau, bool) or int(tau) != tau or tau < 1:
         raise PrivacyConfigError(f"local steps τ must be a positive integer, got {tau!r}")
@@ -411,18 +513,13 @@ def local_round(
         z = x.copy()
         total = np.zeros_like(x)
         clipped = 0
-        nonfinite = 0
+        zeroed = {NONFINITE: 0, FAILED: 0}
         for _ in range(int(tau)):
-            try:
-                g = _flatten(gradient(split_flat(z, shapes), state.position))
-            except NonFiniteError:
-                g = None
-            if g is not None and g.shape != x.shape:
-                raise ValueError(f"gradient has {g.size} entries, the model {x.size}")
-            if g is None or not np.all(np.isfinite(g)):
-                # data-dependent: a zero contribution, the same reply as any other step
-                nonfinite += 1
-                g = np.zeros_like(x)
+            # data-dependent: a zero contribution, the same reply as any other step
+            g, why = datum_gradient(partial(gradient, split_flat(z, shapes), state.position),
+                                    x.size)
+            if why:
+                zeroed[why] += 1
             state.position += 1
             if settings.private:
                 g, norm = clip_by_global_norm(g, settings.clip)
@@ -439,8 +536,9 @@ def local_round(
         raise
     update = total / tau
     metrics: dict[str, float] = {"steps": float(state.step)}
-    diagnostics = {"clipped-steps": float(clipped), "nonfinite-steps": float(nonfinite),
-                   "local-steps": float(tau)}
+    diagnostics = {"clipped-steps": float(clipped),
+                   "nonfinite-steps": float(zeroed[NONFINITE]),
+                   "failed-steps": float(zeroed[FAILED]), "local-steps": float(tau)}
     cal = settings.calibration()
     if cal is not None:
         metrics.update(

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,15 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 
 from .flower.client import CorrNoiseNumPyClient, make_client_app
-from .learner import LearnerState, NonFiniteError, PrivacySettings, RoundResult, local_round
+from .learner import (
+    LearnerState,
+    NonFiniteError,
+    PrivacyConfigError,
+    PrivacySettings,
+    RoundResult,
+    attempt_datum,
+    local_round,
+)
 from .streams import HorizonExhaustedError, split_flat
 from .torch_streams import TorchNoiseStream
 
@@ -92,8 +101,12 @@ class ModuleGradient:
     returns the gradient of every parameter as float64 arrays. A non-finite loss raises
     :class:`~flwr_corrnoise.learner.NonFiniteError`: ``local_round`` then counts that step's
     gradient as zero (the reply must not depend on whether a datum's loss is finite) and
-    the model the learner holds is not poisoned. The last finite loss is kept in
-    ``last_loss`` for the learner's own diagnostics; it is never sent.
+    the model the learner holds is not poisoned; so does any other exception on a datum
+    (the loader, the model or the loss raising on a wrong-shape input or a label out of
+    range: :func:`~flwr_corrnoise.learner.attempt_datum`). Parameters that are not the
+    model's (a data-independent mismatch) are refused with
+    :class:`~flwr_corrnoise.learner.PrivacyConfigError` instead. The last finite loss is
+    kept in ``last_loss`` for the learner's own diagnostics; it is never sent.
     """
 
     def __init__(self, model: torch.nn.Module, loss_fn: LossFn, batches: BatchStream) -> None:
@@ -107,6 +120,10 @@ class ModuleGradient:
         self.last_loss = math.nan
 
     def __call__(self, params: list[np.ndarray], position: int) -> list[np.ndarray]:
+        if [tuple(p.shape) for p in self.params] != [tuple(np.shape(a)) for a in params]:
+            raise PrivacyConfigError(
+                "the model's parameters are not the arrays the server sent (order and "
+                "shapes must match; send model parameters only, no buffers)")
         set_parameters(self.model, params)
         x, y = self.batches(position)
         x, y = x.to(self.device), y.to(self.device)
@@ -257,6 +274,25 @@ def make_torch_client_app(
     app.evaluate()(_refuse)
     app.query()(_refuse)
     return app
+
+
+def _batch_size(inputs: Any) -> int | None:
+    """The leading dimension of a batch, or ``None`` if ``inputs`` is not a batch."""
+    try:
+        return int(inputs.shape[0])
+    except Exception:
+        return None
+
+
+def _load(batches: BatchStream, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = batches(position)
+    return x, y
+
+
+def _whole_batch_backward(private: PrivateOptimizer, x: torch.Tensor, y: torch.Tensor
+                          ) -> None:
+    x, y = x.to(private.device), y.to(private.device)
+    private.loss_fn(private.model(x), y).backward()
 
 
 def device_stream(state: LearnerState, settings: PrivacySettings,
@@ -534,6 +570,11 @@ class PrivateOptimizer:
         self._round_steps = 0
         zero = torch.zeros((), device=self.device)
         self._clipped, self._nonfinite, self._examples = zero.clone(), zero.clone(), zero.clone()
+        #: examples or steps whose gradient could not be computed (the user's code raised
+        #: on them): a host count, since the exception already reached the host
+        self._failed = 0
+        #: the last batch size seen, the divisor of a step whose batch could not be loaded
+        self._last_batch = 1
 
     # -- the loop ----------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -545,14 +586,75 @@ class PrivateOptimizer:
         """Per-example gradients of ``loss_fn(model(x_i), y_i)``, each clipped to ``B_g``
         over all parameters, summed into ``p.grad`` (on the model's device).
 
+        Never fails on the data: an example whose gradient cannot be computed counts as
+        zero — a non-finite loss or gradient (masked on the device), or the model or the
+        loss raising on it (a wrong-shape input, a label out of range; the rule of
+        :func:`~flwr_corrnoise.learner.attempt_datum`, shared by every front end). If the
+        batch raises, its examples are retried one at a time so that only the failing ones
+        count as zero: one bad example must not zero the others (that would move the sum by
+        more than the ``2·B_g`` the noise is calibrated for). Inputs that are not a batch at
+        all make the whole step zero.
+
         Returns the batch's mean loss over the finite examples as a device tensor (for
         your local logs; it is data-dependent and must not be sent).
         """
+        b = _batch_size(inputs)
+        loss, why = attempt_datum(partial(self._backward, inputs, targets),
+                                  "a per-example gradient")
+        if not why:
+            self._last_batch = b or 1
+            return loss  # type: ignore[return-value]
+        if b is not None and b > 1:
+            self._last_batch = b
+            return self._backward_each(inputs, targets, b)
+        self.zero_gradient(per_example=True, batch_size=b or None)
+        return torch.zeros((), device=self.device)
+
+    def zero_gradient(self, per_example: bool = True, batch_size: int | None = None) -> None:
+        """This step's datum has no gradient (it could not be loaded, or your code raised
+        on it): its gradient counts as zero. Call :meth:`step` next, as for any step — the
+        noise increment is still added, so what leaves does not depend on the failure.
+        ``per_example``: the step's noised sum is divided by ``batch_size`` (default: the
+        last batch size seen) as after :meth:`backward`; else it is a whole-batch step.
+        Use it in your own loop around a ``loss.backward()`` that may raise on a datum."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._failed += 1
+        self._batch = max(1, int(batch_size or self._last_batch)) if per_example else None
+        if self._batch is not None:
+            self._examples += self._batch
+
+    def _backward_each(self, inputs: torch.Tensor, targets: torch.Tensor, b: int
+                       ) -> torch.Tensor:
+        """:meth:`backward` one example at a time (after the batch raised): the failing
+        examples count as zero, the others are clipped and summed as usual."""
+        sums = [torch.zeros_like(p) for p in self.params]
+        losses = []
+        for i in range(b):
+            loss, why = attempt_datum(partial(self._backward_one, inputs, targets, i),
+                                      "a per-example gradient")
+            if why:
+                self._failed += 1
+                self._examples += 1
+                continue
+            losses.append(loss)
+            torch._foreach_add_(sums, [p.grad for p in self.params])  # type: ignore[misc]
+        for p, g in zip(self.params, sums, strict=True):
+            p.grad = g
+        self._batch = b
+        if not losses:
+            return torch.zeros((), device=self.device)
+        return torch.stack(losses).sum() / len(losses)
+
+    def _backward_one(self, inputs: torch.Tensor, targets: torch.Tensor, i: int
+                      ) -> torch.Tensor:
+        return self._backward(inputs[i : i + 1], targets[i : i + 1])
+
+    def _backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = inputs.to(self.device)
         y = targets.to(self.device)
         b = int(x.shape[0])
         if b < 1:
-            raise ValueError("an empty batch")
+            raise ValueError("an empty batch")  # a zero step (backward())
         pieces: list[_PerExample] | None = None
         if b == 1:
             # one example: its gradient is the batch gradient; no per-example machinery
@@ -735,9 +837,11 @@ class PrivateOptimizer:
         return out
 
     def diagnostics(self) -> dict[str, float]:
-        """Data-dependent counts (clipped and non-finite examples): **local logs only**."""
+        """Data-dependent counts (clipped, non-finite and failed examples or steps):
+        **local logs only**."""
         return {"clipped-examples": float(self._clipped), "nonfinite-examples":
-                float(self._nonfinite), "examples": float(self._examples)}
+                float(self._nonfinite), "failed-examples": float(self._failed),
+                "examples": float(self._examples)}
 
     # -- state ----------------------------------------------------------------------------
     def _binding(self) -> dict[str, Any]:
@@ -818,9 +922,18 @@ def device_local_round(
     :meth:`PrivateOptimizer.backward` (``per_example=False``: ``loss.backward()`` on the
     batch mean, clipped as a whole) and :meth:`PrivateOptimizer.step`.
 
+    A datum whose gradient cannot be computed — ``batches`` raising on it, or the model
+    or the loss raising (a wrong-shape input, a label out of range), or a non-finite loss
+    or gradient — counts as a zero gradient for its example or step, as in every front end
+    (:func:`~flwr_corrnoise.learner.attempt_datum`): the noise is still added and the round
+    goes on. With per-example clipping and batches of ``b > 1``, a loader that fails for a
+    whole batch zeroes all ``b`` examples, which the calibration (one example moves the sum
+    by ``2·B_g``) does not cover: a loader should not fail on one example's content.
+
     All-or-nothing like :func:`~flwr_corrnoise.learner.local_round`: a round that would
-    pass the horizon is refused before it starts, and one that fails half-way restores the
-    parameters and the noise stream (nothing was released, so no noise is reused).
+    pass the horizon is refused before it starts, and one that fails half-way (an
+    interrupt) restores the parameters and the noise stream (nothing was released, so no
+    noise is reused).
     """
     if isinstance(tau, bool) or int(tau) != tau or tau < 1:
         raise ValueError(f"local steps τ must be a positive integer, got {tau!r}")
@@ -835,14 +948,17 @@ def device_local_round(
     sum_saved = None if private._round_sum is None else private._round_sum.clone()
     try:
         for t in range(int(tau)):
-            x, y = batches(position + t)
             private.zero_grad()
-            if per_example:
-                private.backward(x, y)
+            batch, why = attempt_datum(partial(_load, batches, position + t), "a batch")
+            if batch is None:
+                private.zero_gradient(per_example)
+            elif per_example:
+                private.backward(*batch)
             else:
-                x, y = x.to(private.device), y.to(private.device)
-                loss = private.loss_fn(private.model(x), y)
-                loss.backward()
+                _, why = attempt_datum(partial(_whole_batch_backward, private, *batch),
+                                       "a batch's gradient")
+                if why:
+                    private.zero_gradient(per_example=False)
             private.step()
         update = private.round_update()
     except BaseException:
@@ -873,7 +989,8 @@ class FlowerPrivateOptimizer(PrivateOptimizer):
         private = self.private
         diag = self.diagnostics()  # data-dependent: the learner's diagnostics file only
         private.record_external_steps(self._steps, int(diag["clipped-examples"]),
-                                      int(diag["nonfinite-examples"]))
+                                      int(diag["nonfinite-examples"]),
+                                      int(diag["failed-examples"]))
         return private.reply(arrays, metrics)
 
 

@@ -47,9 +47,10 @@ def test_relay_simulation_equals_inprocess(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["chen-wang", "dsgd", "dola", "pdop"])
-def test_relay_nodes_driven_by_hand_equal_inprocess(algorithm: str) -> None:
+def test_relay_nodes_driven_by_hand_equal_inprocess(algorithm: str, simulated: None) -> None:
     """The relay's exact message flow without Ray: one RelayNode per graph node, each with
-    its own Context, messages forwarded as ArrayRecords keyed "<sender>/<key>"."""
+    its own Context, messages forwarded as ArrayRecords keyed "<sender>/<key>" (under the
+    simulation rules: a run seed is only used in simulations)."""
     cfg = {**CFG, "algorithm": algorithm, "noise-scale": 0.3}
     _, ref = run_from_config(cfg, keep_outboxes=True)
     n, steps = cfg["num-nodes"], cfg["steps"]
@@ -123,7 +124,7 @@ def test_node_refuses_weakening_proposals_and_settings() -> None:
 
 
 def test_deployed_node_keeps_state_on_disk(tmp_path: Path) -> None:
-    nc = {"state-dir": str(tmp_path / "node1"), "noise-seed": 5}
+    nc = {"state-dir": str(tmp_path / "node1")}  # a real node: its seed from OS entropy
     out0, _ = RelayNode(_ctx(1, RecordDict(), node_config=nc), CFG).round(0, 5, ArrayRecord())
     # a restarted SuperNode: empty context.state, the state comes back from disk
     out1, _ = RelayNode(_ctx(1, RecordDict(), node_config=nc), CFG).round(1, 5, _inbox([0, 2]))

@@ -342,12 +342,12 @@ def test_a_plain_numpy_client_is_refused() -> None:
 
 
 def test_user_code_errors_send_a_fixed_reason() -> None:
-    """An exception in the user's gradient may quote data: the reply says only that the
-    learner's code failed (code 4100); the details stay in the learner's log."""
+    """An exception in the user's code may quote data: the reply says only that the
+    learner's code failed (code 4100); the details stay in the learner's log. (An exception
+    in the gradient oracle itself is a zero gradient for that datum instead:
+    tests/test_neighbouring_frontends.py.)"""
     def failing(context: Context):
-        def gradient(params, position):
-            raise KeyError(f"secret datum {datum('small', position)}")
-        return gradient
+        raise KeyError(f"secret datum {datum('small', POSITION)}")
     reply = make_client_app(failing)(message(MessageType.TRAIN, np.zeros(DIM), 1), ctx())
     assert reply.has_error() and reply.error.code == 4100
     assert "secret" not in reply.error.reason

@@ -287,7 +287,7 @@ def test_secure_flag_cannot_be_dropped_or_forged() -> None:
     secure = secure_stream("tree", 8, 3, 1.0).state_dict()
     assert secure["rng"].shape == (7,)
     secure["secure"] = np.array(False)
-    with pytest.raises(ValueError, match="secure .ChaCha20. generator state, not a Philox"):
+    with pytest.raises(ValueError, match=r"secure \(ChaCha20\) generator state, not a Philox"):
         NoiseStream.from_state_dict(secure)
     plain = NoiseStream.create("tree", 8, 3, 1.0, seed=1).state_dict()
     assert not bool(plain["secure"])

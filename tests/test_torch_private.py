@@ -236,16 +236,22 @@ def test_round_past_the_horizon_or_failing_changes_nothing() -> None:
     with pytest.raises(HorizonExhaustedError):
         device_local_round(private, batches(a, b), 4, 2)
 
-    def failing(i):
+    class Interrupted(BaseException):  # an interrupt, not a datum's failure
+        pass
+
+    def failing(i, error=Interrupted):
         if i == 3:
-            raise OSError("the data source went away")
+            raise error("the data source went away")
         return batches(a, b)(i)
 
-    with pytest.raises(OSError):
+    with pytest.raises(Interrupted):
         device_local_round(private, failing, 2, 2)
     assert private.to_bytes() == blob and private.steps == 2
     for p, q in zip(get_parameters(model), before, strict=True):
         np.testing.assert_array_equal(p, q)
+    # an exception on a datum is no failure of the round: that step's gradient is zero
+    out = device_local_round(private, lambda i: failing(i, OSError), 2, 2)
+    assert private.steps == 4 and out.diagnostics["failed-examples"] == 1.0
 
 
 @pytest.mark.parametrize("mechanism", ["blt", "tree", "toeplitz", "none"])

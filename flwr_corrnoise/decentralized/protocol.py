@@ -39,6 +39,7 @@ import numpy as np
 from flwr_corrnoise import arraypack
 from flwr_corrnoise.decentralized.graphs import Graph
 from flwr_corrnoise.decentralized.laplace import laplace
+from flwr_corrnoise.noise_keys import noise_generator
 from flwr_corrnoise.streams import _pack_rng, _unpack_rng
 
 __all__ = [
@@ -89,10 +90,16 @@ def stack(states: Sequence[State]) -> State:
 
 
 def node_seeds(run_seed: int, nodes: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Initial PCG64 words per node, derived from ``(run_seed, node)``: every engine gives node
-    ``i`` the same random numbers. (Deployed nodes should use OS entropy instead.)"""
+    """Initial noise-generator words per node, derived from ``(run_seed, node)``: every engine
+    gives node ``i`` the same random numbers for the same ``run_seed``.
+
+    The generator is the library's keyed Philox (:func:`flwr_corrnoise.noise_keys.
+    noise_generator`): its 128-bit key is a hash of every bit of ``(run_seed, node)``, and
+    its outputs (a node's released noise) do not reveal the key, so a neighbour or the relay
+    cannot predict later noise from earlier releases. A node outside a simulation passes a
+    ``run_seed`` of 128 bits of OS entropy (``flower/relay.py``), known to no one else."""
     return np.stack(
-        [_pack_rng(np.random.default_rng([int(run_seed), int(i), 0xDEC])) for i in nodes]
+        [_pack_rng(noise_generator([int(run_seed), int(i), 0xDEC])) for i in nodes]
     )
 
 

@@ -133,9 +133,11 @@ class CorrNoiseNumPyClient(NumPyClient):
     Adapt an existing NumPyClient by subclassing this class instead of ``NumPyClient``,
     passing the ``Context`` to ``__init__``, and replacing ``fit`` with
     ``gradient(parameters, position)`` — the gradient of your loss on datum ``position``
-    of this learner's stream. Behind :func:`numpy_client_app` the reply holds the noised
-    update and the privacy metadata only; your ``evaluate`` is called only if the learner
-    opts in to unaccounted client-side evaluation.
+    of this learner's stream (if it raises on a datum, or returns a non-finite or
+    wrong-size gradient, that step's gradient counts as zero). Behind
+    :func:`numpy_client_app` the reply holds the noised update and the privacy metadata
+    only; your ``evaluate`` is called only if the learner opts in to unaccounted
+    client-side evaluation.
     """
 
     def __init__(
@@ -176,7 +178,10 @@ def make_client_app(
     simulation engine only, the run config between them): keys ``mechanism``, ``epsilon``,
     ``delta``, ``clip-norm``, ``horizon`` or ``num-server-rounds``·``local-steps``,
     ``calibration``; in simulation also ``seed``/``noise-seed``. Refused rounds are answered
-    with an ``Error`` reply (codes in :data:`ERROR_CODES`) and change nothing.
+    with an ``Error`` reply (codes in :data:`ERROR_CODES`) and change nothing. A datum
+    whose gradient cannot be computed (the oracle raises on it, or returns a non-finite or
+    wrong-size gradient) is no refusal: that step's gradient counts as zero
+    (:func:`~flwr_corrnoise.learner.local_round`), so the reply does not depend on it.
 
     ``evaluate`` is only ever called if the learner opts in (``allow_evaluation=True`` or
     node config ``client-evaluation = true``): its answer depends on the learner's data and

@@ -11,17 +11,44 @@ with one node, so a simulation equals the in-process run for the same seeds.
 
 Round ``r = 0..T``: the node absorbs the inbox of step ``r − 1`` (``update``) when ``r ≥ 1``,
 then releases its step-``r`` outbox when ``r < T``. Its state lives in ``context.state``
-(and in ``state-dir`` on disk when deployed, written before the reply leaves, via
-:class:`flwr_corrnoise.persistence.StateStore`).
+(and in ``state-dir`` on disk when deployed, via :class:`flwr_corrnoise.persistence.StateStore`
+exactly as every other learner keeps it: the directory's lock held for the whole message, and
+each round committed — a ``ledger.jsonl`` line (one released step, or none in round ``T``),
+the state, a ``commits.jsonl`` line — before the reply leaves).
 
-What a node refuses (an ``Error`` reply, state unchanged):
+A node is a learner like any other (``flower/session.py``'s rules, ``docs/threat-model.md``):
+
+* **its noise seed** is, in Flower's simulation engine, the node config's ``noise-seed``,
+  else the run's ``seed`` (the algorithm derives node ``i``'s 128-bit generator key from
+  ``(seed, i)``, as the in-process engine does, so a simulation equals the in-process run);
+  **anywhere else it is 128 bits of OS entropy**, with or without a ``state-dir``, and a
+  ``noise-seed`` in the node config or the app's defaults is refused (code 4101): the relay
+  can never know a node's seed, and a wiped state can never replay its noise;
+* **its state is bound** to its node index, its algorithm and its identity (128 bits of OS
+  entropy drawn when it starts, with a commit counter), and records its own privacy
+  settings; a state of another node, weaker settings than the state was started with, and —
+  checked by :meth:`StateStore.verify` as for every learner — a state behind its ledger
+  (rolled back), one of another identity (cloned) or a ledger without a state (wiped) are
+  refused.
+
+What a node refuses (an ``Error`` reply, state unchanged, nothing released), with the codes
+of :data:`RELAY_ERROR_CODES` and the learner's (:data:`flwr_corrnoise.flower.session.
+ERROR_CODES`):
 
 * an inbox whose senders differ from its neighbour set (a relay that drops, adds or swaps
-  senders), non-finite messages, or a step that is not the next one (replay, skip, reorder);
-* a run config whose ``privacy-*`` keys would weaken its own privacy settings — those come
-  from the node's own settings (node config; in simulations also the run config's plain
-  keys, as the rest of the project does), are written into its state at the first round and
-  are never read from a message.
+  senders), non-finite or malformed messages (4111), or a step that is not the next one —
+  replay, skip, reorder (4110);
+* a run config whose ``privacy-*`` keys (and, outside simulations, plain privacy keys) would
+  weaken its own privacy settings (4101) — those come from the node's own settings (node
+  config and the app's defaults; in simulations also the run config's plain keys, as the rest
+  of the project does), are written into its state at the first round and are never read
+  from a message;
+* a lost, wiped, rolled-back or foreign state (4104), a state directory in use (4105).
+
+Every reason is a function of the node's configuration, its state and the relay's message.
+Anything else that fails — the task's constructor, data loading, a numeric overflow in the
+algorithm, a non-finite release — is answered with a fixed reason (code 4100); the details
+stay in the node's log.
 
 Threat model in one paragraph (``docs/decentralized.md`` has the full one): for paper 003
 every message is already an ε-LDP release, so the relay learns nothing the neighbours do not;
@@ -33,16 +60,27 @@ the decisions only with trusted neighbours and a trusted relay — not local DP.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -57,19 +95,52 @@ from flwr_corrnoise.decentralized.protocol import (
     state_from_bytes,
     state_to_bytes,
 )
-from flwr_corrnoise.flower.session import LearnerSession, deployed, learner_config
+from flwr_corrnoise.flower import session as _session
+from flwr_corrnoise.flower.session import (
+    LearnerSession,
+    deployed,
+    learner_config,
+    learner_seed,
+)
+from flwr_corrnoise.learner import LearnerState
 from flwr_corrnoise.persistence import StateLostError, StateStore
+from flwr_corrnoise.streams import new_seed
 
 __all__ = [
+    "RELAY_ERROR_CODES",
     "InboxError",
     "StepError",
     "make_relay_client_app",
     "make_relay_server_app",
     "relay_apps",
+    "relay_error_reply",
+    "relay_seed",
 ]
 
 log = logging.getLogger(__name__)
 STATE_KEY = "decentralized-node"
+#: what the relay adds to an algorithm's state when it stores it (stripped on load): whether
+#: the state's current step was released, and the node's identity the state is bound to
+RELEASED_KEY = "released"
+IDENTITY_KEY = "relay-identity"
+GENERATION_KEY = "relay-generation"
+INDEX_KEY = "relay-node-index"
+ALGORITHM_KEY = "relay-algorithm"
+BINDING_KEYS = (RELEASED_KEY, IDENTITY_KEY, GENERATION_KEY, INDEX_KEY, ALGORITHM_KEY)
+
+
+@dataclass
+class Stored:
+    """A node's algorithm state with what the relay stores beside it: whether its current
+    step was released, and its binding — the node's identity (128 bits from OS entropy,
+    :meth:`LearnerState.new_id`, drawn when the node starts) and how many rounds it
+    committed (``generation``), which :meth:`StateStore.verify` checks against the ledger
+    exactly as for every other learner."""
+
+    state: State
+    released: bool
+    identity: str
+    generation: int
 
 
 class InboxError(ValueError):
@@ -78,6 +149,54 @@ class InboxError(ValueError):
 
 class StepError(RuntimeError):
     """A message for a step that is not the node's next one (replay, skip, reorder)."""
+
+
+#: the relay node's own refusals, and their error codes. Each is raised only with a text
+#: that is a function of the node's configuration, its state and the relay's message (the
+#: inbox's senders, keys, shapes and finiteness; step numbers; privacy settings), so it may
+#: leave the node. The learner's refusals keep their codes (``session.ERROR_CODES``).
+RELAY_ERROR_CODES: dict[type[Exception], int] = {
+    PrivacyProposalError: 4101,
+    StepError: 4110,
+    InboxError: 4111,
+}
+
+
+def relay_error_reply(msg: Message, err: BaseException) -> Message:
+    """The ``Error`` reply of a relay node: its own refusals with their code and reason,
+    everything else through the learner's gate (:meth:`LearnerSession.error_reply`), which
+    keeps the learner's codes and gives any other exception — the task's constructor, data
+    loading, a numeric overflow — a fixed reason whose details stay in the node's log."""
+    for kind, code in RELAY_ERROR_CODES.items():
+        if isinstance(err, kind):
+            reason = f"flwr-corrnoise relay node: {type(err).__name__}: {err}"
+            log.warning("relay node refuses the message: %s", reason)
+            return Message(Error(code=code, reason=reason), reply_to=msg)
+    return LearnerSession.error_reply(msg, err)
+
+
+def relay_seed(context: Context, defaults: Mapping[str, Any] | None = None) -> int:
+    """A relay node's noise seed, by the learners' policy (:func:`~flwr_corrnoise.flower.
+    session.learner_seed`).
+
+    Outside Flower's simulation engine: 128 bits of OS entropy, always — whether or not the
+    node has a ``state-dir`` — and a ``noise-seed`` in its node config or the app's defaults
+    is refused (:class:`~flwr_corrnoise.learner.PrivacyConfigError`, code 4101). Why: a seed
+    from the run config is the relay's to know (ε = ∞ against it), and a fixed node seed
+    replays the same noise after a wiped state.
+
+    In a simulation: the node config's ``noise-seed``, else the run's ``seed``, else OS
+    entropy. The run's seed is passed as is because the algorithm's ``init`` derives node
+    ``i``'s generator from ``(seed, i)`` (:func:`~flwr_corrnoise.decentralized.protocol.
+    node_seeds`) exactly as the in-process engine does — which is what makes a Flower
+    simulation equal the in-process run.
+    """
+    seed = learner_seed(context, defaults)  # raises for a fixed seed on a real SuperNode
+    if _session.in_simulation():
+        cfg = learner_config(context, defaults)
+        if cfg.get("noise-seed") is None and cfg.get("seed") is not None:
+            seed = int(cfg["seed"])
+    return new_seed() if seed is None else int(seed)
 
 
 def _graph_from_config(cfg: Mapping[str, Any]) -> Graph:
@@ -188,12 +307,17 @@ def _privacy_keys(algo: NodeAlgorithm) -> set[str]:
 
 
 class RelayNode:
-    """One node bound to a Flower ``Context``: own settings, state load/save, one round."""
+    """One node bound to a Flower ``Context``: own settings and seed, state load/save, one
+    round. Use :meth:`locked` around :meth:`round` (the ClientApp does) so that no second
+    execution can use the same state directory at the same time."""
 
     def __init__(self, context: Context, defaults: Mapping[str, Any] | None = None) -> None:
         self.context = context
+        self.simulation = _session.in_simulation()
         cfg = learner_config(context, defaults)
         self.index = _node_index(cfg)
+        # the seed first: a refused seed writes nothing, builds nothing
+        self.seed = relay_seed(context, defaults)
         frozen = tuple(sorted((k, v) for k, v in cfg.items()
                               if k not in ("partition-id", "num-partitions", "node-index",
                                            "state-dir", "noise-seed")))
@@ -201,28 +325,46 @@ class RelayNode:
         if not 0 <= self.index < self.graph.num_nodes:
             raise ValueError(f"node index {self.index} outside the graph's "
                              f"0..{self.graph.num_nodes - 1}")
-        # own privacy settings: node config (and, in simulations, the run config's plain keys)
+        # own privacy settings: node config and app defaults (in simulations also the run
+        # config's plain keys, which are then the node's own)
         self.privacy = self.algo.privacy_from_config(self.index, cfg)
-        # a deployed node treats run-config privacy keys as a proposal to check, never to use
+        # outside simulations the run config is the server's: its privacy keys, plain or
+        # ``privacy-*``, are a proposal to check, never settings to use
         rc = dict(context.run_config)
         proposal = {k: v for k, v in rc.items() if k in _privacy_keys(self.algo)}
-        if deployed(context) or any(k.startswith("privacy-") for k in proposal):
+        if not self.simulation or any(k.startswith("privacy-") for k in proposal):
             check_privacy_proposal(self.algo.privacy_fields,
                                    {k: float(v[0]) for k, v in self.privacy.items()},
                                    proposal, self.index)
         self.store = StateStore(str(context.node_config["state-dir"])) if deployed(
             context) else None
-        seed = cfg.get("noise-seed")
-        if seed is None and not deployed(context):
-            seed = cfg.get("seed", 0)
-        self.seed = int(np.random.SeedSequence().entropy) if seed is None else int(seed)
         # ``record-dir`` (simulations only): write each node's state after every round, so a
-        # test can check that every relayed array is the node's θ + ζ. Never when deployed.
-        self.record_dir = None if deployed(context) else cfg.get("record-dir")
+        # test can check that every relayed array is the node's θ + ζ. Never elsewhere.
+        self.record_dir = cfg.get("record-dir") if self.simulation else None
 
-    def load(self) -> State | None:
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the state directory's lock (:meth:`StateStore.lock`) for the whole message:
+        two executions that both load step ``t`` would release the same noise with different
+        θ, and the noise cancels in the difference. A node without one has nothing to lock."""
+        if self.store is None:
+            yield
+            return
+        with self.store.lock():
+            yield
+
+    def _where(self) -> str:
+        return str(self.store.state_path) if self.store is not None else (
+            f"context.state[{STATE_KEY!r}]")
+
+    def load(self) -> Stored | None:
+        """The stored state, checked against this node (index, algorithm), its settings (only
+        ever stronger) and — with a ``state-dir`` — its ledger, marker and commit log
+        (:meth:`StateStore.load` and :meth:`StateStore.verify`, as for every learner);
+        ``None`` for a node that has never committed a round. A lost, wiped, rolled-back,
+        cloned or foreign state is a :class:`StateLostError` (4104), never a fresh start."""
         if self.store is not None:
-            data = self.store.load()
+            data = self.store.load()  # refuses a state lost or wiped while its ledger stays
         elif STATE_KEY in self.context.state:
             data = bytes(self.context.state[STATE_KEY]["state"])  # type: ignore[index]
         else:
@@ -230,15 +372,55 @@ class RelayNode:
         if data is None:
             return None
         try:
-            return state_from_bytes(data)
-        except ValueError as err:
-            raise StateLostError(f"node {self.index}: state is corrupt: {err}") from err
+            state = state_from_bytes(data)
+            missing = set(BINDING_KEYS) - set(state)
+            if missing:
+                raise ValueError(f"it lacks {sorted(missing)} (not a relay node's state, or "
+                                 f"one written before states were bound to their node)")
+            stored = Stored(
+                state={k: v for k, v in state.items() if k not in BINDING_KEYS},
+                released=bool(state[RELEASED_KEY][0]),
+                identity=str(state[IDENTITY_KEY][0]),
+                generation=int(state[GENERATION_KEY][0]),
+            )
+            owner, algorithm = int(state[INDEX_KEY][0]), str(state[ALGORITHM_KEY][0])
+        except (ValueError, KeyError, IndexError) as err:
+            raise StateLostError(f"node {self.index}: state {self._where()} is corrupt: "
+                                 f"{err}") from err
+        if owner != self.index or algorithm != self.algo.name:
+            raise StateLostError(
+                f"node {self.index} ({self.algo.name}): state {self._where()} belongs to node "
+                f"{owner} ({algorithm}); refusing to continue another node's noise stream")
+        mine = self.algo.privacy_of(stored.state)
+        for name, value in self.privacy.items():  # settings only ever get stronger
+            if (value[0] - mine[name][0]) * self.algo.privacy_fields[name] < -1e-12:
+                raise PrivacyProposalError(
+                    f"node {self.index}: its settings now say {name}={value[0]:g}, weaker "
+                    f"than the {mine[name][0]:g} its state was started with")
+        if self.store is not None:  # rolled back, cloned, ledger lost: StateIntegrityError
+            self.store.verify(stored.identity, stored.generation,
+                              int(stored.state["step"][0]))
+        return stored
 
-    def save(self, state: State) -> None:
-        data = state_to_bytes(state)
-        if self.store is not None:
-            self.store.save(data)
+    def commit(self, stored: Stored, step: int, steps: int) -> None:
+        """Store the state, bound to this node, one generation on: with a ``state-dir``
+        through :meth:`StateStore.commit` (ledger line, state, commit line, each durable
+        before the next), and in ``context.state`` — before the reply leaves."""
+        generation = stored.generation + 1
+        data = state_to_bytes({
+            **stored.state,
+            RELEASED_KEY: np.array([stored.released]),
+            IDENTITY_KEY: np.array([stored.identity]),
+            GENERATION_KEY: np.array([generation], dtype=np.int64),
+            INDEX_KEY: np.array([self.index], dtype=np.int64),
+            ALGORITHM_KEY: np.array([self.algo.name]),
+        })
+        if self.store is not None:  # round ``steps`` releases nothing: a line of 0 steps
+            self.store.commit(data, identity=stored.identity, generation=generation, entry={
+                "server-round": step, "first-step": step, "steps": int(step < steps),
+                "position": step, "node-index": self.index, "time": time.time()})
         self.context.state[STATE_KEY] = ConfigRecord({"state": data})
+        stored.generation = generation
 
     def inbox(self, record: ArrayRecord) -> Inbox:
         neighbours = self.graph.neighbors(self.index)
@@ -255,41 +437,36 @@ class RelayNode:
         keys = {tuple(sorted(v)) for v in grouped.values()}
         if len(keys) != 1:
             raise InboxError(f"node {self.index}: senders sent different message keys")
-        messages = {k: np.stack([grouped[j][k] for j in neighbours])[None]
-                    for k in keys.pop()}
         try:
+            messages = {k: np.stack([grouped[j][k] for j in neighbours])[None]
+                        for k in keys.pop()}
             return Inbox(np.array([self.index]), np.array([list(neighbours)]), messages)
-        except ValueError as err:
+        except ValueError as err:  # shapes and finiteness of the relay's message only
             raise InboxError(f"node {self.index}: {err}") from err
 
     def round(self, step: int, steps: int, record: ArrayRecord
               ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-        state = self.load()
-        if state is None:
+        stored = self.load()
+        if stored is None:
             if step != 0:
                 raise StepError(f"node {self.index} has no state but the relay is at step {step}")
-            state = self.algo.init(np.array([self.index]), self.seed, self.privacy)
-        else:
-            mine = self.algo.privacy_of(state)
-            for name, value in self.privacy.items():  # settings only ever get stronger
-                if (value[0] - mine[name][0]) * self.algo.privacy_fields[name] < -1e-12:
-                    raise PrivacyProposalError(
-                        f"node {self.index}: its settings now say {name}={value[0]:g}, weaker "
-                        f"than the {mine[name][0]:g} its state was started with")
+            stored = Stored(self.algo.init(np.array([self.index]), self.seed, self.privacy),
+                            released=False, identity=LearnerState.new_id(), generation=0)
+        state, released = stored.state, stored.released
         have = int(state["step"][0])
-        released = bool(state.get("released", np.array([False]))[0])
         if step == 0 and not (have == 0 and not released):
             raise StepError(f"node {self.index}: step 0 again (a replay?)")
         if step > 0 and not (released and have == step - 1):
             raise StepError(f"node {self.index} is at step {have}, the relay sent step {step}")
-        state = {k: v for k, v in state.items() if k != "released"}
         if step > 0:
             state = self.algo.update(state, self.inbox(record))
         outbox: dict[str, np.ndarray] = {}
         if step < steps:
             out, state = self.algo.release(state)
             outbox = {k: v[0] for k, v in out.items()}
-        state["released"] = np.array([step < steps])
+            if not all(np.all(np.isfinite(v)) for v in outbox.values()):
+                # a data-dependent overflow: never released, and no text about it leaves
+                raise FloatingPointError("non-finite release withheld")
         metrics: dict[str, float] = {"step": float(step), "node-index": float(self.index)}
         if step == steps:
             for label, eps in self.algo.epsilon(state, steps).items():
@@ -299,15 +476,18 @@ class RelayNode:
             path = Path(str(record_dir))
             path.mkdir(parents=True, exist_ok=True)
             np.savez(path / f"node{self.index}-step{step}.npz",
-                     decision=self.algo.decision(state)[0], **state)
-        self.save(state)
+                     decision=self.algo.decision(state)[0], released=np.array([step < steps]),
+                     **state)
+        self.commit(Stored(state, step < steps, stored.identity, stored.generation),
+                    step, steps)
         return outbox, metrics
 
 
 def make_relay_client_app(config_defaults: Mapping[str, Any] | None = None) -> ClientApp:
     """The node ClientApp. Its configuration is ``config_defaults`` < run config (simulations
-    only) < node config (``node-index``/``partition-id``, ``state-dir``, ``noise-seed`` and
-    its own privacy keys, e.g. ``noise-scale``/``noise-exponent`` for paper 003)."""
+    only) < node config (``node-index``/``partition-id``, ``state-dir``, its own privacy keys,
+    e.g. ``noise-scale``/``noise-exponent`` for paper 003; ``noise-seed`` in simulations
+    only)."""
     app = ClientApp()
     defaults = dict(config_defaults or {})
 
@@ -316,7 +496,7 @@ def make_relay_client_app(config_defaults: Mapping[str, Any] | None = None) -> C
         try:
             idx = _node_index(learner_config(context, defaults))
         except Exception as err:
-            return LearnerSession.error_reply(msg, err)
+            return relay_error_reply(msg, err)
         return Message(RecordDict({"metrics": MetricRecord({"node-index": idx})}),
                        reply_to=msg)
 
@@ -325,10 +505,12 @@ def make_relay_client_app(config_defaults: Mapping[str, Any] | None = None) -> C
         try:
             node = RelayNode(context, defaults)
             cfg = msg.content["config"]
-            outbox, metrics = node.round(int(cfg["step"]), int(cfg["steps"]),  # type: ignore[index]
-                                         msg.content["inbox"])  # type: ignore[arg-type]
-        except Exception as err:  # every refusal is a clear Error reply, state unchanged
-            return LearnerSession.error_reply(msg, err)
+            with node.locked():  # the whole round: load, ledger, save
+                outbox, metrics = node.round(
+                    int(cfg["step"]), int(cfg["steps"]),  # type: ignore[index]
+                    msg.content["inbox"])  # type: ignore[arg-type]
+        except Exception as err:  # every refusal is an Error reply, state unchanged
+            return relay_error_reply(msg, err)
         out = ArrayRecord()
         for key, arr in outbox.items():
             out[key] = Array(np.ascontiguousarray(arr))

@@ -287,7 +287,14 @@ class LearnerSession:
 
     def load(self, shapes: list[tuple[int, ...]]) -> LearnerState:
         """The stored state, checked against the current settings, or a fresh one on the
-        learner's first round; a lost or corrupt state is an error, never a fresh start."""
+        learner's first round; a lost or corrupt state is an error, never a fresh start.
+
+        With a ``state-dir`` the state is also checked against its ledger, marker and
+        commit log (:meth:`~flwr_corrnoise.persistence.StateStore.verify`): a state rolled
+        back, copied in from another learner, or a ledger left without its state (wiped)
+        is refused (:class:`~flwr_corrnoise.persistence.StateIntegrityError`, code 4104).
+        Loading only reads: a refused load releases nothing and changes nothing on disk.
+        """
         data: bytes | None = None
         where = ""
         if self.store is not None:
@@ -305,12 +312,20 @@ class LearnerSession:
         except ValueError as err:
             raise StateLostError(f"the learner state {where} is corrupt, refusing to "
                                  f"train: {err}") from err
+        if self.store is not None:
+            self.store.verify(state.learner_id, state.generation, state.step)
         state.check_binding(self.settings)
         if self.secure and state.noise is not None and not state.noise.secure:
             raise PrivacyConfigError(
                 f"this learner asks for secure noise but its stored stream ({where}) is not "
                 "secure; it refuses to continue that stream (start a new learner with a new "
                 "state directory, or set secure-noise = false)")
+        if state.learner_id is None:
+            # a state written before identities existed (checked against its ledger by
+            # step above): it is identified from its next commit on
+            state.learner_id = LearnerState.new_id()
+            log.warning("the learner state %s predates learner identities; it continues "
+                        "under a new identity from this round on", where)
         return state
 
     def commit(
@@ -323,18 +338,33 @@ class LearnerSession:
         diagnostics: Mapping[str, Any] | None = None,
     ) -> None:
         """Record the round (ledger, local diagnostics) and store the state — before the
-        reply leaves, so a crash afterwards releases nothing that could be reused."""
+        reply leaves, so a crash afterwards releases nothing that could be reused.
+
+        Each commit advances the state's ``generation``. With a ``state-dir`` the ledger
+        line (naming the learner's identity and the new generation) is durable before the
+        state is written, and a commit line after it
+        (:meth:`~flwr_corrnoise.persistence.StateStore.commit`): what lets the next load
+        tell this learner's latest state from an older or another learner's copy. If the
+        commit fails, the state object keeps its old generation (the caller rolls back the
+        rest)."""
         diag = {"server-round": server_round, "first-step": first_step,
                 **dict(diagnostics or {})}
         log.info("flwr-corrnoise learner diagnostics (local only, never sent): %s", diag)
-        data = state.to_bytes()  # serialized once, for the disk and for context.state
-        if self.store is not None:  # ledger line first, then the state (persistence.py)
-            self.store.log_round({
-                "server-round": server_round, "first-step": first_step,
-                "steps": state.step - first_step, "position": position, "time": time.time(),
-            })
-            self.store.log_diagnostics({**diag, "time": time.time()})
-            self.store.save(data)
+        if state.learner_id is None:  # created before identities existed, never loaded
+            state.learner_id = LearnerState.new_id()
+        state.generation += 1
+        try:
+            data = state.to_bytes()  # serialized once, for the disk and for context.state
+            if self.store is not None:  # ledger line first, then the state (persistence.py)
+                self.store.commit(
+                    data, identity=state.learner_id, generation=state.generation,
+                    entry={"server-round": server_round, "first-step": first_step,
+                           "steps": state.step - first_step, "position": position,
+                           "time": time.time()},
+                    diagnostics={**diag, "time": time.time()})
+        except BaseException:
+            state.generation -= 1
+            raise
         self.context.state[self.key] = ConfigRecord({"learner": data})
 
     # -- what leaves the learner ------------------------------------------------------------

@@ -13,7 +13,9 @@ once per local step::
         private = PrivateSteps(msg, context)
         w = msg.content["arrays"].to_numpy_ndarrays()[0]
         for x, y in my_stream(context, steps):
-            w = w - lr * private.step(gradient(w, x, y))   # clip + next correlated increment
+            # clip + next correlated increment; the lambda lets a datum whose gradient
+            # cannot be computed (it raises) count as a zero gradient, as in every front end
+            w = w - lr * private.step(lambda: gradient(w, x, y))
         return private.reply([w])                          # built by the release gate
 
 What the library owns: the learner's settings (the shared
@@ -31,7 +33,11 @@ What the user promises (as with Opacus, the loop is theirs): the model they rele
 function of the received model and the gradients :meth:`PrivateSteps.step` returned only
 (plain SGD, momentum, a fixed step-size schedule), and the **number of steps does not
 depend on the data** (it is released, as ``steps``). Each datum is used in one step
-(online learning); the strict mode enforces that, this mode trusts it.
+(online learning); the strict mode enforces that, this mode trusts it. A datum whose
+gradient cannot be computed must not stop the loop: a non-finite or wrong-size gradient
+passed to :meth:`PrivateSteps.step` counts as zero, and so does an exception raised
+inside a callable passed to it; an exception raised in the user's code *outside* it turns
+the round into an error reply (code 4100, a fixed reason; nothing released).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
 
@@ -47,11 +53,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
 from ..learner import (
+    FAILED,
+    NONFINITE,
     SECURE_CLIP_LIMIT,
     LearnerState,
     PrivacyConfigError,
     PrivacySettings,
     clip_by_global_norm,
+    datum_gradient,
 )
 from ..streams import HorizonExhaustedError
 from .session import LearnerSession, PrivateLearnerGuard
@@ -131,7 +140,13 @@ class PrivateSteps:
             self._exit.close()
             raise PrivacyConfigError(problem)
         self.first_step, self.first_position = self.state.step, self.state.position
-        self._clipped = self._nonfinite = 0
+        self._clipped = 0
+        self._zeroed = {NONFINITE: 0, FAILED: 0}  # local diagnostics only
+        #: what step() returns: a single array or a list, with these shapes and dtypes —
+        #: the last good gradient's structure this round, else the model's
+        self._template: tuple[bool, list[tuple[tuple[int, ...], np.dtype]]] = (
+            len(self.received) == 1,
+            [(tuple(a.shape), a.dtype) for a in self.received])
         self._done = False
         #: the steps are taken by a device optimizer that owns the stream
         #: (:func:`flwr_corrnoise.pytorch.private_optimizer`)
@@ -149,32 +164,44 @@ class PrivateSteps:
         """Steps taken in this round."""
         return self.state.step - self.first_step
 
-    def step(self, grad: np.ndarray | Sequence[np.ndarray]) -> Any:
+    def step(self, grad: np.ndarray | Sequence[np.ndarray] | Callable[[], Any]) -> Any:
         """Clip ``grad`` (one array, or a list over the model's arrays) to the clip norm in
         global L2 and add the next correlated-noise increment; returns the same structure.
 
-        A non-finite gradient counts as zero (whether it is finite depends on the data, so
-        it must not change anything that leaves); past the horizon it refuses
+        Pass the gradient's computation as a **callable** (``private.step(lambda:
+        gradient(w, x, y))``) so that an exception in it — a malformed datum, a label out
+        of range — counts as a zero gradient instead of failing the round: whether a
+        datum's gradient can be computed depends on the data, so it must not change the
+        reply. Likewise a non-finite gradient or one of the wrong size counts as zero
+        (:func:`~flwr_corrnoise.learner.datum_gradient`, the rule every front end shares);
+        the step's noise increment is still added and the result has the model's
+        structure (that of the last good gradient this round, else the model's arrays), so
+        the loop goes on. Past the horizon it refuses
         (:class:`~flwr_corrnoise.streams.HorizonExhaustedError`), before any release."""
         if self._done:
             raise PrivacyConfigError("step() after reply(): the round was released")
         if self.external:
             raise PrivacyConfigError("this round's steps belong to the device optimizer "
                                      "(private_optimizer): call its step()")
-        single = isinstance(grad, np.ndarray)
-        parts = [np.asarray(grad)] if single else [np.asarray(g) for g in grad]
-        flat = np.concatenate([p.astype(np.float64).ravel() for p in parts])
-        if flat.size != self.size:
-            raise PrivacyConfigError(f"the gradient has {flat.size} entries, the model "
-                                     f"{self.size}")
         s, state = self.settings, self.state
         if s.private and state.step + 1 > s.horizon:
             raise HorizonExhaustedError(
                 f"this learner has taken {state.step} of the {s.horizon} steps its privacy "
                 f"budget covers; it stops contributing")
-        if not np.all(np.isfinite(flat)):
-            self._nonfinite += 1
-            flat = np.zeros_like(flat)
+        value: Any = None
+
+        def compute() -> Any:
+            nonlocal value
+            value = grad() if callable(grad) else grad
+            return value
+
+        flat, why = datum_gradient(compute, self.size)
+        if why:
+            self._zeroed[why] += 1
+        else:  # the structure the user's loop expects back
+            single = isinstance(value, np.ndarray) or np.isscalar(value)
+            parts = [np.asarray(value)] if single else [np.asarray(g) for g in value]
+            self._template = (single, [(p.shape, p.dtype) for p in parts])
         if s.private:
             flat, norm = clip_by_global_norm(flat, s.clip)
             self._clipped += norm > s.clip
@@ -182,11 +209,13 @@ class PrivateSteps:
             flat = state.noise.add_next(flat)  # type: ignore[union-attr]
         state.step += 1
         state.position += 1
+        single, layout = self._template
         out, offset = [], 0
-        for p in parts:
-            dtype = p.dtype if np.issubdtype(p.dtype, np.floating) else np.float64
-            out.append(flat[offset : offset + p.size].reshape(p.shape).astype(dtype))
-            offset += p.size
+        for shape, dtype in layout:
+            size = math.prod(shape)
+            dtype = dtype if np.issubdtype(dtype, np.floating) else np.float64
+            out.append(flat[offset : offset + size].reshape(shape).astype(dtype))
+            offset += size
         return out[0] if single else out
 
     __call__ = step
@@ -214,7 +243,8 @@ class PrivateSteps:
                 self.state, first_step=self.first_step, position=self.first_position,
                 server_round=int(self.config.get("server-round", -1)),
                 diagnostics={"clipped-steps": float(self._clipped),
-                             "nonfinite-steps": float(self._nonfinite),
+                             "nonfinite-steps": float(self._zeroed[NONFINITE]),
+                             "failed-steps": float(self._zeroed[FAILED]),
                              "local-steps": float(self.steps), "model-replaced": float(not ok)})
         finally:
             self.close()
@@ -227,14 +257,16 @@ class PrivateSteps:
             _BUILT[id(self.msg)] = out
         return out
 
-    def record_external_steps(self, step: int, clipped: int, nonfinite: int) -> None:
+    def record_external_steps(self, step: int, clipped: int, nonfinite: int,
+                              failed: int = 0) -> None:
         """Steps a device optimizer took on this learner's stream (it owns the stream:
         ``step`` is the stream's index now); the counts are local diagnostics only."""
         taken = step - self.state.step
         self.state.step += taken
         self.state.position += taken
         self._clipped += clipped
-        self._nonfinite += nonfinite
+        self._zeroed[NONFINITE] += nonfinite
+        self._zeroed[FAILED] += failed
 
     def close(self) -> None:
         """Release the state lock (the guard does it if the train function failed)."""
