@@ -33,6 +33,8 @@ from flwr.simulation import run_simulation
 from flwr_corrnoise.apps.logreg import wait_for_nodes
 from flwr_corrnoise.experiment import LogRegSetup, initial_parameters, logistic_gradient
 from flwr_corrnoise.flower import CorrNoiseFedAvg, make_client_app
+from flwr_corrnoise.learner import NOISELESS
+from flwr_corrnoise.mechanisms import mechanism_names
 
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -128,7 +130,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--mechanism", default="optimized")
+    p.add_argument("--mechanism", default="optimized", choices=[NOISELESS, *mechanism_names()])
     args = p.parse_args()
     logging.getLogger("flwr").setLevel(logging.ERROR)
     setup = LogRegSetup(rounds=args.rounds, mechanism=args.mechanism, test_size=10)

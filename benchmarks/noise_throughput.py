@@ -8,10 +8,11 @@ increments; each timed block of ``--block`` increments is preceded by a block of
 one), so both sides see the same machine load, and the ratio is the median over
 ``--repeats`` block pairs. Blocks start at step 0 and are consecutive, so the tree's
 amortized cost (two node draws per step on average) is what is measured; its worst single
-step draws ``⌊log₂N⌋ + 1`` nodes. The Toeplitz square root and the dense optimized
-factorization combine every past ``ξ`` row, so their cost grows with the step: they are
-measured over their first ``--dense-steps`` steps only (memory: that many ``d``-vectors)
-and the ratio is reported at that point.
+step draws ``⌊log₂N⌋ + 1`` nodes. The mechanisms streamed by the dense history kernel
+(the Toeplitz square root and the optimized factorization) combine every past ``ξ`` row,
+so their cost grows with the step: they are measured over their first ``--dense-steps``
+steps only (memory: that many ``d``-vectors) and the ratio is reported at that point.
+Every registered mechanism is measured unless ``--mechanisms`` names some.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import argparse
 import numpy as np
 from _format import interleaved
 
-from flwr_corrnoise.mechanisms import build_factorization
+from flwr_corrnoise.mechanisms import build_factorization, mechanism_names
+from flwr_corrnoise.mechanisms.streaming import HistoryKernel
 from flwr_corrnoise.streams import NoiseStream
 
-MECHANISMS = ["independent", "tree", "efficient-tree", "blt", "toeplitz", "optimized"]
-DENSE = {"toeplitz", "optimized"}
+#: the table's order; mechanisms registered later follow
+ORDER = ["independent", "tree", "efficient-tree", "blt", "toeplitz", "optimized"]
 
 
 def measure(name: str, n: int, dim: int, block: int, repeats: int) -> tuple[float, float, float]:
@@ -45,18 +47,20 @@ def main() -> None:
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--dense-steps", type=int, default=32)
-    p.add_argument("--mechanisms", nargs="+", default=MECHANISMS)
+    p.add_argument("--mechanisms", nargs="+", default=mechanism_names(ORDER),
+                   choices=mechanism_names(ORDER))
     args = p.parse_args()
     print(f"d = {args.dim:,}, N = {args.steps}; ratio = increment / one i.i.d. draw")
     print("| mechanism | ms per increment | ms per i.i.d. draw | ratio | state after the "
           "measured steps |")
     print("|---|---|---|---|---|")
     for name in args.mechanisms:
-        build_factorization(name, args.steps)  # solve outside the timing
-        block = max(1, args.dense_steps // args.repeats) if name in DENSE else args.block
+        fact = build_factorization(name, args.steps)  # solve outside the timing
+        dense = isinstance(fact.stream_kernel(), HistoryKernel)  # cost grows with the step
+        block = max(1, args.dense_steps // args.repeats) if dense else args.block
         ours, ref, ratio = measure(name, args.steps, args.dim, block, args.repeats)
         measured = min(args.steps, block * args.repeats + 1)  # incl. the warm-up step
-        note = f" (grows with the step: steps 1–{measured})" if name in DENSE else ""
+        note = f" (grows with the step: steps 1–{measured})" if dense else ""
         probe = NoiseStream.create(name, args.steps, 1, 1.0, seed=0)
         for _ in range(measured):
             probe.next()

@@ -24,9 +24,12 @@ import numpy as np
 from _format import interleaved
 from cryptography.hazmat.backends.openssl.backend import backend as openssl_backend
 
-from flwr_corrnoise.mechanisms import build_factorization
+from flwr_corrnoise.mechanisms import build_factorization, check_mechanism, mechanism_names
 from flwr_corrnoise.secure_noise import ChaCha20Gaussian
 from flwr_corrnoise.streams import NoiseStream
+
+#: the default subset, one per kind of stream state (checked against the registry)
+DEFAULT = [check_mechanism(name) for name in ("independent", "tree", "blt")]
 
 
 def main() -> None:
@@ -35,7 +38,7 @@ def main() -> None:
     p.add_argument("--dims", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--block", type=int, default=8)
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--mechanisms", nargs="+", default=["independent", "tree", "blt"])
+    p.add_argument("--mechanisms", nargs="+", default=DEFAULT, choices=mechanism_names())
     args = p.parse_args()
     horizon = 2 * (args.block * args.repeats + 2)
     print(f"numpy {np.__version__}, cryptography {cryptography.__version__} "

@@ -37,9 +37,12 @@ import torch
 
 from flwr_corrnoise.cnn import PaperCNN
 from flwr_corrnoise.learner import LearnerState, PrivacySettings
+from flwr_corrnoise.mechanisms import check_mechanism, mechanism_names
 from flwr_corrnoise.pytorch import PrivateOptimizer, torch_local_round
 
 ETA = 0.01
+#: the default subset: constant-memory correlated noise and its baseline (checked)
+DEFAULT = [check_mechanism(name) for name in ("blt", "independent")]
 CE = torch.nn.functional.cross_entropy
 
 
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="steps per timed block")
     p.add_argument("--repeats", type=int, default=5, help="rotations (median over them)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--mechanisms", nargs="+", default=["blt", "independent"])
+    p.add_argument("--mechanisms", nargs="+", default=DEFAULT, choices=mechanism_names())
     p.add_argument("--no-host", action="store_true", help="skip the host reference rows")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -23,22 +23,22 @@ from .mechanisms import (
     MECHANISMS,
     BufferedToeplitz,
     Optimized,
+    Param,
     build_factorization,
+    get_mechanism,
     rmse_lower_bound,
 )
-from .mechanisms.optimized import DEFAULT_GAP
 from .privacy import METHODS, PrivacyBudgetError, calibrate
 
 
 def _mechanism(args: argparse.Namespace) -> dict[str, object]:
+    mechanism = get_mechanism(args.name)
+    # the registered parameters this mechanism takes; the others keep their defaults
+    params = {p.name: getattr(args, p.name) for p in mechanism.params
+              if getattr(args, p.name) is not None}
+    _show_solver_progress()  # a solve can take minutes at N in the thousands
     start = time.perf_counter()
-    if args.name == "optimized":
-        # the solve can take minutes at N in the thousands: show progress on stderr
-        fact = Optimized(args.steps, gap=args.gap, progress=_solver_progress)
-    elif args.name == "blt":
-        fact = BufferedToeplitz(args.steps, buffers=args.buffers)
-    else:
-        fact = build_factorization(args.name, args.steps)
+    fact = build_factorization(args.name, args.steps, **params)
     built = time.perf_counter() - start
     out: dict[str, object] = dict(fact.summary())
     out["build_seconds"] = built
@@ -57,14 +57,34 @@ def _mechanism(args: argparse.Namespace) -> dict[str, object]:
     return out
 
 
-def _solver_progress(iteration: int, objective: float, lower_bound: float) -> None:
-    gap = objective / lower_bound - 1.0
-    print(
-        f"  optimized: iteration {iteration}, ||B||_F^2 = {objective:.6g}, "
-        f"certified gap {100 * gap:.4f} %",
-        file=sys.stderr,
-        flush=True,
-    )
+def _show_solver_progress() -> None:
+    """The solvers log each iteration at INFO (``flwr_corrnoise.mechanisms``): show them
+    on stderr, as ``  optimized: iteration 3, …``."""
+    import logging
+
+    logger = logging.getLogger("flwr_corrnoise.mechanisms")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("  %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def _add_mechanism_parameters(parser: argparse.ArgumentParser) -> None:
+    """One option per registered mechanism parameter (``--buffers``, ``--gap``, …): a new
+    mechanism's parameters appear here without a change to the CLI."""
+    owners: dict[str, list[str]] = {}
+    declared: dict[str, Param] = {}
+    for name in MECHANISMS:
+        for p in get_mechanism(name).params:
+            owners.setdefault(p.name, []).append(name)
+            declared.setdefault(p.name, p)
+    for pname, p in declared.items():
+        doc = p.doc.replace("%", "%%")  # argparse formats help with %
+        kind = ({"action": argparse.BooleanOptionalAction} if p.kind is bool
+                else {"type": p.kind})
+        parser.add_argument(f"--{pname.replace('_', '-')}", dest=pname, default=None, **kind,
+                            help=f"{', '.join(owners[pname])}: {doc} (default {p.default})")
 
 
 def _calibrate(args: argparse.Namespace) -> dict[str, object]:
@@ -195,10 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     mech = sub.add_parser("mechanism", help="error and sensitivity of a factorization")
     mech.add_argument("--name", required=True, choices=sorted(MECHANISMS))
     mech.add_argument("--steps", required=True, type=int, help="horizon N = R·τ")
-    mech.add_argument("--gap", type=float, default=DEFAULT_GAP,
-                      help="optimized: stop at this certified relative gap in ||B||_F^2 "
-                           "(0.02 keeps the RMSE within 1%% of optimal, in a few iterations)")
-    mech.add_argument("--buffers", type=int, default=4, help="blt: number of buffers")
+    _add_mechanism_parameters(mech)
     mech.add_argument("--json", action="store_true", help="print JSON")
     mech.set_defaults(func=_mechanism)
 

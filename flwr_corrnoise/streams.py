@@ -29,8 +29,9 @@ blt            buffers·d (constant; 4·d by default)     ``e = ξ − Σ ω_i r
 
 The recurrences live with the mechanisms, not here: every factorization supplies a
 :class:`~flwr_corrnoise.mechanisms.streaming.StreamKernel` (``init``/``next`` over an array
-namespace), and :class:`NoiseStream` only owns the generator, the step, the scaling by
-``V`` and the state format. The device-resident torch stream
+namespace) and owns what it remembers (which ``levels``/``rows`` to save, how to undo a
+failed round, when a restored state is inconsistent); :class:`NoiseStream` only owns the
+generator, the step, the scaling by ``V`` and the state format. The device-resident torch stream
 (:class:`flwr_corrnoise.torch_streams.TorchNoiseStream`) runs the same kernels on tensors.
 
 The state serializes to a small byte string (:mod:`~flwr_corrnoise.arraypack`, no
@@ -261,26 +262,15 @@ class NoiseStream:
 
     # -- cheap undo, for a round that fails half-way ---------------------------------
     def checkpoint(self) -> tuple:
-        """A token to :meth:`rollback` to; O(log N) work and no copy of the history
-        (buffers a kernel updates in place, BLT's, are copied: ``buffers·d`` floats)."""
-        st = self._state
-        return (
-            self.step,
-            self._rng_state(),
-            list(st.levels),
-            list(st.rows),  # tree estimates are replaced, never modified in place
-            st.count,
-            self._ops.copy(st.buf) if self._kernel.mutates_buffer else None,
-        )
+        """A token to :meth:`rollback` to; O(log N) work and no copy of the history (the
+        kernel copies only what it updates in place, BLT's ``buffers·d`` floats)."""
+        return (self.step, self._rng_state(), self._kernel.checkpoint(self._state, self._ops))
 
     def rollback(self, token: tuple) -> None:
         """Undo every :meth:`next` since ``token`` was taken (nothing was released)."""
-        self.step, rng_state, levels, rows, count, buffers = token
+        self.step, rng_state, kernel_token = token
         self._set_rng_state(rng_state)
-        st = self._state
-        st.levels, st.rows, st.count = list(levels), list(rows), count
-        if buffers is not None:
-            st.buf[...] = buffers
+        self._kernel.rollback(self._state, kernel_token)
 
     def _rng_state(self) -> object:
         if isinstance(self._rng, ChaCha20Gaussian):  # secure (ChaCha20): (key, block)
@@ -304,7 +294,8 @@ class NoiseStream:
         """Everything needed to continue the stream, as plain arrays (no pickle)."""
         shape_lens = np.array([len(s) for s in self.shapes], dtype=np.int64)
         shape_dims = np.array([d for s in self.shapes for d in s], dtype=np.int64)
-        rows = self._rows_array(self._kernel.saved_rows(self._state))
+        levels, saved = self._kernel.save(self._state)
+        rows = self._rows_array(saved)
         return {
             "format": np.array(STATE_FORMAT, dtype=np.int64),
             "mechanism": np.array(self.mechanism),
@@ -315,7 +306,7 @@ class NoiseStream:
             "step": np.array(self.step, dtype=np.int64),
             "rng": self._pack_rng(),
             "secure": np.array(isinstance(self._rng, ChaCha20Gaussian)),
-            "levels": np.array(self._state.levels, dtype=np.int64),
+            "levels": np.array(levels, dtype=np.int64),
             "factorization": np.array(self._factorization.digest),
             "rows": rows,
         }

@@ -39,9 +39,14 @@ from pathlib import Path
 import numpy as np
 
 from flwr_corrnoise.cnn import CNNResult, CNNSetup, run_cnn
+from flwr_corrnoise.learner import NOISELESS
+from flwr_corrnoise.mechanisms import check_mechanism, mechanism_names
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ["none", "independent", "tree", "blt"]
+#: Fig. 4's methods (a deliberate subset of the registry, checked against it)
+METHODS = [NOISELESS, *(check_mechanism(m) for m in ("independent", "tree", "blt"))]
+#: the tables' order: the paper's mechanisms, then any other registered one
+ORDER = [NOISELESS, *mechanism_names(["independent", "tree", "optimized", "toeplitz", "blt"])]
 NAMES = {
     "none": "noiseless",
     "independent": "independent noise",
@@ -216,8 +221,7 @@ def table(rows: list[list]) -> str:
 
 
 def order(method: str) -> int:
-    keys = ["none", "independent", "tree", "optimized", "toeplitz", "blt"]
-    return keys.index(method) if method in keys else len(keys)
+    return ORDER.index(method) if method in ORDER else len(ORDER)
 
 
 def snr_table(horizons: list[int], learners: int = 10) -> str:
@@ -225,7 +229,7 @@ def snr_table(horizons: list[int], learners: int = 10) -> str:
     from flwr_corrnoise.cnn import PaperCNN, final_noise_to_signal
 
     d = sum(p.numel() for p in PaperCNN().parameters())
-    mechs = ["independent", "tree", "optimized", "toeplitz", "blt"]
+    mechs = [check_mechanism(m) for m in ("independent", "tree", "optimized", "toeplitz", "blt")]
     lines = ["| R·τ | " + " | ".join(NAMES[m] for m in mechs) + " |",
              "|---|" + "---|" * len(mechs)]
     for n in horizons:
@@ -371,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--taus", nargs="+", type=int, default=[1, 2, 4])
     p.add_argument("--batch-size", type=int, default=5, help="images per local step")
     p.add_argument("--methods", nargs="+", default=METHODS,
-                   choices=["none", "independent", "tree", "optimized", "toeplitz", "blt"])
+                   choices=ORDER)
     p.add_argument("--epsilon", type=float, default=2.0)
     p.add_argument("--delta", type=float, default=1e-3)
     p.add_argument("--clip", type=float, default=1.0)

@@ -40,8 +40,12 @@ from flwr_corrnoise.experiment import (
     LogRegSetup,
     run_logreg_inprocess,
 )
+from flwr_corrnoise.learner import NOISELESS
+from flwr_corrnoise.mechanisms import check_mechanism
 
-METHODS = ["none", "independent", "tree", "optimized", "toeplitz", "blt"]
+#: the paper's methods (a deliberate subset of the registry, checked against it)
+METHODS = [NOISELESS, *(check_mechanism(m)
+                        for m in ("independent", "tree", "optimized", "toeplitz", "blt"))]
 NAMES = {
     "none": "noiseless (Mitra et al.)",
     "independent": "independent (Liu et al.)",

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Factorization, prefix_sum_matrix
-from .streaming import IndependentKernel, StreamKernel
+from .registry import register
+from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel
 
 
 class Independent(Factorization):
@@ -33,3 +34,39 @@ class Independent(Factorization):
 
     def _make_stream_kernel(self) -> StreamKernel:
         return IndependentKernel()
+
+
+class IndependentKernel(StreamKernel):
+    """``e[k] = ξ_k``: no memory at all. The state is the number of rows a restored
+    state brought along (zero, or :meth:`check` rejects it)."""
+
+    kind = "independent"
+
+    def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> int:
+        return len(rows)
+
+    def next(self, state: int, step: int, draw: Draw, ops: ArrayOps) -> Array:
+        return draw()
+
+    def save(self, state: int) -> Saved:
+        return [], []
+
+    def checkpoint(self, state: int, ops: ArrayOps) -> object:
+        return None
+
+    def rollback(self, state: int, token: object) -> None:
+        """Nothing to undo: the generator's state is the stream's."""
+
+    def check(self, state: int, step: int, dim: int) -> None:
+        if state:
+            raise ValueError("independent noise state must not hold buffers")
+
+    def state_floats(self, state: int) -> int:
+        return 0
+
+    def peak_rows(self, horizon: int) -> int:
+        return 0
+
+
+register("independent", "independent noise, C = I, B = A (Liu et al.; the baseline)",
+         build=Independent)

@@ -7,10 +7,16 @@ between mechanisms is only the recurrence that turns the next standard-normal ro
 change the math. So, as in jax_privacy's ``StreamingMatrix(init, next)``, every
 :class:`~flwr_corrnoise.mechanisms.base.Factorization` supplies a :class:`StreamKernel`:
 
-* ``init(ops, dim, levels, rows)`` → a :class:`KernelState` (fresh, or rebuilt from a
-  serialized one);
+* ``init(ops, dim, levels, rows)`` → the kernel's own state (fresh, or rebuilt from the
+  serialized ``levels``/``rows`` that ``save`` wrote);
 * ``next(state, step, draw, ops)`` → the unit-std increment ``e[step]`` as a fresh array,
-  the state advanced in place (in place because at ``d`` ≈ 10⁶ a copy per step is the cost).
+  the state advanced in place (in place because at ``d`` ≈ 10⁶ a copy per step is the cost);
+* ``save``, ``checkpoint``/``rollback``, ``check``, ``state_floats``: what the state is
+  to a stream — what to serialize, how to undo a failed round, how to reject a tampered
+  state, what it costs. A stream never reads the state's fields, so each kernel keeps the
+  state its recurrence needs (:class:`HistoryState` here; the tree's, BLT's and
+  independent noise's live with their mechanisms in ``tree.py``, ``blt.py``,
+  ``independent.py``).
 
 ``ops`` (:class:`ArrayOps`) is the array namespace: allocation, constants, copies. The
 kernels use only Python operators (``+=``, ``*=``, ``@``, slicing) beyond it, which NumPy
@@ -88,69 +94,87 @@ class NumpyOps:
 NUMPY_OPS = NumpyOps()
 
 
-@dataclass
-class KernelState:
-    """A stream's memory of past rows besides its generator and step.
-
-    ``levels``/``rows``: the tree's dyadic cover (levels, largest first, and their node
-    estimates); ``buf``/``count``: the history of ``ξ`` rows (Toeplitz, dense) or the BLT
-    buffers; ``consts``: the mechanism's coefficients already in the stream's namespace
-    (derived, never serialized).
-    """
-
-    levels: list[int] = field(default_factory=list)
-    rows: list[Array] = field(default_factory=list)
-    buf: Array = None
-    count: int = 0
-    consts: dict[str, Array] = field(default_factory=dict)
+#: what a kernel serializes: ``(levels, rows)``, the ``levels`` and ``rows`` entries of
+#: :meth:`flwr_corrnoise.streams.NoiseStream.state_dict` (integers and ``d``-vectors)
+Saved = tuple[list[int], list[Array]]
 
 
 class StreamKernel(ABC):
-    """One mechanism's streaming recurrence for ``e = C⁻¹ξ`` (see the module docstring)."""
+    """One mechanism's streaming recurrence for ``e = C⁻¹ξ`` and the state it keeps.
+
+    The state is the kernel's own object: :class:`~flwr_corrnoise.streams.NoiseStream`
+    holds it and passes it back, and learns everything else through the methods below.
+    """
 
     #: the stream kind recorded in states and shown in docs
     kind: str = ""
-    #: whether ``next`` modifies ``buf`` in place (then a checkpoint must copy it)
-    mutates_buffer: bool = False
-
-    def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> KernelState:
-        """The state at step 0 (``rows`` empty) or rebuilt from serialized ``rows``."""
-        return KernelState(levels=list(levels), rows=list(rows))
 
     @abstractmethod
-    def next(self, state: KernelState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+    def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> Any:
+        """The state at step 0 (``levels`` and ``rows`` empty) or rebuilt from what
+        :meth:`save` wrote."""
+
+    @abstractmethod
+    def next(self, state: Any, step: int, draw: Draw, ops: ArrayOps) -> Array:
         """``e[step]`` at unit std, a fresh array the caller may modify; advances ``state``."""
 
-    def saved_rows(self, state: KernelState) -> list[Array]:
-        """The rows to serialize (whatever ``init`` needs to rebuild the state)."""
-        return list(state.rows)
+    @abstractmethod
+    def save(self, state: Any) -> Saved:
+        """``(levels, rows)``: whatever :meth:`init` needs to rebuild the state."""
 
-    def check(self, state: KernelState, step: int, dim: int) -> None:
-        """Reject a state that does not match its step (corruption, tampering)."""
-        if state.rows:
-            raise ValueError(f"{self.kind} noise state must not hold buffers")
+    @abstractmethod
+    def checkpoint(self, state: Any, ops: ArrayOps) -> object:
+        """A token :meth:`rollback` restores the state from (a round that fails half-way
+        releases nothing, so its steps are undone). Cheap: copy only what ``next``
+        modifies in place."""
 
-    def state_floats(self, state: KernelState) -> int:
+    @abstractmethod
+    def rollback(self, state: Any, token: object) -> None:
+        """Put ``state`` back where it was when ``token`` was taken."""
+
+    @abstractmethod
+    def check(self, state: Any, step: int, dim: int) -> None:
+        """Reject (``ValueError``) a restored state that does not match its step."""
+
+    @abstractmethod
+    def state_floats(self, state: Any) -> int:
         """Rows of ``d`` floats the state holds (its memory, in units of ``d``)."""
-        return len(state.rows) + state.count
+
+    def peak_rows(self, horizon: int) -> int:
+        """The most rows of ``d`` floats the state holds over ``horizon`` steps.
+
+        Why: the benchmarks quote a learner's memory at horizons too long to stream
+        through. This default measures it (a ``d = 1`` run on zeros); kernels with a
+        closed form override it, and a test holds every kernel's answer to the measured
+        one.
+        """
+        state = self.init(NUMPY_OPS, 1, [], [])
+        peak = 0
+        for step in range(horizon):
+            self.next(state, step, lambda: np.zeros(1), NUMPY_OPS)
+            peak = max(peak, self.state_floats(state))
+        return peak
 
 
-class IndependentKernel(StreamKernel):
-    """``e[k] = ξ_k``: no memory at all."""
+@dataclass
+class HistoryState:
+    """Every ``ξ`` row drawn so far: ``buf[:count]`` (``buf`` grows by doubling); ``consts``:
+    the noising coefficients already in the stream's namespace (derived, never saved)."""
 
-    kind = "independent"
-
-    def next(self, state: KernelState, step: int, draw: Draw, ops: ArrayOps) -> Array:
-        return draw()
+    buf: Array
+    count: int
+    consts: dict[str, Array] = field(default_factory=dict)
 
 
 class HistoryKernel(StreamKernel):
     """``e[k] = Σ_{j≤k} M[k, j]·ξ_j`` for a dense lower-triangular noising matrix ``M``:
     every past row is kept (``k·d`` floats).
 
-    Give either ``toeplitz_g`` (``M`` Toeplitz with first column ``g``: row ``k`` is then
-    the contiguous slice ``g(k), …, g(0)`` of one reversed array, no ``N×N`` matrix) or
-    ``matrix`` (a function returning the dense ``M``, called once per stream)."""
+    The shared base of the dense mechanisms (``toeplitz``, ``optimized``) and the default
+    kernel of any square factorization. Give either ``toeplitz_g`` (``M`` Toeplitz with
+    first column ``g``: row ``k`` is then the contiguous slice ``g(k), …, g(0)`` of one
+    reversed array, no ``N×N`` matrix) or ``matrix`` (a function returning the dense
+    ``M``, called once per stream)."""
 
     def __init__(self, kind: str, horizon: int, toeplitz_g: np.ndarray | None = None,
                  matrix: Callable[[], np.ndarray] | None = None) -> None:
@@ -162,9 +186,8 @@ class HistoryKernel(StreamKernel):
                             else np.ascontiguousarray(np.asarray(toeplitz_g)[::-1]))
         self._matrix = matrix
 
-    def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> KernelState:
-        state = KernelState(count=len(rows))
-        state.buf = ops.zeros(len(rows), dim)
+    def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> HistoryState:
+        state = HistoryState(buf=ops.zeros(len(rows), dim), count=len(rows))
         for i, r in enumerate(rows):
             state.buf[i] = r
         if self._g_reversed is not None:
@@ -173,7 +196,7 @@ class HistoryKernel(StreamKernel):
             state.consts["matrix"] = ops.const(self._matrix())  # type: ignore[misc]
         return state
 
-    def next(self, state: KernelState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+    def next(self, state: HistoryState, step: int, draw: Draw, ops: ArrayOps) -> Array:
         if state.count == state.buf.shape[0]:
             # doubling, but never past the horizon: at d ≈ 3·10⁵ (a CNN) the rows are
             # the learner's whole memory, and a buffer of 2N rows would double it
@@ -189,105 +212,22 @@ class HistoryKernel(StreamKernel):
             coef = state.consts["matrix"][step, : step + 1]
         return coef @ state.buf[: state.count]
 
-    def saved_rows(self, state: KernelState) -> list[Array]:
-        return [state.buf[i] for i in range(state.count)]
+    def save(self, state: HistoryState) -> Saved:
+        return [], [state.buf[i] for i in range(state.count)]
 
-    def check(self, state: KernelState, step: int, dim: int) -> None:
+    def checkpoint(self, state: HistoryState, ops: ArrayOps) -> object:
+        # rows below ``count`` are never rewritten: the count alone undoes the steps
+        return state.count
+
+    def rollback(self, state: HistoryState, token: object) -> None:
+        state.count = int(token)  # type: ignore[call-overload]
+
+    def check(self, state: HistoryState, step: int, dim: int) -> None:
         if state.count != step:
             raise ValueError("noise state history does not match its step")
 
+    def state_floats(self, state: HistoryState) -> int:
+        return state.count
 
-class TreeKernel(StreamKernel):
-    """The binary tree's dyadic cover (vanilla or Honaker's efficient estimator).
-
-    Leaf ``step`` completes, then every ancestor whose interval ends there. The efficient
-    tree draws each one's own noise in that order (the node order of
-    ``BinaryTree.matrices()``); the vanilla tree draws only the largest, the one node that
-    enters the dyadic cover (``BinaryTree.drawn_nodes`` says why). State: at most
-    ``⌊log₂N⌋ + 1`` node estimates.
-    """
-
-    kind = "tree"
-
-    def __init__(self, efficient: bool, alpha: np.ndarray) -> None:
-        self.efficient = efficient
-        self.alpha = [float(a) for a in alpha]
-
-    def next(self, state: KernelState, step: int, draw: Draw, ops: ArrayOps) -> Array:
-        est = draw() if self.efficient else None
-        level = 0
-        removed: Array = None
-        while state.levels and state.levels[-1] == level:
-            state.levels.pop()
-            left = state.rows.pop()
-            if removed is None:
-                removed = ops.copy(left)
-            else:
-                removed += left
-            if self.efficient:
-                own = draw()
-                alpha = self.alpha[level + 1]
-                est += left
-                est *= 1.0 - alpha
-                own *= alpha
-                est += own
-            level += 1
-        if est is None:
-            est = draw()
-        state.levels.append(level)
-        state.rows.append(est)
-        # a fresh array: the caller scales it in place, and `est` is kept as state
-        return ops.copy(est) if removed is None else ops.subtract(est, removed, out=removed)
-
-    def check(self, state: KernelState, step: int, dim: int) -> None:
-        expected = [h for h in range(step.bit_length() - 1, -1, -1) if step >> h & 1]
-        if state.levels != expected or len(state.rows) != len(expected):
-            raise ValueError("tree noise state does not match its step")
-
-
-class BLTKernel(StreamKernel):
-    """``C·e = ξ`` for a BLT encoder as a recursion in ``buffers·d`` floats::
-
-        e = ξ − Σ_i ω_i·r_i,    r_i ← θ_i·r_i + e
-    """
-
-    kind = "blt"
-    mutates_buffer = True
-
-    def __init__(self, theta: np.ndarray, omega: np.ndarray) -> None:
-        self.theta = np.asarray(theta, dtype=np.float64)
-        self.omega = np.asarray(omega, dtype=np.float64)
-
-    def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> KernelState:
-        state = KernelState()
-        state.buf = ops.zeros(len(rows) if rows else self.theta.size, dim)
-        for i, r in enumerate(rows):
-            state.buf[i] = r
-        state.count = state.buf.shape[0]
-        state.consts = {"theta": ops.const(self.theta[:, None]), "omega": ops.const(self.omega)}
-        return state
-
-    def next(self, state: KernelState, step: int, draw: Draw, ops: ArrayOps) -> Array:
-        r = state.buf
-        e = draw()
-        theta, omega = state.consts["theta"], state.consts["omega"]
-        dim = r.shape[1]
-        chunk = ops.chunk or dim
-        # in cache-sized column chunks, so the k×d buffers cross memory once per step
-        for lo in range(0, dim, chunk):
-            sl = slice(lo, lo + chunk)
-            part = r[:, sl]
-            ops.sub_matvec(e[sl], omega, part)
-            ops.decay_add(part, theta, e[sl])
-        return e
-
-    def saved_rows(self, state: KernelState) -> list[Array]:
-        return [state.buf[i] for i in range(state.count)]
-
-    def check(self, state: KernelState, step: int, dim: int) -> None:
-        if tuple(state.buf.shape) != (self.theta.size, dim):
-            raise ValueError("BLT noise state does not have one buffer per BLT buffer")
-        finite = state.buf.isfinite().all() if hasattr(state.buf, "isfinite") else (
-            np.all(np.isfinite(state.buf)))
-        if not bool(finite):
-            raise ValueError("BLT noise state holds non-finite values")
+    def peak_rows(self, horizon: int) -> int:
+        return horizon

@@ -15,6 +15,7 @@ import numpy as np
 from scipy.linalg import toeplitz
 
 from .base import Factorization
+from .registry import register
 from .streaming import HistoryKernel, StreamKernel
 
 
@@ -75,3 +76,7 @@ class ToeplitzSqrt(Factorization):
     def _make_stream_kernel(self) -> StreamKernel:
         # e[k] = Σ_j g(k−j)·ξ_j: C⁻¹ is dense, so every past ξ row is kept
         return HistoryKernel("toeplitz", self.n, toeplitz_g=self.g)
+
+
+register("toeplitz", "Toeplitz square root B = C = A^(1/2) (paper 000 Example iii)",
+         build=ToeplitzSqrt)

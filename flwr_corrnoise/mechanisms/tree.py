@@ -21,10 +21,13 @@ noise vector per node in exactly this order, so ``ξ`` row ``w`` always belongs 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from .base import Factorization
-from .streaming import StreamKernel, TreeKernel
+from .registry import register
+from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel
 
 
 def node_list(n: int) -> list[tuple[int, int]]:
@@ -159,3 +162,86 @@ class BinaryTree(Factorization):
 
     def _make_stream_kernel(self) -> StreamKernel:
         return TreeKernel(self.efficient, self.alpha)
+
+
+@dataclass
+class TreeState:
+    """The dyadic cover of the steps so far: its ``levels`` (largest first) and the node
+    estimates ``rows`` (one ``d``-vector each)."""
+
+    levels: list[int] = field(default_factory=list)
+    rows: list[Array] = field(default_factory=list)
+
+
+class TreeKernel(StreamKernel):
+    """The binary tree's dyadic cover (vanilla or Honaker's efficient estimator).
+
+    Leaf ``step`` completes, then every ancestor whose interval ends there. The efficient
+    tree draws each one's own noise in that order (the node order of
+    ``BinaryTree.matrices()``); the vanilla tree draws only the largest, the one node that
+    enters the dyadic cover (``BinaryTree.drawn_nodes`` says why). State: at most
+    ``⌊log₂N⌋ + 1`` node estimates, serialized as ``levels`` and ``rows``.
+    """
+
+    kind = "tree"
+
+    def __init__(self, efficient: bool, alpha: np.ndarray) -> None:
+        self.efficient = efficient
+        self.alpha = [float(a) for a in alpha]
+
+    def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> TreeState:
+        return TreeState(levels=list(levels), rows=list(rows))
+
+    def next(self, state: TreeState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+        est = draw() if self.efficient else None
+        level = 0
+        removed: Array = None
+        while state.levels and state.levels[-1] == level:
+            state.levels.pop()
+            left = state.rows.pop()
+            if removed is None:
+                removed = ops.copy(left)
+            else:
+                removed += left
+            if self.efficient:
+                own = draw()
+                alpha = self.alpha[level + 1]
+                est += left
+                est *= 1.0 - alpha
+                own *= alpha
+                est += own
+            level += 1
+        if est is None:
+            est = draw()
+        state.levels.append(level)
+        state.rows.append(est)
+        # a fresh array: the caller scales it in place, and `est` is kept as state
+        return ops.copy(est) if removed is None else ops.subtract(est, removed, out=removed)
+
+    def save(self, state: TreeState) -> Saved:
+        return list(state.levels), list(state.rows)
+
+    def checkpoint(self, state: TreeState, ops: ArrayOps) -> object:
+        # estimates are replaced, never modified in place: the lists are the whole undo
+        return list(state.levels), list(state.rows)
+
+    def rollback(self, state: TreeState, token: object) -> None:
+        levels, rows = token  # type: ignore[misc]
+        state.levels, state.rows = list(levels), list(rows)
+
+    def check(self, state: TreeState, step: int, dim: int) -> None:
+        if state.levels != cover_levels(step) or len(state.rows) != len(state.levels):
+            raise ValueError("tree noise state does not match its step")
+
+    def state_floats(self, state: TreeState) -> int:
+        return len(state.rows)
+
+    def peak_rows(self, horizon: int) -> int:
+        # the cover after step k − 1 is that of [0, k): popcount(k) nodes
+        return max(bin(k).count("1") for k in range(horizon + 1))
+
+
+register("tree", "binary tree (paper 000 Example i, Fig. 2)",
+         build=lambda n: BinaryTree(n, efficient=False))
+register("efficient-tree", "binary tree with Honaker's efficient estimator",
+         build=lambda n: BinaryTree(n, efficient=True))
