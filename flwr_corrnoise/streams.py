@@ -51,7 +51,8 @@ from __future__ import annotations
 import io
 import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -126,6 +127,37 @@ def _unpack_rng(
 def new_seed() -> int:
     """128 bits of OS entropy: the seed for a deployed learner (never sent anywhere)."""
     return secrets.randbits(KEY_BITS)
+
+
+#: how to restore a stream of another array backend: ``restore(state, device)``, registered
+#: by the backend's own module on import (:mod:`~flwr_corrnoise.torch_streams` registers
+#: ``"torch"``). Why a table and not an import: the core must not import torch, and the
+#: torch stream builds on this module, so the dependency runs one way only.
+_BACKENDS: dict[str, Callable[[dict[str, np.ndarray], Any], NoiseStream]] = {}
+
+
+def register_stream_backend(
+    name: str, restore: Callable[[dict[str, np.ndarray], Any], NoiseStream]
+) -> None:
+    """Make :func:`restore_stream` hand states whose ``backend`` is ``name`` to ``restore``."""
+    if name == "numpy":
+        raise ValueError("'numpy' is the built-in backend")
+    _BACKENDS[name] = restore
+
+
+def restore_stream(state: dict[str, np.ndarray], device: Any = None) -> NoiseStream:
+    """A stream of any registered backend from its :meth:`NoiseStream.state_dict`
+    (``device``: where a device backend puts it; ``None``: the type it was saved on)."""
+    backend = str(state.get("backend", "numpy"))
+    if backend == "numpy":
+        return NoiseStream.from_state_dict(state)
+    restore = _BACKENDS.get(backend)
+    if restore is None:
+        hint = (" (import flwr_corrnoise.torch_streams, which needs the 'torch' extra)"
+                if backend == "torch" else "")
+        raise ValueError(f"this state holds a {backend} noise stream and no {backend} "
+                         f"backend is loaded{hint}")
+    return restore(state, device)
 
 
 class NoiseStream:
@@ -321,19 +353,13 @@ class NoiseStream:
     def from_state_dict(cls, state: dict[str, np.ndarray]) -> NoiseStream:
         """Rebuild a stream from :meth:`state_dict`; validates what it reads."""
         backend = str(state.get("backend", "numpy"))
-        if backend == "torch" and cls is NoiseStream:
-            # a learner state may hold a device stream (flwr_corrnoise.pytorch): restored
-            # on a device of the type it was saved on
-            try:
-                from .torch_streams import TorchNoiseStream
-            except ImportError as err:
-                raise ValueError("this learner state holds a PyTorch noise stream; "
-                                 "restoring it needs the 'torch' extra") from err
-            return TorchNoiseStream.from_state_dict(state)
+        if backend != "numpy" and cls is NoiseStream:
+            # a learner state may hold a device stream: its backend module restores it
+            return restore_stream(state)
         if backend != "numpy":
             raise ValueError(
                 f"this is the state of a {state['backend']} noise stream; restore it with "
-                f"flwr_corrnoise.torch_streams.TorchNoiseStream"
+                f"flwr_corrnoise.streams.restore_stream"
             )
         try:
             kwargs = cls._parse_state(state)

@@ -36,7 +36,13 @@ import torch
 
 from .mechanisms import Factorization
 from .noise_keys import noise_generator
-from .streams import NoiseStream, Shapes, _unpack_rng, normalize_shapes
+from .streams import (
+    NoiseStream,
+    Shapes,
+    _unpack_rng,
+    normalize_shapes,
+    register_stream_backend,
+)
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -202,3 +208,6 @@ class TorchNoiseStream(NoiseStream):
         except (OSError, ValueError, EOFError) as err:
             raise ValueError(f"unreadable noise-stream state: {err}") from err
         return cls.from_state_dict(state, device)
+
+
+register_stream_backend("torch", TorchNoiseStream.from_state_dict)

@@ -175,3 +175,25 @@ def test_corrupt_state_is_rejected() -> None:
 def test_bad_std(bad: float) -> None:
     with pytest.raises(ValueError, match="std"):
         NoiseStream.create("tree", 4, 2, bad, seed=0)
+
+
+def test_other_backends_restore_only_through_their_registered_module() -> None:
+    """The core restores NumPy streams itself and hands other backends to the module that
+    registered them (streams.py imports no backend: no import cycle)."""
+    from flwr_corrnoise.streams import register_stream_backend, restore_stream
+
+    state = NoiseStream.create("blt", 6, 3, 1.0, seed=2).state_dict()
+    assert isinstance(restore_stream(state), NoiseStream)
+    state["backend"] = np.array("quantum")
+    with pytest.raises(ValueError, match="no quantum backend is loaded"):
+        NoiseStream.from_state_dict(state)
+    seen = []
+    register_stream_backend("quantum", lambda st, dev: seen.append(dev) or "restored")
+    try:
+        assert restore_stream(state, device="qpu") == "restored" and seen == ["qpu"]
+    finally:
+        from flwr_corrnoise import streams
+
+        streams._BACKENDS.pop("quantum")
+    with pytest.raises(ValueError, match="built-in"):
+        register_stream_backend("numpy", restore_stream)
