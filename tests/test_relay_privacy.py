@@ -31,6 +31,7 @@ from flwr_corrnoise.flower import session
 from flwr_corrnoise.flower.relay import RelayNode, make_relay_client_app
 from flwr_corrnoise.persistence import (
     COMMITS_FILE,
+    DIAGNOSTICS_FILE,
     LEDGER_FILE,
     LOCK_FILE,
     MARKER_FILE,
@@ -137,7 +138,7 @@ def test_wiped_state_with_its_ledger_is_refused(tmp_path: Path) -> None:
     context = ctx(state_dir=tmp_path)  # a restarted SuperNode, the relay at step 0 again
     reply = APP(step_message(0), context)
     assert reply.has_error() and reply.error.code == 4104 and "ledger" in reply.error.reason
-    assert files(tmp_path) == {LEDGER_FILE, COMMITS_FILE, LOCK_FILE}
+    assert files(tmp_path) == {LEDGER_FILE, COMMITS_FILE, LOCK_FILE, DIAGNOSTICS_FILE}
     assert len(context.state) == 0 and len(StateStore(tmp_path).ledger()) == 2
 
 
@@ -261,3 +262,59 @@ def test_relay_refusals_keep_clear_reasons() -> None:
     dropped = APP(step_message(1, (0,)), context)
     assert dropped.has_error() and dropped.error.code == 4111
     assert "neighbours" in dropped.error.reason
+
+
+# -- the declared data bounds are the node's own privacy settings ------------------------
+@pytest.mark.parametrize("proposal, defaults", [
+    ({"feature-bound": 3.0}, {}),  # a larger bound: larger C and L, a larger ε
+    ({"privacy-feature-bound": 1.5}, {}),
+    ({"clip": 2.0}, {"clip": 1.0}),
+    ({"privacy-clip": 0}, {"clip": 1.0}),  # a clip of 0 is none: the weakest
+])
+def test_a_weaker_bound_in_the_run_config_is_refused(proposal: dict[str, Any],
+                                                     defaults: dict[str, Any]) -> None:
+    """Paper 003's ε is computed from the feature bound and the clip, so on a real node
+    they are its own (app defaults, node config) and a larger run-config value is a refused
+    proposal (4101) — before anything is built, drawn or stored. A smaller one is not
+    weaker: the node answers (with its own settings). (The old node took no notice: its ε
+    stayed right for its own bound, but the server's proposal was never checked.)"""
+    app = make_relay_client_app({**CFG, **defaults})
+    context = ctx(run={"seed": 11, **proposal})
+    reply = app(step_message(0), context)
+    assert reply.has_error() and reply.error.code == 4101
+    name = next(iter(proposal)).removeprefix("privacy-")
+    assert name in reply.error.reason and "weaker" in reply.error.reason
+    assert len(context.state) == 0
+    stronger = {k: 0.5 for k in proposal}
+    assert not app(step_message(0), ctx(run={"seed": 11, **stronger})).has_error()
+
+
+def test_the_accountant_charges_the_bound_the_node_started_with(tmp_path: Path) -> None:
+    """A node started with ``feature-bound = 2`` is refused a larger bound later (4101,
+    nothing written); restarted with a smaller one it goes on, and the ε it reports at the
+    end is the one for ``B = 2`` — the bound its first releases were made under — computed
+    here from eq. (22) with ``C = 2B``, ``L = B²/4 + r``, not the one for the bound now."""
+    from flwr_corrnoise.decentralized.chen_wang import StepSizes
+    from flwr_corrnoise.decentralized.chen_wang_privacy import TIGHT, chen_wang_epsilon
+
+    state_dir = tmp_path / "node1"
+    run_steps(APP, ctx(state_dir=state_dir, **{"feature-bound": 2.0}), range(2))
+    ledger = len(StateStore(state_dir).ledger())
+    larger = APP(step_message(2, (0, 2)), ctx(state_dir=state_dir, **{"feature-bound": 3.0}))
+    assert larger.has_error() and larger.error.code == 4101
+    assert "feature-bound" in larger.error.reason and "weaker" in larger.error.reason
+    assert len(StateStore(state_dir).ledger()) == ledger
+    smaller = ctx(state_dir=state_dir, **{"feature-bound": 1.0})
+    run_steps(APP, smaller, range(2, STEPS))
+    final = APP(step_message(STEPS, (0, 2)), smaller)
+    assert not final.has_error()
+    reported = final.content["metrics"][f"epsilon {TIGHT}"]
+
+    def eps(bound: float) -> float:
+        reg, w_self = 1e-3, 0.6  # synthetic-logreg's r; ring W = 0.3·(A − D): |w_ii| = 0.6
+        return float(chen_wang_epsilon(
+            STEPS, StepSizes(), w_self=w_self, L=bound**2 / 4 + reg, C=2 * bound, dim=CFG["dim"],
+            noise_scale=CFG["noise-scale"], exponent=0.1 + 0.01 * 2)[-1])
+
+    assert reported == pytest.approx(eps(2.0), rel=1e-12)
+    assert eps(1.0) < 0.9 * eps(2.0)

@@ -26,13 +26,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from flwr_corrnoise.decentralized.chen_wang import project_ball
+from flwr_corrnoise.decentralized.chen_wang import count_zeroed, no_clip_is_inf, project_ball
 from flwr_corrnoise.decentralized.chen_wang_privacy import (
+    BOUND_FIELDS,
     PER_DATUM,
     PER_STEP,
     baseline_epsilon_per_datum,
     baseline_epsilon_per_step,
-    gradient_constants,
+    enforced_bounds,
+    node_constants,
+    record_bounds,
 )
 from flwr_corrnoise.decentralized.graphs import Graph, laplacian_weights
 from flwr_corrnoise.decentralized.laplace import ScaleSchedule
@@ -44,7 +47,7 @@ from flwr_corrnoise.decentralized.protocol import (
     node_seeds,
     register,
 )
-from flwr_corrnoise.decentralized.tasks import Task
+from flwr_corrnoise.decentralized.tasks import Task, data_gradient
 
 __all__ = ["DOLA", "DSGD", "PDOP", "MixingBaseline"]
 
@@ -60,7 +63,10 @@ class MixingBaseline(NodeAlgorithm):
 
     mixes_own_state: ClassVar[bool] = False
     noise_kind: ClassVar[str] = "power"
-    privacy_fields: ClassVar[dict[str, int]] = {"noise-scale": +1, "noise-rate": +1}
+    #: the noise, and the declared data bounds the accountants read (paper 003's)
+    privacy_fields: ClassVar[dict[str, int]] = {"noise-scale": +1, "noise-rate": +1,
+                                                **BOUND_FIELDS}
+    bound_fields: ClassVar[frozenset[str]] = frozenset(BOUND_FIELDS)
 
     def __init__(self, graph: Graph, task: Task, *, step0: float, step_rate: float,
                  step_kind: str = "power", W: np.ndarray | None = None, radius: float = 1e5,
@@ -114,7 +120,11 @@ class MixingBaseline(NodeAlgorithm):
     def default_privacy(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
         b0, r0, dr = self.default_noise
         nodes = np.asarray(nodes, dtype=float)
-        return {"noise-scale": np.full(nodes.size, b0), "noise-rate": r0 + dr * (nodes + 1)}
+        return {"noise-scale": np.full(nodes.size, b0), "noise-rate": r0 + dr * (nodes + 1),
+                **enforced_bounds(self, nodes.size)}
+
+    def privacy_value(self, name: str, raw: Any) -> float:
+        return no_clip_is_inf(name, raw)
 
     def init(self, nodes: np.ndarray, run_seed: int,
              privacy: Mapping[str, np.ndarray]) -> State:
@@ -131,6 +141,8 @@ class MixingBaseline(NodeAlgorithm):
             "noise": np.zeros((nodes.size, self.dim)),
             "privacy_noise-scale": scale.copy(),
             "privacy_noise-rate": rate.copy(),
+            **record_bounds(self, privacy, nodes.size),
+            "zeroed-data": np.zeros(nodes.size, dtype=np.int64),
         }
 
     def noise_scale(self, state: State) -> np.ndarray:
@@ -158,29 +170,33 @@ class MixingBaseline(NodeAlgorithm):
             mixed = a_self * (theta + state["noise"]) + neigh
             point = mixed
         X, y = self.task.batch(nodes, t)
-        g = self.task.grad(point, X, y, self.clip)
+        g, zeroed = data_gradient(self.task, point, X, y, self.clip)  # bad datum: zero
         new = mixed - self.step_size(t) * g
         if not np.all(np.isfinite(new)):
             raise FloatingPointError(f"non-finite parameters at step {t}")
-        return dict(state, theta=project_ball(new, self.radius), step=state["step"] + 1)
+        return dict(state, theta=project_ball(new, self.radius), step=state["step"] + 1,
+                    **count_zeroed(state, zeroed))
 
     def decision(self, state: State) -> np.ndarray:
         return state["theta"]
 
-    def contraction(self, node: int, T: int) -> np.ndarray:
-        """Own-state propagation factor per step (0 when only released values are mixed)."""
+    def contraction(self, node: int, T: int, L: float | None = None) -> np.ndarray:
+        """Own-state propagation factor per step (0 when only released values are mixed);
+        ``L`` the smoothness to use (the task's declared one by default)."""
         if not self.mixes_own_state:
             return np.zeros(T)
-        _, L = gradient_constants(self)
+        if L is None:
+            L = node_constants(self, {}, 0)[1]
         return self.A[node, node] + L * np.asarray(self.step_size(np.arange(T)))
 
     def epsilon(self, state: State, steps: int) -> dict[str, np.ndarray]:
-        """Both accountings per node (see :mod:`.chen_wang_privacy`)."""
-        C, _ = gradient_constants(self)
+        """Both accountings per node (see :mod:`.chen_wang_privacy`), from the larger of the
+        bounds the node's state records and those enforced now."""
         out: dict[str, list[float]] = {PER_STEP: [], PER_DATUM: []}
         t = np.arange(steps)
         lam = np.asarray(self.step_size(t), dtype=float).reshape(steps)
         for k, node in enumerate(state["node"]):
+            C, L = node_constants(self, state, k)
             sched = self.schedule(float(state["privacy_noise-scale"][k]),
                                   float(state["privacy_noise-rate"][k]))
             if steps == 0:
@@ -190,7 +206,7 @@ class MixingBaseline(NodeAlgorithm):
             scales = np.asarray(sched.scale(t), dtype=float).reshape(steps)
             out[PER_STEP].append(float(baseline_epsilon_per_step(lam, scales, C, self.dim)[-1]))
             out[PER_DATUM].append(baseline_epsilon_per_datum(
-                lam, self.contraction(int(node), steps), scales, C, self.dim))
+                lam, self.contraction(int(node), steps, L), scales, C, self.dim))
         return {k: np.asarray(v) for k, v in out.items()}
 
 

@@ -26,6 +26,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from flwr_corrnoise.decentralized.chen_wang_privacy import (
+    BOUND_FIELDS,
+    enforced_bounds,
+    record_bounds,
+)
 from flwr_corrnoise.decentralized.graphs import Graph, eigenvalues, laplacian_weights
 from flwr_corrnoise.decentralized.protocol import (
     Inbox,
@@ -35,9 +40,26 @@ from flwr_corrnoise.decentralized.protocol import (
     node_seeds,
     register,
 )
-from flwr_corrnoise.decentralized.tasks import Task
+from flwr_corrnoise.decentralized.tasks import Task, data_gradient
 
-__all__ = ["ChenWang", "StepSizes", "project_ball"]
+__all__ = ["ChenWang", "StepSizes", "count_zeroed", "no_clip_is_inf", "project_ball"]
+
+
+def no_clip_is_inf(name: str, raw: Any) -> float:
+    """A privacy setting's value from a config: a ``clip`` of ``None``/``""``/``0`` is no
+    clip (``from_config``'s reading), ``inf`` — the weakest, so a proposal to turn it off
+    is refused like any larger bound."""
+    if name == "clip" and raw in (None, "", 0, 0.0):
+        return math.inf
+    return float(raw)
+
+
+def count_zeroed(state: State, zeroed: np.ndarray) -> dict[str, np.ndarray]:
+    """The state's running count of samples whose gradient counted as zero (local
+    diagnostics: the state never leaves the node; a state from before the count starts
+    at 0)."""
+    before = state.get("zeroed-data", np.zeros(len(zeroed), dtype=np.int64))
+    return {"zeroed-data": before + np.asarray(zeroed, dtype=np.int64)}
 
 
 def project_ball(theta: np.ndarray, radius: float) -> np.ndarray:
@@ -126,8 +148,11 @@ class ChenWang(NodeAlgorithm):
 
     name = "chen-wang"
     local_dp = True
-    #: ϱ₀ and ς, the node's own: larger = more noise
-    privacy_fields: ClassVar[dict[str, int]] = {"noise-scale": +1, "noise-exponent": +1}
+    #: ϱ₀ and ς, the node's own: larger = more noise; and the declared data bounds its ε
+    #: is computed from (feature bound, clip), also its own: smaller = more private
+    privacy_fields: ClassVar[dict[str, int]] = {"noise-scale": +1, "noise-exponent": +1,
+                                                **BOUND_FIELDS}
+    bound_fields: ClassVar[frozenset[str]] = frozenset(BOUND_FIELDS)
 
     def __init__(self, graph: Graph, task: Task, steps: StepSizes, *,
                  W: np.ndarray | None = None, radius: float = 1e5, clip: float | None = None,
@@ -171,7 +196,11 @@ class ChenWang(NodeAlgorithm):
         """003's heterogeneous setting: node ``i`` (0-based) gets ``ς = ς₀ + step·(i+1)``."""
         b0, s0, ds = self.default_noise
         nodes = np.asarray(nodes, dtype=float)
-        return {"noise-scale": np.full(nodes.size, b0), "noise-exponent": s0 + ds * (nodes + 1)}
+        return {"noise-scale": np.full(nodes.size, b0), "noise-exponent": s0 + ds * (nodes + 1),
+                **enforced_bounds(self, nodes.size)}
+
+    def privacy_value(self, name: str, raw: Any) -> float:
+        return no_clip_is_inf(name, raw)
 
     # -- the protocol ---------------------------------------------------------------------
     def init(self, nodes: np.ndarray, run_seed: int,
@@ -195,6 +224,8 @@ class ChenWang(NodeAlgorithm):
             "noise": np.zeros((nodes.size, self.dim)),
             "privacy_noise-scale": scale.copy(),
             "privacy_noise-exponent": expo.copy(),
+            **record_bounds(self, privacy, nodes.size),
+            "zeroed-data": np.zeros(nodes.size, dtype=np.int64),
         }
 
     def noise_scale(self, state: State) -> np.ndarray:
@@ -213,7 +244,7 @@ class ChenWang(NodeAlgorithm):
             raise ValueError("nodes in one batch must be at the same step")
         theta, nodes = state["theta"], state["node"]
         X, y = self.task.history(nodes, t)
-        d = self.task.grad(theta, X, y, self.clip)
+        d, zeroed = data_gradient(self.task, theta, X, y, self.clip)  # bad datum: zero
         w = inbox.weights(self.W)
         wsum = np.zeros(theta.shape[0])
         for s in range(w.shape[1]):
@@ -222,7 +253,8 @@ class ChenWang(NodeAlgorithm):
         new_theta = theta + self.steps.gamma(t) * consensus - self.steps.lam(t) * d
         if not np.all(np.isfinite(new_theta)):
             raise FloatingPointError(f"non-finite parameters at step {t}")
-        return dict(state, theta=project_ball(new_theta, self.radius), step=state["step"] + 1)
+        return dict(state, theta=project_ball(new_theta, self.radius), step=state["step"] + 1,
+                    **count_zeroed(state, zeroed))
 
     def decision(self, state: State) -> np.ndarray:
         return state["theta"]

@@ -36,6 +36,13 @@ bound ``B``, which the task enforces by projecting every row onto ``{‖a‖ ≤
 ``L = B²/4 + r``. A maximum over the data at hand would under-bound a neighbour whose replaced
 row is larger, and would make the reported ε itself a function of the data.
 
+The bound and the clip are the **node's own settings**, like its noise (:data:`BOUND_FIELDS`,
+``privacy_fields`` of paper 003's algorithms): its state records them at its first step, a
+run-config value larger than its own is a refused proposal, and later settings may only be
+smaller. The accountant charges the larger of what the state records and what the algorithm
+enforces now (:func:`node_constants`), so a node restarted with a smaller bound is never
+charged less than it spent under the first.
+
 Baselines, two accountants each (labelled):
 
 * ``per-step summation`` — what the baselines' papers (and 003's Fig. 1(c)) do: every release
@@ -50,7 +57,8 @@ Baselines, two accountants each (labelled):
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,6 +68,7 @@ if TYPE_CHECKING:
     from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes
 
 __all__ = [
+    "BOUND_FIELDS",
     "CONTRACTIVE",
     "PER_DATUM",
     "PER_STEP",
@@ -71,7 +80,10 @@ __all__ = [
     "chen_wang_epsilons",
     "contractive_sensitivity",
     "cumulative_epsilon",
+    "enforced_bounds",
+    "node_constants",
     "noise_scale_for_epsilon",
+    "record_bounds",
     "thm5_sensitivity",
     "tight_sensitivity",
 ]
@@ -81,6 +93,11 @@ THM5 = "Theorem 5(i)"
 CONTRACTIVE = "contractive (convex, unclipped)"
 PER_STEP = "per-step summation (papers)"
 PER_DATUM = "per-datum (rigorous)"
+
+#: the declared data bounds that enter paper 003's ε, as privacy fields: the task's feature
+#: bound ``B`` (config ``feature-bound``) and the per-sample clip (``clip``; ``inf`` when off)
+#: — for both a *smaller* value is more private
+BOUND_FIELDS: dict[str, int] = {"feature-bound": -1, "clip": -1}
 
 
 def _check(T: int, C: float, L: float, dim: int) -> None:
@@ -187,15 +204,15 @@ def noise_scale_for_epsilon(epsilon: float, T: int, steps: StepSizes, *, w_self:
 def chen_wang_epsilons(algo: ChenWang, state: State, steps: int) -> dict[str, np.ndarray]:
     """ε per node (every applicable accountant) for the nodes in ``state`` after ``steps``
     releases; the contractive one only for an unclipped, convex task (``task.convex``)."""
-    C, L = gradient_constants(algo)
     w_diag = np.abs(np.diag(algo.W))
     w_bar = float(w_diag.min())
     accountants = [TIGHT, THM5]
     mu = float(getattr(algo.task, "strong_convexity", 0.0))
-    if algo.clip is None and getattr(algo.task, "convex", False):
+    if not clipped(algo, state) and getattr(algo.task, "convex", False):
         accountants.append(CONTRACTIVE)
     out: dict[str, list[float]] = {acc: [] for acc in accountants}
     for k, node in enumerate(state["node"]):
+        C, L = node_constants(algo, state, k)
         b0 = float(state["privacy_noise-scale"][k])
         s = float(state["privacy_noise-exponent"][k])
         for acc in accountants:
@@ -212,9 +229,13 @@ def chen_wang_epsilons(algo: ChenWang, state: State, steps: int) -> dict[str, np
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-def gradient_constants(algo: object) -> tuple[float, float]:
+def gradient_constants(algo: object, feature_bound: float | None = None,
+                       clip: float | None = None) -> tuple[float, float]:
     """``(C, L)`` from declared settings only: ``C = 2·min(clip, G)`` (``2G`` unclipped),
-    ``G`` the task's declared per-sample gradient bound, ``L`` its declared smoothness.
+    ``G`` the task's declared per-sample gradient bound, ``L`` its declared smoothness —
+    for the task's feature bound, or ``feature_bound`` where the task can say what its
+    constants are for another one (``declared_constants``), and the algorithm's clip, or
+    ``clip`` (``inf``: none).
 
     Why ``min``: the task's projection already bounds each data-term gradient by ``G``, and a
     clip can only shrink it further; either way two samples differ by at most ``2·min``.
@@ -225,10 +246,62 @@ def gradient_constants(algo: object) -> tuple[float, float]:
     if G is None or L is None:
         raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r} declares no "
                          "gradient_bound/smoothness: paper 003's accountants need both")
-    clip = getattr(algo, "clip", None)
+    if feature_bound is not None and hasattr(task, "declared_constants"):
+        G, L = task.declared_constants(feature_bound)
+    if clip is None:
+        clip = getattr(algo, "clip", None)
     G = float(G)
     C = 2.0 * (min(float(clip), G) if clip is not None else G)
     return C, float(L)
+
+
+def enforced_bounds(algo: object, size: int) -> dict[str, np.ndarray]:
+    """What the algorithm enforces now, per node: the task's feature bound (``inf`` for a
+    task that declares none) and the clip (``inf`` when off)."""
+    bound = getattr(algo.task, "feature_bound", None)  # type: ignore[attr-defined]
+    clip = getattr(algo, "clip", None)
+    return {"feature-bound": np.full(size, math.inf if bound is None else float(bound)),
+            "clip": np.full(size, math.inf if clip is None else float(clip))}
+
+
+def record_bounds(algo: object, privacy: Mapping[str, Any], size: int
+                  ) -> dict[str, np.ndarray]:
+    """The bounds a node's new state records: the given ones (its own settings), else what
+    the algorithm enforces. A record below what is enforced is refused: the accountant
+    would then charge less than is spent."""
+    enforced = enforced_bounds(algo, size)
+    out = {}
+    for name, now in enforced.items():
+        raw = privacy.get(name)
+        rec = now.copy() if raw is None else np.asarray(raw, dtype=float).reshape(size).copy()
+        if np.any(np.isnan(rec)) or np.any(rec <= 0):
+            raise ValueError(f"{name} must be > 0, got {rec}")
+        if np.any(rec < now * (1 - 1e-12)):
+            raise ValueError(f"{name} {rec.min():g} is below the {now[0]:g} this algorithm "
+                             "enforces: its ε would be under-reported")
+        out[f"privacy_{name}"] = rec
+    return out
+
+
+def node_constants(algo: object, state: State, k: int) -> tuple[float, float]:
+    """``(C, L)`` for the node at position ``k`` of ``state``: the larger of the bound and
+    clip its state records (those it started with) and those enforced now. (A state
+    written before the bounds were recorded gets the enforced ones.)"""
+    now = enforced_bounds(algo, 1)
+    bound, clip = float(now["feature-bound"][0]), float(now["clip"][0])
+    if "privacy_feature-bound" in state:
+        bound = max(bound, float(state["privacy_feature-bound"][k]))
+    if "privacy_clip" in state:
+        clip = max(clip, float(state["privacy_clip"][k]))
+    return gradient_constants(algo, None if math.isinf(bound) else bound,
+                              None if math.isinf(clip) else clip)
+
+
+def clipped(algo: object, state: State) -> bool:
+    """Whether any node of ``state`` clips now or did when it started."""
+    recorded = state.get("privacy_clip")
+    return getattr(algo, "clip", None) is not None or (
+        recorded is not None and bool(np.any(np.isfinite(recorded))))
 
 
 # -- baselines ---------------------------------------------------------------------------

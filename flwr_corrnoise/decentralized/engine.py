@@ -79,6 +79,8 @@ def run(
         k: np.asarray(v, dtype=float) for k, v in privacy.items()
     }
     for name in algorithm.privacy_fields:
+        if name not in priv and name in algorithm.bound_fields:
+            continue  # a declared bound: init records the one the algorithm enforces
         if name not in priv or np.shape(priv[name]) != (graph.num_nodes,):
             raise ValueError(f"privacy setting {name!r} needs one value per node")
     state = algorithm.init(nodes, run_seed, priv)

@@ -11,6 +11,13 @@ together and split evenly over the ``n`` learners (letter: ``10n`` copies, so ea
 (``[n, T]``), never the copies. :meth:`network_loss` evaluates every learner's decision on all
 learners' examples of a round — the ``Σ_j f_{t,j}(X_i(t))`` inside 004's average loss
 ``AL(t, i)``.
+
+A malformed example — a row of the wrong length, a non-finite value, a label that is not an
+integer in ``0..q−1`` — is kept in the stream and its gradient counts as zero
+(:mod:`.tasks`' datum rule): refusing the data set, or an ``IndexError`` on a label, would be a
+reply that depends on one datum. ``q`` and ``p`` should therefore be declared
+(``num_classes``, ``features``; config ``classes``): read off the data, one label or row could
+change the model's size.
 """
 
 from __future__ import annotations
@@ -20,7 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from flwr_corrnoise.decentralized.tasks import Task, register_task
+from flwr_corrnoise.decentralized.tasks import (
+    Task,
+    clean_rows,
+    register_task,
+    row_norms,
+    usable_samples,
+    zero_unusable,
+)
 
 __all__ = ["MulticlassTask", "synthetic_multiclass"]
 
@@ -28,21 +42,25 @@ __all__ = ["MulticlassTask", "synthetic_multiclass"]
 class MulticlassTask(Task):
     """Multiclass logistic loss on per-learner streams of single examples."""
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, num_nodes: int, *, copies: int = 1,
+    def __init__(self, X: Any, y: Any, num_nodes: int, *, copies: int = 1,
                  horizon: int | None = None, seed: int = 0, num_classes: int | None = None,
-                 name: str = "multiclass") -> None:
-        X = np.asarray(X, dtype=float)
-        y = np.asarray(y)
-        if X.ndim != 2 or y.shape != (X.shape[0],) or X.shape[0] == 0:
-            raise ValueError("need X [m, p] and labels y [m]")
-        if not np.all(np.isfinite(X)):
-            raise ValueError("features must be finite")
-        if not np.all(y == np.round(y)) or y.min() < 0:
-            raise ValueError("labels must be integers 0..q−1")
-        self.X, self.y = X, y.astype(np.int64)
-        self.q = int(num_classes if num_classes is not None else self.y.max() + 1)
-        if self.y.max() >= self.q:
-            raise ValueError(f"a label ≥ the number of classes {self.q}")
+                 features: int | None = None, name: str = "multiclass") -> None:
+        if num_classes is None:  # inferred from the integer labels (better: declare it)
+            try:
+                raw = np.asarray(y, dtype=float).ravel()
+            except (TypeError, ValueError):
+                raw = np.asarray([_label(v) for v in np.asarray(y, dtype=object).ravel()])
+            whole = raw[np.isfinite(raw) & (raw == np.round(raw)) & (raw >= 0)]
+            if whole.size == 0:
+                raise ValueError("labels must be integers 0..q−1")
+            num_classes = int(whole.max()) + 1
+        self.q = int(num_classes)
+        if self.q < 1:
+            raise ValueError(f"need ≥ 1 class, got {self.q}")
+        X, yf, malformed = clean_rows(X, y, self.label_ok, features, mark=-1.0)
+        #: how many examples are malformed (local diagnostics, never sent)
+        self.malformed = malformed
+        self.X, self.y = X, yf.astype(np.int64)
         self.p = X.shape[1]
         self.shape = (self.q, self.p)
         self.dim = self.q * self.p
@@ -59,6 +77,10 @@ class MulticlassTask(Task):
         rng = np.random.default_rng([int(seed), 0x1E77E2])
         order = rng.permutation(np.tile(np.arange(X.shape[0], dtype=np.int32), copies))
         self.indices = order[: per_node * num_nodes].reshape(num_nodes, per_node)[:, :T]
+
+    def label_ok(self, y: np.ndarray) -> np.ndarray:
+        """Labels an example may have: integers ``0..q−1``."""
+        return (y == np.round(y)) & (y >= 0) & (y < self.q)
 
     def _check_t(self, t: int) -> None:
         if not 0 <= t < self.horizon:
@@ -79,25 +101,39 @@ class MulticlassTask(Task):
         return np.einsum("kqp,kmp->kmq", W, X)
 
     def loss(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        s = self._scores(theta, X)
-        top = s.max(axis=2, keepdims=True)
-        lse = top[..., 0] + np.log(np.exp(s - top).sum(axis=2))
-        own = np.take_along_axis(s, np.asarray(y, dtype=np.int64)[..., None], axis=2)[..., 0]
-        return (lse - own).mean(axis=1)
+        """Mean loss per learner; a malformed example's loss counts as zero."""
+        X, yy, ok, _ = usable_samples(X, y, self.label_ok)
+        with np.errstate(all="ignore"):
+            s = self._scores(theta, X)
+            top = s.max(axis=2, keepdims=True)
+            lse = top[..., 0] + np.log(np.exp(s - top).sum(axis=2))
+            own = np.take_along_axis(s, yy.astype(np.int64)[..., None], axis=2)[..., 0]
+        data, _ = zero_unusable(lse - own, ok)
+        return data.mean(axis=1)
 
     def grad(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray,
              clip: float | None = None) -> np.ndarray:
         """Mean over the batch of per-example gradients, each clipped to Frobenius ``clip``."""
-        s = self._scores(theta, X)
-        s = s - s.max(axis=2, keepdims=True)
-        prob = np.exp(s)
-        prob /= prob.sum(axis=2, keepdims=True)
-        k, m = prob.shape[:2]
-        prob[np.arange(k)[:, None], np.arange(m)[None, :], np.asarray(y, dtype=np.int64)] -= 1.0
-        if clip is not None:
-            norms = np.linalg.norm(prob, axis=2) * np.linalg.norm(X, axis=2)
-            prob = prob * np.minimum(1.0, clip / np.maximum(norms, 1e-300))[..., None]
-        return np.einsum("kmq,kmp->kqp", prob, X).reshape(k, self.dim) / m
+        return self.grad_counted(theta, X, y, clip)[0]
+
+    def grad_counted(self, theta: np.ndarray, X: np.ndarray, y: np.ndarray,
+                     clip: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        X, yy, ok, xnorms = usable_samples(X, y, self.label_ok)  # malformed: zero gradient
+        with np.errstate(all="ignore"):
+            s = self._scores(theta, X)
+            s = s - s.max(axis=2, keepdims=True)
+            prob = np.exp(s)
+            prob /= prob.sum(axis=2, keepdims=True)
+            k, m = prob.shape[:2]
+            prob[np.arange(k)[:, None], np.arange(m)[None, :], yy.astype(np.int64)] -= 1.0
+            if clip is not None:
+                norms = row_norms(prob)[..., 0] * xnorms[..., 0]
+                prob = prob * np.minimum(1.0, clip / np.maximum(norms, 1e-300))[..., None]
+        # a huge example can overflow its scores: that example's gradient is not computable
+        prob, zeroed = zero_unusable(prob, ok)
+        with np.errstate(all="ignore"):
+            g = np.einsum("kmq,kmp->kqp", prob, X).reshape(k, self.dim) / m
+        return g, zeroed
 
     def network_loss(self, theta: np.ndarray, t: int) -> np.ndarray:
         """``Σ_j f_{t,j}(X_k)/n`` for each row ``X_k`` of ``theta``: a decision's mean loss on
@@ -110,13 +146,21 @@ class MulticlassTask(Task):
         top = s.max(axis=2, keepdims=True)
         lse = top[..., 0] + np.log(np.exp(s - top).sum(axis=2))
         own = s[:, np.arange(len(lab)), lab]
-        return (lse - own).mean(axis=1)
+        return np.where(lab[None, :] >= 0, lse - own, 0.0).mean(axis=1)  # malformed: 0
 
     def accuracy(self, theta: np.ndarray) -> np.ndarray:
         """Accuracy of each decision on the whole (un-copied) data set."""
         W = np.asarray(theta, dtype=float).reshape(-1, self.q, self.p)
-        pred = np.einsum("kqp,mp->kmq", W, self.X).argmax(axis=2)
-        return (pred == self.y[None, :]).mean(axis=1)
+        keep = self.y >= 0  # malformed examples left out
+        pred = np.einsum("kqp,mp->kmq", W, self.X[keep]).argmax(axis=2)
+        return (pred == self.y[None, keep]).mean(axis=1)
+
+
+def _label(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def synthetic_multiclass(rows: int = 600, features: int = 4, classes: int = 3, seed: int = 0
@@ -134,9 +178,12 @@ def _task_from(X: np.ndarray, y: np.ndarray, cfg: Mapping[str, Any], name: str,
     n = int(cfg.get("num-nodes", 9))
     copies = int(cfg.get("copies", default_copies))
     horizon = cfg.get("horizon")
+    classes = cfg.get("classes")
     return MulticlassTask(X, y, n, copies=copies,
                           horizon=None if horizon in (None, "") else int(horizon),
-                          seed=int(cfg.get("data-seed", 0)), name=name)
+                          seed=int(cfg.get("data-seed", 0)),
+                          num_classes=None if classes in (None, "") else int(classes),
+                          name=name)
 
 
 @register_task("synthetic-multiclass")
@@ -146,7 +193,8 @@ def _synthetic(cfg: Mapping[str, Any]) -> Task:
     n = int(cfg.get("num-nodes", 9))
     T = int(cfg.get("horizon", 100))
     copies = max(1, -(-T * n // X.shape[0]))
-    return _task_from(X, y, dict(cfg, copies=copies), "synthetic-multiclass", copies)
+    return _task_from(X, y, dict(cfg, copies=copies, classes=int(cfg.get("classes", 3))),
+                      "synthetic-multiclass", copies)
 
 
 @register_task("letter")

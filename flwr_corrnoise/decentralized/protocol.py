@@ -236,6 +236,12 @@ class NodeAlgorithm(ABC):
     local_dp: ClassVar[bool] = True
     #: privacy settings a node owns: name → +1 (larger is more private) or −1
     privacy_fields: ClassVar[dict[str, int]] = {}
+    #: those of :attr:`privacy_fields` that are **declared data bounds** the accountant reads
+    #: and the algorithm enforces (paper 003's ``feature-bound`` and ``clip``): a node owns
+    #: them like its noise (its own config; a run-config value is a proposal, refused if
+    #: larger), its state records them, their default is what the algorithm enforces, they
+    #: may be ``inf`` (no clip), and ``init`` fills them in when a caller gives none
+    bound_fields: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, graph: Graph, dim: int) -> None:
         self.graph = graph
@@ -267,8 +273,11 @@ class NodeAlgorithm(ABC):
         return {}
 
     def privacy_of(self, state: State) -> dict[str, np.ndarray]:
-        """The privacy settings recorded in the state (one value per node)."""
-        return {name: state[f"privacy_{name}"].copy() for name in self.privacy_fields}
+        """The privacy settings recorded in the state (one value per node). A declared bound
+        that a state written before bounds were recorded lacks is left out (the accountant
+        then charges the enforced one)."""
+        return {name: state[f"privacy_{name}"].copy() for name in self.privacy_fields
+                if name not in self.bound_fields or f"privacy_{name}" in state}
 
     def default_privacy(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
         """Privacy settings used when a node has none of its own (simulations)."""
@@ -283,10 +292,17 @@ class NodeAlgorithm(ABC):
         out = {}
         for name in self.privacy_fields:
             raw = cfg.get(name)
-            out[name] = base[name] if raw is None else np.array([float(raw)])
-            if not np.all(np.isfinite(out[name])):
+            out[name] = base[name] if raw is None else np.array([self.privacy_value(name, raw)])
+            finite = np.isfinite(out[name]) | ((out[name] == np.inf) & (name in self.bound_fields))
+            if not np.all(finite):
                 raise PrivacyProposalError(f"node {node}: privacy setting {name} is not finite")
         return out
+
+    def privacy_value(self, name: str, raw: Any) -> float:
+        """A privacy setting's value as a config (or a proposal) writes it: a number, and
+        for a bound that can be off (a clip of ``0``/``""``: none) ``inf`` — so that a
+        proposal to turn it off compares as the weakest value, not the strongest."""
+        return float(raw)
 
 
 #: registry of node algorithms by name; a builder takes (graph, task, config mapping)

@@ -51,6 +51,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from flwr_corrnoise.decentralized import wang_privacy as wp
+from flwr_corrnoise.decentralized.chen_wang import count_zeroed
 from flwr_corrnoise.decentralized.gossip import (
     block_length,
     gossip_step,
@@ -67,7 +68,7 @@ from flwr_corrnoise.decentralized.protocol import (
     register,
 )
 from flwr_corrnoise.decentralized.sets import ConstraintSet, L2Ball, make_set
-from flwr_corrnoise.decentralized.tasks import Task
+from flwr_corrnoise.decentralized.tasks import Task, data_gradient
 from flwr_corrnoise.decentralized.tree_laplace import tree_init, tree_insert
 
 __all__ = ["PDFTGL", "PDOCG", "PDOGD", "conditional_gradient", "proximal_argmin"]
@@ -106,7 +107,15 @@ def _constraint_set(task: Task, cfg: Mapping[str, Any]) -> ConstraintSet:
 
 
 class _Wang(NodeAlgorithm):
-    """Shared machinery: mixing matrix, θ, the task, the set, the learner's own ε."""
+    """Shared machinery: mixing matrix, θ, the task, the set, the learner's own ε.
+
+    No declared data bound is a privacy field here (contrast paper 003's ``feature-bound``
+    and ``clip``): the learner's own setting is its ε, and the Laplace scale is *calibrated*
+    from it with ``G = C`` (and ``α``, ``R``, ``T``), while every per-example gradient is
+    clipped to ``C`` — a malformed example counts as zero
+    (:func:`~flwr_corrnoise.decentralized.tasks.data_gradient`) — so any ``C`` gives the
+    same ε: a larger clip buys a larger scale, not a weaker guarantee.
+    """
 
     privacy_fields: ClassVar[dict[str, int]] = {"epsilon": -1}
 
@@ -237,6 +246,7 @@ class _Blocked(_Wang):
             "gcur": zeros.copy(),
             "gprev": zeros.copy(),
             "zhat": zeros.copy(),
+            "zeroed-data": np.zeros(k, dtype=np.int64),
         }
         state.update(tree_init(k, self.leaves, self.dim))
         return state
@@ -256,7 +266,8 @@ class _Blocked(_Wang):
         nodes, x = state["node"], state["x"]
         new = dict(state)
         X, y = self.task.batch(nodes, t)
-        g = self.task.grad(x, X, y, self.C)
+        g, zeroed = data_gradient(self.task, x, X, y, self.C)  # a bad example: zero
+        new.update(count_zeroed(state, zeroed))
         new["played"] = x.copy()
         new["dsum"] = state["dsum"] + (g - self.alpha * x)
         if self._gossiping(t):
@@ -405,7 +416,7 @@ class PDOGD(_Wang):
         return {"node": nodes.copy(), "step": np.zeros(k, dtype=np.int64),
                 "rng": node_seeds(run_seed, nodes), "privacy_epsilon": eps.copy(),
                 "w": zeros.copy(), "noise": zeros.copy(), "x": zeros.copy(),
-                "played": zeros.copy()}
+                "played": zeros.copy(), "zeroed-data": np.zeros(k, dtype=np.int64)}
 
     def release(self, state: State) -> tuple[dict[str, np.ndarray], State]:
         t = self._batch_step(state)
@@ -423,11 +434,12 @@ class PDOGD(_Wang):
         # b ∈ K already and this is DOLA exactly)
         x = self.K.project(b)
         X, y = self.task.batch(nodes, t)
-        g = self.task.grad(x, X, y, self.C)
+        g, zeroed = data_gradient(self.task, x, X, y, self.C)  # a bad example: zero
         w = self.K.project(x - self.step_size(t) * g)
         if not np.all(np.isfinite(w)):
             raise FloatingPointError(f"non-finite iterate at step {t}")
-        return dict(state, w=w, x=x, played=x, step=state["step"] + 1)
+        return dict(state, w=w, x=x, played=x, step=state["step"] + 1,
+                    **count_zeroed(state, zeroed))
 
     def epsilon(self, state: State, steps: int) -> dict[str, np.ndarray]:
         """Both accountings per learner over releases ``1..steps−1``."""

@@ -48,7 +48,16 @@ ERROR_CODES`):
 Every reason is a function of the node's configuration, its state and the relay's message.
 Anything else that fails — the task's constructor, data loading, a numeric overflow in the
 algorithm, a non-finite release — is answered with a fixed reason (code 4100); the details
-stay in the node's log.
+stay in the node's log. A **datum** whose gradient cannot be computed (a row of the wrong
+length, a non-finite value, a label out of range, a task that raises on it) is not a
+failure: it counts as a zero gradient (:func:`flwr_corrnoise.decentralized.tasks.
+data_gradient`), so a node's replies — kind, codes, reasons, metrics — do not depend on
+it; the count goes to the node's log and ``state-dir/diagnostics.jsonl`` only.
+
+The **declared data bounds** paper 003's ε is computed from (``feature-bound``, ``clip``:
+the algorithm's ``bound_fields``) are the node's own privacy settings like its noise: from
+its node config and the app's defaults, recorded in its state, and a run-config value larger
+than its own (a ``clip`` of 0 is none: the largest) is a refused proposal (4101).
 
 Threat model in one paragraph (``docs/decentralized.md`` has the full one): for paper 003
 every message is already an ε-LDP release, so the relay learns nothing the neighbours do not;
@@ -306,6 +315,15 @@ def _privacy_keys(algo: NodeAlgorithm) -> set[str]:
     return {k for f in algo.privacy_fields for k in (f, f"privacy-{f}")}
 
 
+def _proposed(algo: NodeAlgorithm, key: str, raw: Any) -> Any:
+    """A run-config privacy value as the algorithm reads it (a ``clip`` of 0: none, ``inf``,
+    the weakest); left as it is if it is not a number, which the check then refuses."""
+    try:
+        return algo.privacy_value(key.removeprefix("privacy-"), raw)
+    except (TypeError, ValueError):
+        return raw
+
+
 class RelayNode:
     """One node bound to a Flower ``Context``: own settings and seed, state load/save, one
     round. Use :meth:`locked` around :meth:`round` (the ClientApp does) so that no second
@@ -331,7 +349,8 @@ class RelayNode:
         # outside simulations the run config is the server's: its privacy keys, plain or
         # ``privacy-*``, are a proposal to check, never settings to use
         rc = dict(context.run_config)
-        proposal = {k: v for k, v in rc.items() if k in _privacy_keys(self.algo)}
+        proposal = {k: _proposed(self.algo, k, v) for k, v in rc.items()
+                    if k in _privacy_keys(self.algo)}
         if not self.simulation or any(k.startswith("privacy-") for k in proposal):
             check_privacy_proposal(self.algo.privacy_fields,
                                    {k: float(v[0]) for k, v in self.privacy.items()},
@@ -393,7 +412,8 @@ class RelayNode:
                 f"{owner} ({algorithm}); refusing to continue another node's noise stream")
         mine = self.algo.privacy_of(stored.state)
         for name, value in self.privacy.items():  # settings only ever get stronger
-            if (value[0] - mine[name][0]) * self.algo.privacy_fields[name] < -1e-12:
+            if name in mine and value[0] != mine[name][0] and (
+                    value[0] - mine[name][0]) * self.algo.privacy_fields[name] < -1e-12:
                 raise PrivacyProposalError(
                     f"node {self.index}: its settings now say {name}={value[0]:g}, weaker "
                     f"than the {mine[name][0]:g} its state was started with")
@@ -402,10 +422,12 @@ class RelayNode:
                               int(stored.state["step"][0]))
         return stored
 
-    def commit(self, stored: Stored, step: int, steps: int) -> None:
+    def commit(self, stored: Stored, step: int, steps: int,
+               diagnostics: Mapping[str, Any] | None = None) -> None:
         """Store the state, bound to this node, one generation on: with a ``state-dir``
-        through :meth:`StateStore.commit` (ledger line, state, commit line, each durable
-        before the next), and in ``context.state`` — before the reply leaves."""
+        through :meth:`StateStore.commit` (ledger line, ``diagnostics`` — local only —,
+        state, commit line, each durable before the next), and in ``context.state`` —
+        before the reply leaves."""
         generation = stored.generation + 1
         data = state_to_bytes({
             **stored.state,
@@ -418,7 +440,8 @@ class RelayNode:
         if self.store is not None:  # round ``steps`` releases nothing: a line of 0 steps
             self.store.commit(data, identity=stored.identity, generation=generation, entry={
                 "server-round": step, "first-step": step, "steps": int(step < steps),
-                "position": step, "node-index": self.index, "time": time.time()})
+                "position": step, "node-index": self.index, "time": time.time()},
+                diagnostics=diagnostics)
         self.context.state[STATE_KEY] = ConfigRecord({"state": data})
         stored.generation = generation
 
@@ -458,8 +481,18 @@ class RelayNode:
             raise StepError(f"node {self.index}: step 0 again (a replay?)")
         if step > 0 and not (released and have == step - 1):
             raise StepError(f"node {self.index} is at step {have}, the relay sent step {step}")
+        diagnostics = None
         if step > 0:
+            before = int(state.get("zeroed-data", np.zeros(1, dtype=np.int64))[0])
             state = self.algo.update(state, self.inbox(record))
+            zeroed = int(state.get("zeroed-data", np.zeros(1, dtype=np.int64))[0]) - before
+            # data whose gradient could not be computed counted as zero: the node's own log
+            # and state-dir/diagnostics.jsonl, never the reply
+            diagnostics = {"server-round": step, "node-index": self.index,
+                           "zeroed-data": zeroed, "time": time.time()}
+            if zeroed:
+                log.info("relay node %d, step %d: %d datum gradient(s) counted as zero "
+                         "(local only, never sent)", self.index, step - 1, zeroed)
         outbox: dict[str, np.ndarray] = {}
         if step < steps:
             out, state = self.algo.release(state)
@@ -479,7 +512,7 @@ class RelayNode:
                      decision=self.algo.decision(state)[0], released=np.array([step < steps]),
                      **state)
         self.commit(Stored(state, step < steps, stored.identity, stored.generation),
-                    step, steps)
+                    step, steps, diagnostics)
         return outbox, metrics
 
 
