@@ -12,6 +12,7 @@ and every length is checked, so a truncated or tampered payload is an error, not
 
 from __future__ import annotations
 
+import io
 import json
 import math
 
@@ -66,3 +67,12 @@ def unpack(data: bytes) -> dict[str, np.ndarray]:
     if offset != len(view):
         raise ValueError("array pack has trailing bytes")
     return out
+
+
+def unpack_any(data: bytes) -> dict[str, np.ndarray]:
+    """:func:`unpack`, or the ``.npz`` archive the states of version 0.1 were (read
+    without pickle): the one reader of stored learner and stream states."""
+    if bytes(data[:2]) == b"PK":
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            return {k: archive[k] for k in archive.files}
+    return unpack(data)

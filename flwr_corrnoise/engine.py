@@ -3,7 +3,8 @@
 Flower's Ray simulation costs ≈ 0.4 s per round for 20 learners; a sweep over methods,
 budgets, step sizes and seeds at R = 1000 needs something faster. :func:`run_inprocess`
 loops over learners and rounds in one process and calls exactly the functions the Flower
-layer calls (:func:`~flwr_corrnoise.learner.local_round`,
+layer calls (:func:`~flwr_corrnoise.learner.local_round`, whose every step is the one
+:func:`~flwr_corrnoise.learner.private_step`,
 :func:`~flwr_corrnoise.learner.aggregate`, with noise seeds from
 :func:`~flwr_corrnoise.learner.derive_seed`), so for the same seeds it produces the same
 global models as the Flower simulation (``tests/test_flower_simulation.py`` checks 1e-10).

@@ -1,8 +1,14 @@
 """One learner's side of paper 000's Algorithm 1, independent of any messaging layer.
 
-This is the **one implementation** of the local round that every engine uses: the Flower
-``NumPyClient`` subclass, the Message-API ``ClientApp`` helper and the in-process sweep
-engine all call :func:`local_round`. The learner owns its privacy: its
+This module holds the **one private step** (:func:`private_step`: the horizon, a datum
+without a gradient counted as zero, clipping, the stream's increment, the counters) and
+the round built on it (:func:`local_round`), which every NumPy front end uses: the Flower
+``NumPyClient`` subclass, the Message-API ``ClientApp`` helper,
+:class:`~flwr_corrnoise.flower.PrivateSteps`, the per-round mod and the in-process sweep
+engine. The torch device step (:class:`~flwr_corrnoise.pytorch.PrivateOptimizer`) keeps
+its per-example clipping and noise add on the device and takes the rest from here (the
+horizon rule :func:`check_horizon`, the refusals :func:`check_round`, the learner state
+and its counters, :func:`privacy_metrics`). The learner owns its privacy: its
 :class:`PrivacySettings` come from its own configuration, and a server proposal that would
 weaken them is refused (:meth:`PrivacySettings.check_proposal`) before anything is applied.
 
@@ -20,7 +26,6 @@ cancellation of ``x^r − z``).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -303,7 +308,35 @@ class LearnerState:
                             "its own", settings.mechanism, settings.horizon, fresh[:16],
                             digest[:16])
 
+    def advance(self) -> None:
+        """One step taken: the stream's index and the data position move on together."""
+        self.step += 1
+        self.position += 1
+
+    def checkpoint(self) -> tuple[Any, ...]:
+        """A token for :meth:`rollback`: the counters, the stream object and its own
+        checkpoint. Why one place: every front end undoes a round that released nothing
+        (an interrupt, a failed commit) the same way, so no released noise is reused and
+        no counter moves without a release."""
+        token = self.noise.checkpoint() if self.noise is not None else None
+        return (self.step, self.position, self.rounds, self.generation, self.noise, token)
+
+    def rollback(self, token: tuple[Any, ...]) -> None:
+        """Undo everything since :meth:`checkpoint` (the stream object put back, too: a
+        front end may have moved it to a device)."""
+        self.step, self.position, self.rounds, self.generation, self.noise, inner = token
+        if inner is not None:
+            self.noise.rollback(inner)  # type: ignore[union-attr]
+
     def to_bytes(self) -> bytes:
+        """The one learner-state format (:mod:`~flwr_corrnoise.arraypack`): every front
+        end — the Flower learners, :class:`~flwr_corrnoise.pytorch.PrivateOptimizer` —
+        stores this, whatever its stream's backend."""
+        return arraypack.pack(self.state_dict())
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The named arrays :meth:`to_bytes` packs: the counters, the stream's state, the
+        seed, the binding, the identity and generation."""
         arrays: dict[str, np.ndarray] = {
             "counters": np.array([self.step, self.position, self.rounds], dtype=np.int64),
         }
@@ -316,18 +349,18 @@ class LearnerState:
         if self.learner_id is not None:
             arrays["identity"] = np.array(self.learner_id)
             arrays["generation"] = np.array(self.generation, dtype=np.int64)
-        return arraypack.pack(arrays)
+        return arrays
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> LearnerState:
+    def from_bytes(cls, data: bytes, device: Any = None) -> LearnerState:
+        """Inverse of :meth:`to_bytes` (also reads the ``.npz`` states of version 0.1).
+        ``device``: where a torch stream is restored (default: a device of the type it
+        was saved on); a NumPy stream stays on the host."""
         try:
-            if bytes(data[:2]) == b"PK":  # the earlier .npz format
-                with np.load(io.BytesIO(data), allow_pickle=False) as f:
-                    arrays = {k: f[k] for k in f.files}
-            else:
-                arrays = arraypack.unpack(data)
+            arrays = arraypack.unpack_any(data)
             step, position, rounds = (int(x) for x in arrays["counters"])
-            noise = NoiseStream.from_bytes(arrays["noise"].tobytes()) if "noise" in arrays else None
+            noise = (_stream_from_bytes(arrays["noise"].tobytes(), device)
+                     if "noise" in arrays else None)
             seed = int(str(arrays["seed"])) if "seed" in arrays else None
             binding = json.loads(str(arrays["binding"])) if "binding" in arrays else None
             learner_id = str(arrays["identity"]) if "identity" in arrays else None
@@ -346,8 +379,107 @@ class LearnerState:
                    binding=binding, learner_id=learner_id, generation=generation)
 
 
+def _stream_from_bytes(blob: bytes, device: Any = None) -> NoiseStream:
+    """A stored stream: NumPy on the host, torch on ``device`` (or the type it was saved
+    on)."""
+    if device is None:
+        return NoiseStream.from_bytes(blob)
+    state = arraypack.unpack_any(blob)
+    if str(state.get("backend", "numpy")) != "torch":
+        return NoiseStream.from_state_dict(state)
+    from .torch_streams import TorchNoiseStream  # the torch extra; only for torch states
+
+    return TorchNoiseStream.from_state_dict(state, device)
+
+
 #: a secure stream's clip norm is at most this many noise stds (the grid's exact range)
 SECURE_CLIP_LIMIT = 2**20
+
+#: the privacy metadata a learner releases (:func:`privacy_metrics`): functions of its
+#: settings and its step counter only
+PRIVACY_METRICS = ("steps", "horizon", "epsilon", "delta", "epsilon-spent", "noise-std")
+
+
+def privacy_metrics(settings: PrivacySettings, steps: int,
+                    noise_std: float | None = None) -> dict[str, float]:
+    """What a learner may release besides its noised arrays, after ``steps`` steps of its
+    stream: the steps, the horizon and — with noise — ε, δ, ε spent and the noise std
+    (``noise_std``: the stream's own, else the calibrated one). The one definition every
+    front end reports (the NumPy round, the torch optimizer, the Flower release gate), so
+    that the released metadata cannot drift from one front end to another."""
+    out: dict[str, float] = {"steps": float(steps), "horizon": float(settings.horizon)}
+    cal = settings.calibration()
+    if cal is not None:
+        out.update({"epsilon": float(settings.epsilon), "delta": float(settings.delta),
+                    "epsilon-spent": settings.epsilon_spent(steps),
+                    "noise-std": float(cal.std if noise_std is None else noise_std)})
+    return out
+
+
+# -- the one private step ---------------------------------------------------------------
+
+def check_horizon(settings: PrivacySettings, taken: int, more: int = 1,
+                  unit: str = "steps") -> None:
+    """Refuse ``more`` steps (or rounds) after ``taken`` if they pass the horizon the
+    noise is calibrated for. The one horizon rule: every front end asks it *before* it
+    runs anything or releases anything, so a refusal is a function of the counters
+    only (never of the data), and no increment past the calibration is ever drawn."""
+    if settings.private and taken + more > settings.horizon:
+        raise HorizonExhaustedError(
+            f"this learner has taken {taken} of the {settings.horizon} {unit} its privacy "
+            f"budget covers; {more} more would exceed it, so it stops contributing")
+
+
+def check_round(state: LearnerState, settings: PrivacySettings, size: int, more: int = 0,
+                unit: str = "steps") -> None:
+    """The data-independent refusals before a learner takes ``more`` steps on a model of
+    ``size`` parameters: no stream for a private learner, the horizon
+    (:func:`check_horizon`), a model of another size than the stream, a budget too large
+    for a secure stream's grid. Asked before anything runs, so that none of them can
+    happen mid-round, where the reply's kind would depend on the data."""
+    if not settings.private:
+        return
+    noise = state.noise
+    if noise is None:
+        raise PrivacyConfigError("private learner has no noise stream")
+    if more:
+        check_horizon(settings, state.step, more, unit)
+    if noise.dim != size:
+        raise PrivacyConfigError(
+            f"model has {size} parameters but the noise stream was created for {noise.dim}")
+    if noise.secure and settings.clip > SECURE_CLIP_LIMIT * noise.std:
+        # on the grid g ≥ V·2⁻³², |clipped + noise| must stay below 2⁵³·g ≥ 2²¹·V for the
+        # release to be exact
+        raise PrivacyConfigError(
+            f"secure noise needs clip-norm ≤ 2^20 × noise std ({settings.clip} > "
+            f"{SECURE_CLIP_LIMIT} × {noise.std:.3g}): the budget is too large for its grid; "
+            "set secure-noise = false")
+
+
+@dataclass
+class StepCounts:
+    """A round's data-dependent counts: steps whose gradient was clipped, and those whose
+    gradient counted as zero (:data:`NONFINITE`, :data:`FAILED`). **Local diagnostics
+    only**, never released."""
+
+    clipped: int = 0
+    nonfinite: int = 0
+    failed: int = 0
+    #: why the last step's gradient counted as zero (``""``: it did not)
+    last: str = ""
+
+    def zeroed(self, why: str) -> None:
+        """Count a step whose gradient counted as zero (``why`` from :func:`attempt_datum`;
+        ``""``: none)."""
+        self.last = why
+        if why == NONFINITE:
+            self.nonfinite += 1
+        elif why == FAILED:
+            self.failed += 1
+
+    def diagnostics(self, steps: int) -> dict[str, float]:
+        return {"clipped-steps": float(self.clipped), "nonfinite-steps": float(self.nonfinite),
+                "failed-steps": float(self.failed), "local-steps": float(steps)}
 
 
 @dataclass
@@ -451,6 +583,38 @@ def datum_gradient(compute: Callable[[], Any], size: int) -> tuple[np.ndarray, s
     return (np.zeros(size) if g is None else g), why
 
 
+def private_step(
+    state: LearnerState,
+    settings: PrivacySettings,
+    compute: Callable[[], Any],
+    size: int,
+    counts: StepCounts,
+) -> np.ndarray:
+    """**The private step** (NumPy): the release ``clip(g, B_g) + e[k]`` of one datum's
+    gradient, with the learner's counters advanced.
+
+    ``compute()`` is the user's code for the step's datum (any structure of arrays of
+    ``size`` numbers in all). In order: the horizon (:func:`check_horizon`, before
+    anything is drawn); the gradient, or zeros if it cannot be computed
+    (:func:`datum_gradient`: whether it can depends on the data, so it must not change
+    what leaves); clipping to ``B_g`` in global L2; the stream's next increment
+    (:meth:`~flwr_corrnoise.streams.NoiseStream.add_next`: exact on a secure stream's
+    grid); then ``step`` (= the stream's index) and ``position`` (the next datum) move
+    on. The noiseless baseline skips the clipping and the noise. Every NumPy front end
+    steps through here: :func:`local_round`, :meth:`~flwr_corrnoise.flower.PrivateSteps.step`
+    and, with the round's update as the datum,
+    :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`."""
+    check_horizon(settings, state.step)
+    g, why = datum_gradient(compute, size)
+    counts.zeroed(why)  # data-dependent: a zero contribution, the same reply as any other
+    if settings.private:
+        g, norm = clip_by_global_norm(g, settings.clip)
+        counts.clipped += norm > settings.clip
+        g = state.noise.add_next(g)  # type: ignore[union-attr]
+    state.advance()
+    return g
+
+
 def local_round(
     params: Sequence[np.ndarray],
     gradient: GradientFn,
@@ -480,78 +644,30 @@ def local_round(
     if not (math.isfinite(eta) and eta > 0):
         raise PrivacyConfigError(f"step size η must be finite and > 0, got {eta!r}")
     shapes = [tuple(np.shape(p)) for p in params]
-    if settings.private:
-        if state.noise is None:
-            raise PrivacyConfigError("private learner has no noise stream")
-        if state.step + tau > settings.horizon:
-            raise HorizonExhaustedError(
-                f"this learner has taken {state.step} of the {settings.horizon} steps its "
-                f"privacy budget covers; a round of {tau} more would exceed it, so it stops "
-                f"contributing"
-            )
-        if state.noise.dim != sum(math.prod(s) for s in shapes):
-            raise PrivacyConfigError(
-                f"model has {sum(math.prod(s) for s in shapes)} parameters but the noise "
-                f"stream was created for {state.noise.dim}"
-            )
-        if state.noise.secure and settings.clip > SECURE_CLIP_LIMIT * state.noise.std:
-            # data-independent refusal: on the grid g ≥ V·2⁻³², |clipped + noise| must stay
-            # below 2⁵³·g ≥ 2²¹·V for the release to be exact; failing mid-round would make
-            # the reply kind depend on the data
-            raise PrivacyConfigError(
-                f"secure noise needs clip-norm ≤ 2^20 × noise std ({settings.clip} > "
-                f"{SECURE_CLIP_LIMIT} × {state.noise.std:.3g}): the budget is too large for "
-                "its grid; set secure-noise = false")
+    check_round(state, settings, sum(math.prod(s) for s in shapes), int(tau))
     x = _flatten(params)
     if not np.all(np.isfinite(x)):
         raise NonFiniteError("the global model received from the server is not finite")
     # Work on `state` in place and undo everything on failure: a failed round released
     # nothing, so rolling the noise stream back reuses no released noise.
-    saved = (state.step, state.position, state.rounds)
-    token = state.noise.checkpoint() if state.noise is not None else None
+    token = state.checkpoint()
+    counts = StepCounts()
     try:
         z = x.copy()
         total = np.zeros_like(x)
-        clipped = 0
-        zeroed = {NONFINITE: 0, FAILED: 0}
         for _ in range(int(tau)):
-            # data-dependent: a zero contribution, the same reply as any other step
-            g, why = datum_gradient(partial(gradient, split_flat(z, shapes), state.position),
-                                    x.size)
-            if why:
-                zeroed[why] += 1
-            state.position += 1
-            if settings.private:
-                g, norm = clip_by_global_norm(g, settings.clip)
-                clipped += norm > settings.clip
-                g = state.noise.add_next(g)  # type: ignore[union-attr]
-            state.step += 1
+            g = private_step(state, settings,
+                             partial(gradient, split_flat(z, shapes), state.position),
+                             x.size, counts)
             z -= eta * g
             total += g
         state.rounds += 1
     except BaseException:
-        state.step, state.position, state.rounds = saved
-        if token is not None:
-            state.noise.rollback(token)  # type: ignore[union-attr]
+        state.rollback(token)
         raise
-    update = total / tau
-    metrics: dict[str, float] = {"steps": float(state.step)}
-    diagnostics = {"clipped-steps": float(clipped),
-                   "nonfinite-steps": float(zeroed[NONFINITE]),
-                   "failed-steps": float(zeroed[FAILED]), "local-steps": float(tau)}
-    cal = settings.calibration()
-    if cal is not None:
-        metrics.update(
-            {
-                "epsilon-spent": _epsilon_spent(settings, state.step),
-                "epsilon": settings.epsilon,
-                "delta": settings.delta,
-                "noise-std": cal.std,
-                "horizon": float(settings.horizon),
-            }
-        )
-    return RoundResult(update=split_flat(update, shapes), state=state, metrics=metrics,
-                       diagnostics=diagnostics)
+    return RoundResult(update=split_flat(total / tau, shapes), state=state,
+                       metrics=privacy_metrics(settings, state.step),
+                       diagnostics=counts.diagnostics(int(tau)))
 
 
 def aggregate(

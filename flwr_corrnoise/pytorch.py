@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -50,9 +50,12 @@ from .learner import (
     PrivacySettings,
     RoundResult,
     attempt_datum,
+    check_horizon,
+    check_round,
     local_round,
+    privacy_metrics,
 )
-from .streams import HorizonExhaustedError, split_flat
+from .streams import split_flat
 from .torch_streams import TorchNoiseStream
 
 __all__ = [
@@ -93,6 +96,15 @@ def set_parameters(model: torch.nn.Module, arrays: Sequence[np.ndarray]) -> None
             p.copy_(torch.as_tensor(np.asarray(a), dtype=p.dtype, device=p.device))
 
 
+def _check_parameters(params: Iterable[torch.Tensor], shapes: Sequence[Sequence[int]]) -> None:
+    """Refuse a model whose parameters are not the arrays the server sent (a
+    data-independent mismatch, so an error reply, not a zero step)."""
+    if [tuple(p.shape) for p in params] != [tuple(s) for s in shapes]:
+        raise PrivacyConfigError(
+            "the model's parameters are not the arrays the server sent (order and "
+            "shapes must match; send model parameters only, no buffers)")
+
+
 class ModuleGradient:
     """A gradient oracle (:data:`flwr_corrnoise.learner.GradientFn`) backed by a module.
 
@@ -120,10 +132,7 @@ class ModuleGradient:
         self.last_loss = math.nan
 
     def __call__(self, params: list[np.ndarray], position: int) -> list[np.ndarray]:
-        if [tuple(p.shape) for p in self.params] != [tuple(np.shape(a)) for a in params]:
-            raise PrivacyConfigError(
-                "the model's parameters are not the arrays the server sent (order and "
-                "shapes must match; send model parameters only, no buffers)")
+        _check_parameters(self.params, [np.shape(a) for a in params])
         set_parameters(self.model, params)
         x, y = self.batches(position)
         x, y = x.to(self.device), y.to(self.device)
@@ -236,40 +245,31 @@ def make_torch_client_app(
     from flwr.app import Message
 
     from .flower.client import _refuse
-    from .flower.session import LearnerSession, PrivateLearnerGuard, round_config
+    from .flower.session import LearnerSession, PrivateLearnerGuard, answer, round_config
 
     app = ClientApp(mods=[PrivateLearnerGuard(False)])
     defaults = dict(config_defaults or {})
 
+    def device_round(msg: Message, context: Context) -> Message:
+        session = LearnerSession(context, kind="step", defaults=defaults,
+                                 release_metrics=release_metrics)
+        config = dict(msg.content["config"])  # type: ignore[arg-type]
+        tau, eta = round_config(config)
+        params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
+        shapes = [tuple(np.shape(a)) for a in params]
+        model = model_fn(context)
+        with session.transaction(config, shapes, steps=tau) as tx:
+            private = _session_optimizer(
+                PrivateOptimizer, torch.optim.SGD(model.parameters(), lr=eta), model,
+                session.settings, tx.state, shapes, session.secure, loss_fn=loss_fn)
+            set_parameters(model, params)
+            out = device_local_round(private, batches_fn(context), tau, tx.state.position)
+            tx.diagnostics = out.diagnostics
+        return tx.reply(msg, out.update, num_examples=float(tau))
+
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        try:
-            session = LearnerSession(context, kind="step", defaults=defaults,
-                                     release_metrics=release_metrics)
-            config = dict(msg.content["config"])  # type: ignore[arg-type]
-            session.check_proposal(config)
-            tau, eta = round_config(config)
-            params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
-            shapes = [tuple(np.shape(a)) for a in params]
-            model = model_fn(context)
-            with session.locked():
-                state = session.load(shapes)
-                first_step, position = state.step, state.position
-                noise = device_stream(state, session.settings, shapes, model, session.secure)
-                set_parameters(model, params)  # shapes checked by device_stream
-                private = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=eta), model,
-                                           session.settings, stream=noise, loss_fn=loss_fn)
-                if noise is None:
-                    private._steps = state.step
-                out = device_local_round(private, batches_fn(context), tau, position)
-                state.noise, state.step, state.position = noise, private.steps, out.position
-                state.rounds += 1
-                session.commit(state, first_step=first_step, position=position,
-                               server_round=int(config.get("server-round", -1)),
-                               diagnostics=out.diagnostics)
-            return session.reply(msg, out.update, state, num_examples=float(tau))
-        except Exception as err:  # every failure becomes a clear, data-free reply
-            return LearnerSession.error_reply(msg, err)
+        return answer(msg, device_round, msg, context)  # every failure: a data-free reply
 
     app.evaluate()(_refuse)
     app.query()(_refuse)
@@ -302,19 +302,11 @@ def device_stream(state: LearnerState, settings: PrivacySettings,
     from its seed there; a stored torch stream is moved there; a stored host (NumPy)
     stream that has released noise is refused (its generator differs, so continuing it
     on the device would be another stream), as is secure noise (ChaCha20 is NumPy-only)."""
-    from .learner import PrivacyConfigError
-
-    if secure:
-        raise PrivacyConfigError(
-            "secure noise (ChaCha20 on a grid) is NumPy-only: the device path cannot use "
-            "it; use the host engine (PrivateSteps.step(), make_torch_client_app("
-            "engine='host')), or set secure-noise = false")
-    params = list(model.parameters())
-    if [tuple(p.shape) for p in params] != [tuple(x) for x in shapes]:
-        raise PrivacyConfigError(
-            "the model's parameters are not the arrays the server sent (order and "
-            "shapes must match; send model parameters only, no buffers)")
     noise = state.noise
+    if secure or (noise is not None and noise.secure):
+        _refuse_secure_noise()
+    params = list(model.parameters())
+    _check_parameters(params, shapes)
     device = params[0].device
     if noise is not None and not isinstance(noise, TorchNoiseStream):
         if noise.step != 0 or state.seed is None:
@@ -330,8 +322,32 @@ def device_stream(state: LearnerState, settings: PrivacySettings,
     return noise
 
 
+def _session_optimizer(
+    cls: type[PrivateOptimizer], optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+    settings: PrivacySettings, state: LearnerState, shapes: Sequence[tuple[int, ...]],
+    secure: bool, **kwargs: Any,
+) -> PrivateOptimizer:
+    """The device optimizer on a Flower learner's state (the torch ``ClientApp`` and
+    :func:`private_optimizer`): the model must be the server's arrays, the stream is
+    moved to the model's device (:func:`device_stream`), and the optimizer advances the
+    learner's state in place, inside the session's transaction."""
+    if secure:
+        _refuse_secure_noise()
+    _check_parameters(model.parameters(), shapes)
+    return cls(optimizer, model, settings, state=state, **kwargs)
+
+
+def _refuse_secure_noise() -> NoReturn:
+    raise PrivacyConfigError(
+        "secure noise (ChaCha20 on a grid) is NumPy-only: the device path cannot use it; use "
+        "the host engine (PrivateSteps.step(), make_torch_client_app(engine='host')), or "
+        "set secure-noise = false")
+
+
 # -- the private step on the model's device ---------------------------------------------
 
+#: the format of the states :class:`PrivateOptimizer` wrote before it stored the learner
+#: state (:meth:`~flwr_corrnoise.learner.LearnerState.to_bytes`); still read
 PRIVATE_STATE_FORMAT = 1
 
 
@@ -469,7 +485,13 @@ class PrivateOptimizer:
     step counter and the horizon: a step past ``settings.horizon`` raises
     :class:`~flwr_corrnoise.streams.HorizonExhaustedError` before anything changes.
     :meth:`to_bytes` / ``state=`` carry everything across ``ClientApp`` instances and
-    restarts; a state made under other privacy settings is refused.
+    restarts, in the one learner-state format
+    (:class:`~flwr_corrnoise.learner.LearnerState`: the counters, the stream, the settings
+    it was made with); a state made under other privacy settings is refused. The step's
+    bookkeeping is the NumPy step's (:func:`~flwr_corrnoise.learner.private_step`): the
+    horizon rule (:func:`~flwr_corrnoise.learner.check_horizon`), the learner state's
+    counters, :func:`~flwr_corrnoise.learner.privacy_metrics`; only the per-example
+    clipping and the noise add are device operations.
 
     With plain SGD at learning rate ``η`` a step is exactly the reference
     ``z ← z − η·(clip(g) + e[k])`` of :func:`~flwr_corrnoise.learner.local_round` (for
@@ -483,9 +505,12 @@ class PrivateOptimizer:
     may leave).
 
     Arguments: ``seed`` — the learner's noise seed for a new learner (``None``: OS
-    entropy, for deployment); ``state`` — bytes from :meth:`to_bytes` to continue one
-    (not both); ``loss_fn(outputs, targets)`` — applied to one example at a time for
-    per-example gradients (so its reduction does not matter); ``noise_dtype`` — the
+    entropy, for deployment); ``state`` — bytes from :meth:`to_bytes` to continue one, or
+    a :class:`~flwr_corrnoise.learner.LearnerState` to advance in place (the Flower front
+    ends: the learner transaction's state; its stream moves to the model's device);
+    ``stream`` — a stream to continue (not more than one of the three);
+    ``loss_fn(outputs, targets)`` — applied to one example at a time for per-example
+    gradients (so its reduction does not matter); ``noise_dtype`` — the
     stream's dtype for a new learner (default: the parameters'; a restored stream keeps
     its own); ``per_example`` — ``"auto"`` (hooks when every parameter sits in a
     ``Linear`` or plain ``Conv2d``, else ``torch.func``), ``"hooks"`` or ``"func"``.
@@ -499,7 +524,7 @@ class PrivateOptimizer:
         settings: PrivacySettings,
         *,
         seed: int | None = None,
-        state: bytes | None = None,
+        state: bytes | LearnerState | None = None,
         stream: TorchNoiseStream | None = None,
         loss_fn: LossFn = torch.nn.functional.cross_entropy,
         noise_dtype: torch.dtype | None = None,
@@ -529,23 +554,8 @@ class PrivateOptimizer:
         if sum(x is not None for x in (seed, state, stream)) > 1:
             raise ValueError("give a seed for a new learner, or a state or a stream to "
                              "continue one; only one of them")
-        self.noise: TorchNoiseStream | None = None
-        self._steps = 0
-        if state is not None:
-            self._load(state)
-        elif stream is not None:  # a learner state's stream (private_optimizer)
-            if not settings.private:
-                raise ValueError("the noiseless baseline has no noise stream")
-            if stream.dim != self.dim or stream.device.type != self.device.type:
-                raise ValueError(f"the stream holds {stream.dim} floats on {stream.device}, "
-                                 f"the model {self.dim} on {self.device}")
-            self.noise, self._steps = stream, stream.step
-        elif settings.private:
-            cal = settings.calibration()
-            assert cal is not None
-            self.noise = TorchNoiseStream.create(settings.mechanism, settings.horizon,
-                                                 self.shapes, cal.std, seed,
-                                                 device=self.device, dtype=dtype)
+        #: the learner's state: counters, stream, the settings it was made with
+        self.state = self._learner_state(seed, state, stream, dtype)
         # per-example gradients: one vmapped grad over the batch dimension
         model_ref = model
 
@@ -746,14 +756,43 @@ class PrivateOptimizer:
                 by_param[id(m.bias)] = _Materialized(bias_grad)
         return [by_param[id(p)] for p in self.params], losses.detach()
 
+    def _learner_state(self, seed: int | None, state: bytes | LearnerState | None,
+                       stream: TorchNoiseStream | None, dtype: torch.dtype) -> LearnerState:
+        """The learner state this optimizer advances, its stream on the model's device,
+        checked against the settings and the model (:func:`~flwr_corrnoise.learner.check_round`)."""
+        settings = self.settings
+        if isinstance(state, LearnerState):
+            learner = state  # advanced in place: the Flower learner transaction's state
+        elif state is not None:
+            learner = _read_state(bytes(state), self.device)
+            learner.check_binding(settings)
+        elif stream is not None:
+            if not settings.private:
+                raise ValueError("the noiseless baseline has no noise stream")
+            learner = LearnerState(step=stream.step, position=stream.step, noise=stream,
+                                   binding=settings.binding(stream.factorization.digest))
+        else:
+            cal = settings.calibration()
+            noise = None if cal is None else TorchNoiseStream.create(
+                settings.mechanism, settings.horizon, self.shapes, cal.std, seed,
+                device=self.device, dtype=dtype)
+            learner = LearnerState(
+                noise=noise, seed=None if noise is None else seed,
+                binding=settings.binding("" if noise is None else noise.factorization.digest))
+        # a fresh learner's host stream is made anew on the device; a stored one is moved
+        learner.noise = device_stream(learner, settings, self.shapes, self.model, False, dtype)
+        check_round(learner, settings, self.dim)
+        return learner
+
+    @property
+    def noise(self) -> TorchNoiseStream | None:
+        """The learner's correlated-noise stream on the model's device."""
+        return self.state.noise  # type: ignore[return-value]
+
     @torch.no_grad()
     def step(self) -> None:
         """Privatize the gradient (see the class docstring) and take the wrapped step."""
-        if self.noise is not None and self.noise.remaining < 1:
-            raise HorizonExhaustedError(
-                f"this learner has taken all {self.settings.horizon} steps its privacy "
-                f"budget covers; another private step would exceed it (or reuse noise)"
-            )
+        check_horizon(self.settings, self.state.step)  # before anything changes
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         if self._batch is None:
             # whole-batch mode: the step's gradient is the unit of privacy
@@ -776,7 +815,7 @@ class PrivateOptimizer:
             self._round_views = split_flat(self._round_sum, self.shapes)
         torch._foreach_add_(self._round_views, grads)  # Σ of the privatized grads, for ĝ
         self._round_steps += 1
-        self._steps += 1
+        self.state.advance()
         self._batch = None
         self.optimizer.step()
 
@@ -819,22 +858,17 @@ class PrivateOptimizer:
     @property
     def steps(self) -> int:
         """Private steps taken (= the noise stream's index)."""
-        return self._steps
+        return self.state.step
 
     @property
     def remaining(self) -> int:
         """Steps left before the horizon."""
-        return self.settings.horizon - self._steps
+        return self.settings.horizon - self.state.step
 
     def metrics(self) -> dict[str, float]:
-        """What may leave the learner: functions of its settings and counters only."""
-        out = {"steps": float(self._steps)}
-        cal = self.settings.calibration()
-        if cal is not None:
-            out.update({"epsilon-spent": self.settings.epsilon_spent(self._steps),
-                        "epsilon": self.settings.epsilon, "delta": self.settings.delta,
-                        "noise-std": cal.std, "horizon": float(self.settings.horizon)})
-        return out
+        """What may leave the learner: functions of its settings and counters only
+        (:func:`~flwr_corrnoise.learner.privacy_metrics`, as in every front end)."""
+        return privacy_metrics(self.settings, self.state.step)
 
     def diagnostics(self) -> dict[str, float]:
         """Data-dependent counts (clipped, non-finite and failed examples or steps):
@@ -844,59 +878,45 @@ class PrivateOptimizer:
                 "examples": float(self._examples)}
 
     # -- state ----------------------------------------------------------------------------
-    def _binding(self) -> dict[str, Any]:
-        digest = self.noise.factorization.digest if self.noise is not None else ""
-        return self.settings.binding(digest)
-
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Everything needed to continue: the step counter, the noise stream's state (its
-        generator, buffers and counters) and the settings it was made with."""
-        import json
-
-        out = {
-            "format": np.array(PRIVATE_STATE_FORMAT, dtype=np.int64),
-            "steps": np.array(self._steps, dtype=np.int64),
-            "binding": np.array(json.dumps(self._binding(), sort_keys=True)),
-        }
-        if self.noise is not None:
-            out["noise"] = np.frombuffer(self.noise.to_bytes(), dtype=np.uint8)
-        return out
+        """Everything needed to continue, as named arrays: the learner state's
+        (:meth:`~flwr_corrnoise.learner.LearnerState.state_dict`)."""
+        return self.state.state_dict()
 
     def to_bytes(self) -> bytes:
-        """:meth:`state_dict` as bytes (:mod:`~flwr_corrnoise.arraypack`, no pickle), for
-        ``context.state`` or disk. The wrapped optimizer's own state (momentum buffers)
-        is yours to keep (``optimizer.state_dict()``)."""
-        from . import arraypack
+        """The learner state (:meth:`~flwr_corrnoise.learner.LearnerState.to_bytes`, the one
+        format every front end stores: the counters, the noise stream's state and the
+        settings it was made with), for ``context.state`` or disk. The wrapped optimizer's
+        own state (momentum buffers) is yours to keep (``optimizer.state_dict()``)."""
+        return self.state.to_bytes()
 
-        return arraypack.pack(self.state_dict())
 
-    def _load(self, data: bytes) -> None:
-        import json
+def _read_state(data: bytes, device: torch.device) -> LearnerState:
+    """A stored optimizer state: the learner-state format, or the optimizer's own earlier
+    one (:data:`PRIVATE_STATE_FORMAT`: steps, binding, stream), read into a learner
+    state; its torch stream restored on ``device``."""
+    import json
 
-        from . import arraypack
-        from .learner import PrivacyConfigError
-        from .torch_streams import TorchNoiseStream
+    from . import arraypack
 
-        try:
-            arrays = arraypack.unpack(data)
-            if int(arrays["format"]) != PRIVATE_STATE_FORMAT:
-                raise ValueError(f"unsupported private-optimizer state {int(arrays['format'])}")
-            steps = int(arrays["steps"])
-            binding = json.loads(str(arrays["binding"]))
-            noise = (TorchNoiseStream.from_bytes(arrays["noise"].tobytes(), self.device)
-                     if "noise" in arrays else None)
-        except (KeyError, TypeError, EOFError, OSError) as err:
-            raise ValueError(f"unreadable private-optimizer state: {err!r}") from err
-        now = self.settings.binding(binding.get("factorization", ""))
-        if now != binding or (noise is None) == self.settings.private:
-            raise PrivacyConfigError(
-                f"the stored state was made with other privacy settings ({binding}) than "
-                f"this learner has now ({now}); its noise is calibrated for those"
-            )
-        if noise is not None and (noise.step != steps or noise.dim != self.dim):
-            raise ValueError("private-optimizer state does not match its noise stream or "
-                             "this model")
-        self.noise, self._steps = noise, steps
+    try:
+        arrays = arraypack.unpack(data)
+    except (OSError, ValueError, EOFError):
+        arrays = {}
+    if "format" not in arrays:
+        return LearnerState.from_bytes(data, device)
+    try:
+        if int(arrays["format"]) != PRIVATE_STATE_FORMAT:
+            raise ValueError(f"unsupported private-optimizer state {int(arrays['format'])}")
+        steps = int(arrays["steps"])
+        noise = (TorchNoiseStream.from_bytes(arrays["noise"].tobytes(), device)
+                 if "noise" in arrays else None)
+        binding = json.loads(str(arrays["binding"]))
+    except (KeyError, TypeError, EOFError, OSError) as err:
+        raise ValueError(f"unreadable private-optimizer state: {err!r}") from err
+    if noise is not None and noise.step != steps:
+        raise ValueError("private-optimizer state does not match its noise stream")
+    return LearnerState(step=steps, position=steps, noise=noise, binding=binding)
 
 
 @dataclass
@@ -937,14 +957,10 @@ def device_local_round(
     """
     if isinstance(tau, bool) or int(tau) != tau or tau < 1:
         raise ValueError(f"local steps τ must be a positive integer, got {tau!r}")
-    if private.noise is not None and private.steps + tau > private.settings.horizon:
-        raise HorizonExhaustedError(
-            f"this learner has taken {private.steps} of the {private.settings.horizon} steps "
-            f"its privacy budget covers; a round of {tau} more would exceed it"
-        )
+    check_horizon(private.settings, private.steps, int(tau))
     saved = [p.detach().clone() for p in private.params]
-    token = private.noise.checkpoint() if private.noise is not None else None
-    counters = (private._steps, private._round_steps)
+    token = private.state.checkpoint()
+    round_steps = private._round_steps
     sum_saved = None if private._round_sum is None else private._round_sum.clone()
     try:
         for t in range(int(tau)):
@@ -961,14 +977,13 @@ def device_local_round(
                     private.zero_gradient(per_example=False)
             private.step()
         update = private.round_update()
+        private.state.rounds += 1
     except BaseException:
         with torch.no_grad():
             for p, s in zip(private.params, saved, strict=True):
                 p.copy_(s)
-        if token is not None:
-            private.noise.rollback(token)  # type: ignore[union-attr]
-        private._steps, private._round_steps = counters
-        private._round_sum = sum_saved
+        private.state.rollback(token)
+        private._round_steps, private._round_sum = round_steps, sum_saved
         raise
     return DeviceRound(update=update, position=position + int(tau), metrics=private.metrics(),
                        diagnostics=private.diagnostics())
@@ -988,9 +1003,10 @@ class FlowerPrivateOptimizer(PrivateOptimizer):
         are recorded in the learner's state before it is stored."""
         private = self.private
         diag = self.diagnostics()  # data-dependent: the learner's diagnostics file only
-        private.record_external_steps(self._steps, int(diag["clipped-examples"]),
-                                      int(diag["nonfinite-examples"]),
-                                      int(diag["failed-examples"]))
+        counts = private.counts  # the steps are already in the shared learner state
+        counts.clipped += int(diag["clipped-examples"])
+        counts.nonfinite += int(diag["nonfinite-examples"])
+        counts.failed += int(diag["failed-examples"])
         return private.reply(arrays, metrics)
 
 
@@ -1031,14 +1047,9 @@ def private_optimizer(
     private = PrivateSteps(msg, context, config_defaults=config_defaults,
                            release_metrics=release_metrics)
     try:
-        state = private.state
-        noise = device_stream(state, private.settings, private.shapes, model,
-                              private.session.secure, kwargs.pop("noise_dtype", None))
-        state.noise = noise
-        opt = FlowerPrivateOptimizer(optimizer, model, private.settings, stream=noise,
-                                     **kwargs)
-        if noise is None:
-            opt._steps = state.step
+        opt = _session_optimizer(FlowerPrivateOptimizer, optimizer, model, private.settings,
+                                 private.state, private.shapes, private.session.secure,
+                                 **kwargs)
         opt.private = private
         private.external = True  # its own step() would mix host and device noise
     except BaseException:

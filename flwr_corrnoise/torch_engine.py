@@ -15,7 +15,9 @@ learner ``i`` of a run with seed ``s`` draws the stream a Flower learner with
 ``partition-id = i`` and seed ``s`` draws on the same device type.
 
 The parameters cross host↔device twice per learner and round (the global model in, the
-update ``ĝ`` out), as in a Flower round; never per step.
+update ``ĝ`` out), as in a Flower round; never per step. Each learner's counters, stream
+and data position are its optimizer's :class:`~flwr_corrnoise.learner.LearnerState`, the
+state every front end keeps.
 """
 
 from __future__ import annotations
@@ -86,16 +88,15 @@ def run_inprocess_device(
             seed=derive_seed(seed, i) if settings.private else None))
     x = [np.array(p, dtype=np.float64, copy=True) for p in get_parameters(learners[0].model)]
     result = DeviceRunResult(params=x, learners=learners)
-    positions = [0] * len(learners)
 
     def one_round(r: int, x: list[np.ndarray]) -> list[np.ndarray]:
         updates = []
         shared: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for i, private in enumerate(learners):
             _load(private, x, shared)
-            out = device_local_round(private, batches[i], tau, positions[i],
+            # the learner state's position: every step advances it with the stream
+            out = device_local_round(private, batches[i], tau, private.state.position,
                                      per_example=per_example)
-            positions[i] = out.position
             updates.append(out.update)
         return aggregate(x, updates, eta, eta_g, tau)
 

@@ -5,8 +5,10 @@ nothing on ``self`` between rounds: the noise stream, the step counter and the d
 position are serialized into ``context.state[STATE_KEY]`` (and, with a node-config
 ``state-dir``, on disk) after each successful round, and read back at the start of the
 next. A refused or failed round leaves that state untouched. Settings, seed, state, ledger,
-lock and every reply come from the shared :class:`~flwr_corrnoise.flower.session.LearnerSession`
-(the release gate), which the per-round mod uses too.
+lock and every reply come from the shared :class:`~flwr_corrnoise.flower.session.LearnerSession`:
+each round is one :class:`~flwr_corrnoise.flower.session.LearnerTransaction` around
+:func:`~flwr_corrnoise.learner.local_round`, and the reply is built by the release gate —
+as in every other front end.
 
 Two front ends drive the same :class:`CorrNoiseLearner`:
 
@@ -37,7 +39,9 @@ from .session import (
     GENERIC_ERROR,
     STATE_KEY,
     LearnerSession,
+    LearnerTransaction,
     PrivateLearnerGuard,
+    answer,
     deployed,
     error_code,
     learner_config,
@@ -92,8 +96,13 @@ class CorrNoiseLearner:
         self.settings = self.session.settings
         self.seed = self.session.seed
         self.store = self.session.store
-        #: the state after the last successful :meth:`train` (for the reply's metadata)
-        self.last_state: LearnerState | None = None
+        #: the last committed round (:meth:`train`), which :meth:`reply` answers
+        self.last: LearnerTransaction | None = None
+
+    @property
+    def last_state(self) -> LearnerState | None:
+        """The state after the last successful :meth:`train`."""
+        return None if self.last is None else self.last.state
 
     def load_state(self, shapes: list[tuple[int, ...]]) -> LearnerState:
         return self.session.load(shapes)
@@ -104,17 +113,12 @@ class CorrNoiseLearner:
         """One round: check the server's proposal, run τ steps, store the new state.
 
         Returns the noised update and the privacy metadata (nothing data-dependent)."""
-        self.session.check_proposal(config)
         tau, eta = round_config(config)
         shapes = [tuple(np.shape(p)) for p in parameters]
-        with self.session.locked():
-            state = self.session.load(shapes)
-            first_step, position = state.step, state.position
-            result = local_round(parameters, self.gradient, state, self.settings, tau, eta)
-            self.session.commit(result.state, first_step=first_step, position=position,
-                                server_round=int(config.get("server-round", -1)),
-                                diagnostics=result.diagnostics)
-        self.last_state = result.state
+        with self.session.transaction(config, shapes, steps=tau) as tx:
+            result = local_round(parameters, self.gradient, tx.state, self.settings, tau, eta)
+            tx.diagnostics = result.diagnostics
+        self.last = tx
         metrics = self.session.privacy_metrics(result.state)
         metrics["num-examples"] = float(tau)
         return result.update, metrics
@@ -122,9 +126,10 @@ class CorrNoiseLearner:
     def reply(self, msg: Message, update: list[np.ndarray], num_examples: float,
               user_metrics: Mapping[str, Any] | None = None) -> Message:
         """The gated train reply for the last round."""
-        assert self.last_state is not None, "reply() before a successful train()"
-        return self.session.reply(msg, update, self.last_state, num_examples=num_examples,
-                                  user_metrics=user_metrics)
+        if self.last is None:
+            raise PrivacyConfigError("reply() before a successful train()")
+        return self.last.reply(msg, update, num_examples=num_examples,
+                               user_metrics=user_metrics)
 
 
 class CorrNoiseNumPyClient(NumPyClient):
@@ -191,17 +196,16 @@ def make_client_app(
     app = ClientApp(mods=[PrivateLearnerGuard(allow_evaluation)])
     defaults = dict(config_defaults or {})
 
+    def round_(msg: Message, context: Context) -> Message:
+        learner = CorrNoiseLearner(context, gradient_factory(context),
+                                   config_defaults=defaults, release_metrics=release_metrics)
+        params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
+        update, metrics = learner.train(params, dict(msg.content["config"]))
+        return learner.reply(msg, update, metrics["num-examples"])
+
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        try:
-            learner = CorrNoiseLearner(context, gradient_factory(context),
-                                       config_defaults=defaults,
-                                       release_metrics=release_metrics)
-            params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
-            update, metrics = learner.train(params, dict(msg.content["config"]))
-            return learner.reply(msg, update, metrics["num-examples"])
-        except Exception as err:  # every failure becomes a clear, data-free reply
-            return LearnerSession.error_reply(msg, err)
+        return answer(msg, round_, msg, context)  # every failure: a clear, data-free reply
 
     app.evaluate()(evaluate or _refuse)
     app.query()(_refuse)
@@ -223,31 +227,31 @@ def numpy_client_app(
     """
     app = ClientApp(mods=[PrivateLearnerGuard(allow_evaluation)])
 
+    def round_(msg: Message, context: Context) -> Message:
+        client = client_fn(context)
+        if not isinstance(client, CorrNoiseNumPyClient):
+            raise PrivacyConfigError(
+                f"{type(client).__name__} is not a CorrNoiseNumPyClient: its fit() would "
+                f"release an un-noised update")
+        params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
+        update, num_examples, metrics = client.fit(params, dict(msg.content["config"]))
+        return client.learner.reply(msg, update, num_examples, user_metrics=metrics)
+
+    def evaluation(msg: Message, context: Context) -> Message:
+        client = client_fn(context)
+        params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
+        loss, num, metrics = client.evaluate(params, dict(msg.content["config"]))
+        record = metric_record({**metrics, "loss": loss, "num-examples": num})
+        return Message(RecordDict({"metrics": record}), reply_to=msg)
+
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        try:
-            client = client_fn(context)
-            if not isinstance(client, CorrNoiseNumPyClient):
-                raise PrivacyConfigError(
-                    f"{type(client).__name__} is not a CorrNoiseNumPyClient: its fit() would "
-                    f"release an un-noised update")
-            params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
-            update, num_examples, metrics = client.fit(params, dict(msg.content["config"]))
-            return client.learner.reply(msg, update, num_examples, user_metrics=metrics)
-        except Exception as err:
-            return LearnerSession.error_reply(msg, err)
+        return answer(msg, round_, msg, context)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         # reached only with the learner's opt-in (the guard refuses otherwise)
-        try:
-            client = client_fn(context)
-            params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
-            loss, num, metrics = client.evaluate(params, dict(msg.content["config"]))
-        except Exception as err:
-            return LearnerSession.error_reply(msg, err)
-        record = metric_record({**metrics, "loss": loss, "num-examples": num})
-        return Message(RecordDict({"metrics": record}), reply_to=msg)
+        return answer(msg, evaluation, msg, context)
 
     app.query()(_refuse)
     return app

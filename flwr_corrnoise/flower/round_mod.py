@@ -29,7 +29,11 @@ and for a deployed learner (node config ``state-dir``) also on disk, locked, wri
 atomically after every round, with a ledger of the noise indices it released; settings,
 seed, state and replies come from the shared
 :class:`~flwr_corrnoise.flower.session.LearnerSession`, with ``horizon`` = the number of
-rounds the noise is calibrated for (default ``num-server-rounds``, in simulation).
+rounds the noise is calibrated for (default ``num-server-rounds``, in simulation). Each
+round is one :class:`~flwr_corrnoise.flower.session.LearnerTransaction` (as for every
+learner front end), and its release is one :func:`~flwr_corrnoise.learner.private_step`
+with the round's update as the datum: clipped to ``B``, plus the stream's next
+increment.
 
 **What the reply holds** (the release gate): the noised arrays and the privacy metadata.
 The wrapped app's own metrics and any other records are dropped (allow-list a metric with
@@ -43,11 +47,12 @@ the state and the server's message (a weaker proposal, the horizon used up, a lo
 **The server's model is checked before anything is spent.** A model that is not finite
 (code 4103) or whose array shapes differ from the learner's stream — or from the shapes the
 learner declared with ``model_shapes=`` — (code 4101) is refused with a fixed reason before
-the wrapped app runs and before the state is touched: no step, no noise, no ε. Without a
-declaration the *first* model the learner accepts fixes the stream's shapes (a function of
-the server's message, never of the data): a server that sends a model of another size first
-would fix that size, and every later model of the right size would be refused. Declare
-``model_shapes`` (e.g. ``[p.shape for p in Net().state_dict().values()]``) to rule that out.
+the wrapped app runs and before anything changes (the state is only read): no step, no
+noise, no ε. Without a declaration the *first* model the learner accepts fixes the stream's
+shapes (a function of the server's message, never of the data): a server that sends a model
+of another size first would fix that size, and every later model of the right size would be
+refused. Declare ``model_shapes`` (e.g. ``[p.shape for p in Net().state_dict().values()]``)
+to rule that out.
 Why not take the shapes from what the wrapped app returns: a wrong-size model usually makes
 the app raise, and whether it raises may depend on a datum — the reply's kind must not.
 
@@ -68,10 +73,20 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from ..learner import NonFiniteError, PrivacyConfigError, PrivacySettings
-from ..streams import HorizonExhaustedError
-from ..variants import round_release
-from .session import ROUND_STATE_KEY, LearnerSession, PrivateLearnerGuard, round_settings
+from ..learner import (
+    LearnerState,
+    NonFiniteError,
+    PrivacyConfigError,
+    PrivacySettings,
+    private_step,
+)
+from .session import (
+    ROUND_STATE_KEY,
+    LearnerSession,
+    PrivateLearnerGuard,
+    answer,
+    round_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,46 +150,32 @@ class CorrNoiseRoundMod:
     def __call__(self, msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type.split(".")[0] != "train":
             return self.guard(msg, ctxt, call_next)
-        try:
-            session = LearnerSession(ctxt, kind="round", defaults=self.defaults,
-                                     settings=self.settings,
-                                     release_metrics=self.release_metrics)
-            if not session.settings.private:
-                raise PrivacyConfigError("CorrNoiseRoundMod needs a noise mechanism, not 'none'")
-            config = dict(msg.content["config"]) if "config" in msg.content else {}
-            session.check_proposal(config)
-            received = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
-            keys = list(msg.content["arrays"].keys())  # type: ignore[union-attr]
-            with session.locked():
-                return self._round(msg, ctxt, call_next, session, config, received, keys)
-        except Exception as err:  # refused before anything was released: nothing applied
-            return LearnerSession.error_reply(msg, err)
+        # refused before anything was released: nothing applied
+        return answer(msg, self._round, msg, ctxt, call_next)
 
-    def _round(
-        self, msg: Message, ctxt: Context, call_next: ClientAppCallable,
-        session: LearnerSession, config: Mapping[str, Any], received: list[np.ndarray],
-        keys: list[str],
-    ) -> Message:
+    def _round(self, msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+        session = LearnerSession(ctxt, kind="round", defaults=self.defaults,
+                                 settings=self.settings, release_metrics=self.release_metrics)
         settings = session.settings
+        if not settings.private:
+            raise PrivacyConfigError("CorrNoiseRoundMod needs a noise mechanism, not 'none'")
+        config = dict(msg.content["config"]) if "config" in msg.content else {}
+        received = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
+        keys = list(msg.content["arrays"].keys())  # type: ignore[union-attr]
         shapes = tuple(tuple(int(d) for d in np.shape(a)) for a in received)
-        # the server's model, checked before the state is loaded, the app runs or any noise
-        # is drawn: a refusal here changes nothing
-        self._check_model(received, shapes, self.model_shapes, "declared")
-        state = session.load(list(shapes))
-        if state.noise is not None:
-            self._check_model(received, shapes, tuple(state.noise.shapes), "stream's")
-        if state.step >= settings.horizon:
-            raise HorizonExhaustedError(
-                f"this learner's per-round noise is calibrated for {settings.horizon} "
-                f"rounds and all of them have been used; it stops contributing"
-            )
-        delta, failure = self._wrapped_update(msg, ctxt, call_next, received)
-        token = state.noise.checkpoint()  # type: ignore[union-attr]
-        try:
-            noisy, norm = round_release(delta, settings.clip, state.noise)  # type: ignore[arg-type]
-            first = state.step
-            state.step += 1
-            state.rounds += 1
+
+        def check_model(state: LearnerState) -> None:
+            # the server's model, checked before the wrapped app runs or any noise is
+            # drawn (the state is only read): a refusal here changes nothing
+            self._check_model(received, shapes, self.model_shapes, "declared")
+            if state.noise is not None:
+                self._check_model(received, shapes, tuple(state.noise.shapes), "stream's")
+
+        with session.transaction(config, shapes, steps=1, check=check_model) as tx:
+            delta, failure = self._wrapped_update(msg, ctxt, call_next, received)
+            # the release: clip(Δ, B) + e[r], the one private step (Δ is the datum)
+            noisy = private_step(tx.state, settings, lambda: delta, delta.size, tx.counts)
+            tx.state.rounds += 1
             out, offset = [], 0
             for base in received:
                 base = np.asarray(base)
@@ -182,15 +183,10 @@ class CorrNoiseRoundMod:
                 dtype = base.dtype if np.issubdtype(base.dtype, np.floating) else np.float64
                 out.append((base.astype(np.float64) + part).astype(dtype))
                 offset += base.size
-            session.commit(state, first_step=first, position=first,
-                           server_round=int(config.get("server-round", -1)),
-                           diagnostics={"update-norm-clipped": float(norm > settings.clip),
-                                        "wrapped-app-failed": failure})
-        except BaseException:
-            state.noise.rollback(token)  # type: ignore[union-attr]
-            raise
+            tx.diagnostics = {"update-norm-clipped": float(tx.counts.clipped),
+                              "wrapped-app-failed": failure}
         arrays = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(keys, out, strict=True)})
-        return session.reply(msg, arrays, state, num_examples=1.0)
+        return tx.reply(msg, arrays, num_examples=1.0)
 
     @staticmethod
     def _check_model(received: list[np.ndarray], shapes: Shapes, expected: Shapes | None,

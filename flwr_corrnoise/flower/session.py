@@ -4,8 +4,12 @@ Every learner front end (:func:`~flwr_corrnoise.flower.make_client_app`,
 :class:`~flwr_corrnoise.flower.CorrNoiseNumPyClient` behind
 :func:`~flwr_corrnoise.flower.numpy_client_app`, the PyTorch helpers, and
 :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`) goes through a :class:`LearnerSession`,
-and every reply a private learner sends is built by :meth:`LearnerSession.reply` or
-:meth:`LearnerSession.error_reply`. Why one gate: a reply may hold the noised arrays and
+and every round it takes is one :class:`LearnerTransaction` (:meth:`LearnerSession.transaction`:
+the server's proposal checked, the state directory locked, the state loaded and checked,
+the round run, then committed — ledger, state, commit line — or rolled back), and every
+reply a private learner sends is built by :meth:`LearnerTransaction.reply` (the release
+gate, :meth:`LearnerSession.reply`) or :meth:`LearnerSession.error_reply` (:func:`answer`).
+Why one gate: a reply may hold the noised arrays and
 metadata that is a **function of the learner's settings, counters and the server's
 message** (steps, horizon, ε, δ, ε spent, noise std, round) — nothing else. A clipping
 rate, a loss, a data-dependent error message or reply kind is a release with ε = ∞; one
@@ -36,22 +40,28 @@ may allow-list metrics it accepts to leak (node config ``release-metrics``, or
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from ..learner import (
+    PRIVACY_METRICS,
     LearnerState,
     NonFiniteError,
     PrivacyConfigError,
     PrivacySettings,
+    StepCounts,
+    check_round,
     derive_seed,
+    privacy_metrics,
 )
 from ..persistence import StateBusyError, StateLostError, StateStore
 from ..privacy import PrivacyBudgetError
@@ -82,11 +92,11 @@ ERROR_CODES: dict[type[Exception], int] = {
 GENERIC_ERROR = 4100
 
 #: what a private learner's reply may hold besides the noised arrays: functions of its
-#: settings, counters and the server's message only
-RELEASED_METRICS = frozenset({
-    "steps", "horizon", "epsilon", "delta", "epsilon-spent", "noise-std", "rounds-noised",
-    "num-examples", "learner-id", "server-round",
-})
+#: settings, counters and the server's message only (the privacy metadata of
+#: :func:`~flwr_corrnoise.learner.privacy_metrics`, and what :meth:`LearnerSession.reply`
+#: adds)
+RELEASED_METRICS = frozenset(PRIVACY_METRICS) | {
+    "rounds-noised", "num-examples", "learner-id", "server-round"}
 
 #: run-config keys that carry privacy settings, and the proposal key each one maps to
 RUN_CONFIG_PROPOSAL = {
@@ -275,6 +285,19 @@ class LearnerSession:
         """Refuse a round config or run config that would weaken this learner's privacy."""
         self.settings.check_proposal({**run_config_proposal(self.context), **dict(config)})
 
+    def transaction(
+        self,
+        config: Mapping[str, Any],
+        shapes: Sequence[Sequence[int]],
+        *,
+        steps: int | None = None,
+        check: Callable[[LearnerState], None] | None = None,
+    ) -> LearnerTransaction:
+        """One round on this learner's state (:class:`LearnerTransaction`): use it as
+        ``with session.transaction(config, shapes, steps=τ) as tx: …`` and reply with
+        ``tx.reply(msg, arrays, num_examples=…)`` after the block."""
+        return LearnerTransaction(self, config, shapes, steps=steps, check=check)
+
     # -- state --------------------------------------------------------------------------------
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -370,15 +393,10 @@ class LearnerSession:
     # -- what leaves the learner ------------------------------------------------------------
     def privacy_metrics(self, state: LearnerState) -> dict[str, float]:
         """ε spent and the settings: functions of the settings and the counters only."""
-        s = self.settings
-        out: dict[str, float] = {"steps": float(state.step), "horizon": float(s.horizon)}
+        std = state.noise.std if state.noise is not None else None
+        out = privacy_metrics(self.settings, state.step, std)
         if self.kind == "round":
             out["rounds-noised"] = float(state.step)
-        cal = s.calibration()
-        if cal is not None:
-            std = state.noise.std if state.noise is not None else cal.std
-            out.update({"epsilon": float(s.epsilon), "delta": float(s.delta),
-                        "epsilon-spent": s.epsilon_spent(state.step), "noise-std": std})
         pid = self.config.get("partition-id")
         if pid is not None:
             out["learner-id"] = float(pid)
@@ -431,6 +449,146 @@ class LearnerSession:
             reason = f"flwr-corrnoise: {type(err).__name__}: {err}"
             log.warning("learner refuses the message: %s", reason)
         return Message(Error(code=code, reason=reason), reply_to=msg)
+
+
+class LearnerTransaction:
+    """**The learner transaction**: one message's round on the learner's state, the same
+    for every front end (the NumPy learner behind ``make_client_app`` and
+    ``numpy_client_app``, :class:`~flwr_corrnoise.flower.PrivateSteps` and the device
+    optimizer on it, :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`, the torch
+    ``ClientApp``).
+
+    :meth:`open` checks the server's proposal, takes the state directory's lock (held
+    until the end), loads the state (checked against its settings, ledger, marker and
+    commit log: :meth:`LearnerSession.load`), runs the front end's own ``check`` of it,
+    then refuses what the data cannot decide — no stream, the horizon for ``steps`` more
+    steps (rounds for the per-round mod), a model of another size, a budget too large
+    for a secure grid (:func:`~flwr_corrnoise.learner.check_round`) — and takes a
+    checkpoint. The front end runs its round on :attr:`state`, counting into
+    :attr:`counts` (or setting :attr:`diagnostics`). :meth:`commit` records and stores the
+    round (:meth:`LearnerSession.commit`) and releases the lock; :meth:`abort` (any
+    failure, including a failed commit) rolls the state object back and releases the
+    lock, so nothing was released and nothing changed. Only after a commit may
+    :meth:`reply` build the reply, through the release gate.
+
+    As a context manager (``with session.transaction(...) as tx:``) it opens on entry and
+    commits on a normal exit, or aborts and re-raises on an exception.
+    """
+
+    def __init__(
+        self,
+        session: LearnerSession,
+        config: Mapping[str, Any],
+        shapes: Sequence[Sequence[int]],
+        *,
+        steps: int | None = None,
+        check: Callable[[LearnerState], None] | None = None,
+    ) -> None:
+        self.session = session
+        self.config = dict(config)
+        self.shapes = [tuple(int(d) for d in s) for s in shapes]
+        self.steps = steps
+        self.check = check
+        self.server_round = int(self.config.get("server-round", -1))
+        #: the round's data-dependent counts (local diagnostics only)
+        self.counts = StepCounts()
+        #: the diagnostics committed with the round (default: :attr:`counts`)
+        self.diagnostics: dict[str, Any] | None = None
+        self.committed = False
+        self._state: LearnerState | None = None
+        self._exit = ExitStack()
+
+    @property
+    def state(self) -> LearnerState:
+        if self._state is None:
+            raise RuntimeError("the learner transaction is not open")
+        return self._state
+
+    @property
+    def taken(self) -> int:
+        """Steps taken in this round so far."""
+        return self.state.step - self.first_step
+
+    def open(self) -> LearnerState:
+        """Proposal, lock, load, checks, checkpoint (see the class docstring)."""
+        session = self.session
+        session.check_proposal(self.config)
+        self._exit.enter_context(session.locked())
+        try:
+            state = session.load(self.shapes)
+            if self.check is not None:
+                self.check(state)
+            unit = "rounds" if session.kind == "round" else "steps"
+            check_round(state, session.settings, sum(math.prod(s) for s in self.shapes),
+                        self.steps or 0, unit)
+        except BaseException:
+            self._exit.close()
+            raise
+        self._state = state
+        self.first_step, self.position = state.step, state.position
+        self._token = state.checkpoint()
+        return state
+
+    def commit(self, diagnostics: Mapping[str, Any] | None = None) -> None:
+        """Record and store the round — before any reply leaves — and release the lock;
+        a failed commit aborts (and re-raises)."""
+        if diagnostics is not None:
+            self.diagnostics = dict(diagnostics)
+        diag = self.diagnostics if self.diagnostics is not None else \
+            self.counts.diagnostics(self.taken)
+        try:
+            self.session.commit(self.state, first_step=self.first_step,
+                                position=self.position, server_round=self.server_round,
+                                diagnostics=diag)
+        except BaseException:
+            self.abort()
+            raise
+        self.committed = True
+        self._exit.close()
+
+    def abort(self) -> None:
+        """Roll the state object back and release the lock (idempotent; a no-op after a
+        commit): the round released nothing."""
+        if self._state is not None and not self.committed:
+            self._state.rollback(self._token)
+        self._exit.close()
+
+    def __enter__(self) -> LearnerTransaction:
+        self.open()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def reply(
+        self,
+        msg: Message,
+        arrays: ArrayRecord | list[np.ndarray],
+        *,
+        num_examples: float,
+        user_metrics: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """The train reply for the committed round, built by the release gate
+        (:meth:`LearnerSession.reply`)."""
+        if not self.committed:
+            raise PrivacyConfigError("a reply before the round was committed")
+        return self.session.reply(msg, arrays, self.state, num_examples=num_examples,
+                                  user_metrics=user_metrics)
+
+
+def answer(msg: Message, handler: Callable[..., Message], *args: Any) -> Message:
+    """``handler(*args)``, or — if it raises an ``Exception`` — the data-free error reply
+    (:meth:`LearnerSession.error_reply`). Why: every learner front end answers every
+    failure with a reply whose code and reason depend on configuration, state and the
+    server's message only; an interrupt (``BaseException``) still stops it."""
+    try:
+        return handler(*args)
+    except Exception as err:
+        return LearnerSession.error_reply(msg, err)
 
 
 def round_config(config: Mapping[str, Any]) -> tuple[int, float]:

@@ -21,13 +21,15 @@ once per local step::
 What the library owns: the learner's settings (the shared
 :class:`~flwr_corrnoise.flower.session.LearnerSession`: app defaults < run config in
 simulation < node config), the noise stream and the step counters (in ``context.state``,
-and with a node-config ``state-dir`` on disk, locked for the whole message), the horizon
-(a step past it is refused before anything is released), the server's proposal (refused if
-weaker) and the reply: :meth:`PrivateSteps.reply` builds it through the release gate —
-the arrays and the privacy metadata, nothing else. :meth:`PrivateSteps.guard` is a
-ClientApp mod that turns any failure into a data-free error reply, refuses a train reply
-that the gate did not build (it could hold an un-noised update), and refuses evaluate and
-query messages unless the learner opts in.
+and with a node-config ``state-dir`` on disk, locked for the whole message: the round is
+one :class:`~flwr_corrnoise.flower.session.LearnerTransaction`, opened here and committed
+by the reply), each step (:func:`~flwr_corrnoise.learner.private_step`, the one every
+NumPy front end takes; a step past the horizon is refused before anything is released),
+the server's proposal (refused if weaker) and the reply: :meth:`PrivateSteps.reply`
+builds it through the release gate — the arrays and the privacy metadata, nothing else.
+:meth:`PrivateSteps.guard` is a ClientApp mod that turns any failure into a data-free
+error reply, refuses a train reply that the gate did not build (it could hold an un-noised
+update), and refuses evaluate and query messages unless the learner opts in.
 
 What the user promises (as with Opacus, the loop is theirs): the model they release is a
 function of the received model and the gradients :meth:`PrivateSteps.step` returned only
@@ -46,24 +48,19 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
 from ..learner import (
-    FAILED,
-    NONFINITE,
-    SECURE_CLIP_LIMIT,
     LearnerState,
     PrivacyConfigError,
     PrivacySettings,
-    clip_by_global_norm,
-    datum_gradient,
+    StepCounts,
+    private_step,
 )
-from ..streams import HorizonExhaustedError
-from .session import LearnerSession, PrivateLearnerGuard
+from .session import LearnerSession, PrivateLearnerGuard, answer
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +109,6 @@ class PrivateSteps:
                                       release_metrics=release_metrics)
         self.settings = self.session.settings
         self.config = dict(msg.content["config"]) if "config" in msg.content else {}
-        self.session.check_proposal(self.config)
         record = msg.content["arrays"]
         if not isinstance(record, ArrayRecord):
             raise PrivacyConfigError("the train message holds no 'arrays' ArrayRecord")
@@ -120,28 +116,12 @@ class PrivateSteps:
         self.received = [np.asarray(a) for a in record.to_numpy_ndarrays()]
         self.shapes = [tuple(a.shape) for a in self.received]
         self.size = sum(math.prod(s) for s in self.shapes)
-        self._exit = ExitStack()
-        self._exit.enter_context(self.session.locked())
-        try:
-            self.state: LearnerState = self.session.load([tuple(s) for s in self.shapes])
-        except BaseException:
-            self._exit.close()
-            raise
-        noise, clip = self.state.noise, self.settings.clip
-        problem = ""
-        if noise is not None and noise.dim != self.size:
-            problem = (f"model has {self.size} parameters but the noise stream was created "
-                       f"for {noise.dim}")
-        elif noise is not None and noise.secure and clip > SECURE_CLIP_LIMIT * noise.std:
-            problem = (f"secure noise needs clip-norm ≤ 2^20 × noise std ({clip} > "
-                       f"{SECURE_CLIP_LIMIT} × {noise.std:.3g}): the budget is too large for "
-                       "its grid; set secure-noise = false")
-        if problem:  # refused before any step: data-independent, as in local_round
-            self._exit.close()
-            raise PrivacyConfigError(problem)
-        self.first_step, self.first_position = self.state.step, self.state.position
-        self._clipped = 0
-        self._zeroed = {NONFINITE: 0, FAILED: 0}  # local diagnostics only
+        #: the round: proposal, lock, load, the data-independent refusals (no step yet)
+        self.round = self.session.transaction(self.config, self.shapes)
+        self.state: LearnerState = self.round.open()
+        with _lock:  # from here on the guard closes the round if the train function fails
+            _OPEN[id(msg)] = self
+        self.first_step, self.first_position = self.round.first_step, self.round.position
         #: what step() returns: a single array or a list, with these shapes and dtypes —
         #: the last good gradient's structure this round, else the model's
         self._template: tuple[bool, list[tuple[tuple[int, ...], np.dtype]]] = (
@@ -151,8 +131,6 @@ class PrivateSteps:
         #: the steps are taken by a device optimizer that owns the stream
         #: (:func:`flwr_corrnoise.pytorch.private_optimizer`)
         self.external = False
-        with _lock:
-            _OPEN[id(msg)] = self
 
     @staticmethod
     def guard(allow_evaluation: bool = False) -> PrivateStepsGuard:
@@ -162,7 +140,13 @@ class PrivateSteps:
     @property
     def steps(self) -> int:
         """Steps taken in this round."""
-        return self.state.step - self.first_step
+        return self.round.taken
+
+    @property
+    def counts(self) -> StepCounts:
+        """This round's data-dependent counts (:class:`~flwr_corrnoise.learner.StepCounts`;
+        local diagnostics only)."""
+        return self.round.counts
 
     def step(self, grad: np.ndarray | Sequence[np.ndarray] | Callable[[], Any]) -> Any:
         """Clip ``grad`` (one array, or a list over the model's arrays) to the clip norm in
@@ -183,11 +167,6 @@ class PrivateSteps:
         if self.external:
             raise PrivacyConfigError("this round's steps belong to the device optimizer "
                                      "(private_optimizer): call its step()")
-        s, state = self.settings, self.state
-        if s.private and state.step + 1 > s.horizon:
-            raise HorizonExhaustedError(
-                f"this learner has taken {state.step} of the {s.horizon} steps its privacy "
-                f"budget covers; it stops contributing")
         value: Any = None
 
         def compute() -> Any:
@@ -195,20 +174,11 @@ class PrivateSteps:
             value = grad() if callable(grad) else grad
             return value
 
-        flat, why = datum_gradient(compute, self.size)
-        if why:
-            self._zeroed[why] += 1
-        else:  # the structure the user's loop expects back
+        flat = private_step(self.state, self.settings, compute, self.size, self.counts)
+        if not self.counts.last:  # a good gradient: the structure the loop expects back
             single = isinstance(value, np.ndarray) or np.isscalar(value)
             parts = [np.asarray(value)] if single else [np.asarray(g) for g in value]
             self._template = (single, [(p.shape, p.dtype) for p in parts])
-        if s.private:
-            flat, norm = clip_by_global_norm(flat, s.clip)
-            self._clipped += norm > s.clip
-            # the release: clipped + e (exactly trunc_g(clipped) + e for a secure stream)
-            flat = state.noise.add_next(flat)  # type: ignore[union-attr]
-        state.step += 1
-        state.position += 1
         single, layout = self._template
         out, offset = [], 0
         for shape, dtype in layout:
@@ -238,41 +208,26 @@ class PrivateSteps:
                       "releasing the received model (a zero update)")
             values = self.received
         self.state.rounds += 1
+        diagnostics = {**self.counts.diagnostics(self.steps), "model-replaced": float(not ok)}
         try:
-            self.session.commit(
-                self.state, first_step=self.first_step, position=self.first_position,
-                server_round=int(self.config.get("server-round", -1)),
-                diagnostics={"clipped-steps": float(self._clipped),
-                             "nonfinite-steps": float(self._zeroed[NONFINITE]),
-                             "failed-steps": float(self._zeroed[FAILED]),
-                             "local-steps": float(self.steps), "model-replaced": float(not ok)})
+            self.round.commit(diagnostics)  # before the reply leaves; aborts on failure
         finally:
             self.close()
         self._done = True
         record = ArrayRecord({k: Array(np.asarray(v)) for k, v in
                               zip(self.keys, values, strict=True)})
-        out = self.session.reply(self.msg, record, self.state, num_examples=1.0,
-                                 user_metrics=dict(metrics or {}))
+        out = self.round.reply(self.msg, record, num_examples=1.0,
+                               user_metrics=dict(metrics or {}))
         with _lock:
             _BUILT[id(self.msg)] = out
         return out
 
-    def record_external_steps(self, step: int, clipped: int, nonfinite: int,
-                              failed: int = 0) -> None:
-        """Steps a device optimizer took on this learner's stream (it owns the stream:
-        ``step`` is the stream's index now); the counts are local diagnostics only."""
-        taken = step - self.state.step
-        self.state.step += taken
-        self.state.position += taken
-        self._clipped += clipped
-        self._zeroed[NONFINITE] += nonfinite
-        self._zeroed[FAILED] += failed
-
     def close(self) -> None:
-        """Release the state lock (the guard does it if the train function failed)."""
+        """End the round: roll it back unless :meth:`reply` committed it, and release the
+        state lock (the guard does it if the train function failed)."""
         with _lock:
             _OPEN.pop(id(self.msg), None)
-        self._exit.close()
+        self.round.abort()
 
 
 class PrivateStepsGuard(PrivateLearnerGuard):
@@ -286,17 +241,8 @@ class PrivateStepsGuard(PrivateLearnerGuard):
         key = id(msg)
         with _lock:
             _GUARDED.add(key)
-        try:
-            reply = call_next(msg, ctxt)
-            with _lock:
-                built = _BUILT.get(key)
-            if reply is not built:
-                raise PrivacyConfigError(
-                    "the train function returned a reply that PrivateSteps.reply() did not "
-                    "build; it could hold an un-noised update, so the learner refuses")
-            return reply
-        except Exception as err:  # every failure becomes a clear, data-free reply
-            return LearnerSession.error_reply(msg, err)
+        try:  # every failure becomes a clear, data-free reply
+            return answer(msg, self._gated, msg, ctxt, call_next)
         finally:
             with _lock:
                 _GUARDED.discard(key)
@@ -304,3 +250,15 @@ class PrivateStepsGuard(PrivateLearnerGuard):
                 left = _OPEN.pop(key, None)
             if left is not None:
                 left.close()
+
+    @staticmethod
+    def _gated(msg: Message, ctxt: Context, call_next: Any) -> Message:
+        """The train function's reply, if it is the one :meth:`PrivateSteps.reply` built."""
+        reply = call_next(msg, ctxt)
+        with _lock:
+            built = _BUILT.get(id(msg))
+        if reply is not built:
+            raise PrivacyConfigError(
+                "the train function returned a reply that PrivateSteps.reply() did not "
+                "build; it could hold an un-noised update, so the learner refuses")
+        return reply
