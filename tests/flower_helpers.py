@@ -45,9 +45,26 @@ def read_results(out: Path) -> tuple[np.ndarray, dict[str, Any]]:
 def local_sgd(setup: Any, learner: int, r: int, x: np.ndarray) -> np.ndarray:
     """τ plain SGD steps of ``learner`` in round ``r`` from ``x`` (the unmodified app that
     the per-round and central variants wrap), for replays in tests."""
-    from flwr_corrnoise.experiment import logistic_gradient
+    from flwr_corrnoise.apps.logreg_task import logistic_gradient
 
     grad, z = logistic_gradient(setup, learner), np.array(x, dtype=np.float64)
     for t in range(setup.tau):
         z = z - setup.eta * grad([z], r * setup.tau + t)[0]
     return z
+
+
+def fingerprint(reply: Any) -> dict[str, Any]:
+    """Everything in a reply except the values of its arrays: the neighbouring-stream
+    tests compare these (record names, array names, shapes and dtypes, every metric and
+    config value, error codes and reasons)."""
+    from flwr.app import ArrayRecord
+
+    if reply.has_error():
+        return {"error": (reply.error.code, reply.error.reason)}
+    out: dict[str, Any] = {"records": sorted(reply.content.keys())}
+    for name, rec in reply.content.items():
+        if isinstance(rec, ArrayRecord):
+            out[name] = [(k, tuple(a.shape), a.dtype) for k, a in rec.items()]
+        else:
+            out[name] = dict(rec)
+    return out

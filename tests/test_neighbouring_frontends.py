@@ -48,6 +48,7 @@ from flwr_corrnoise.flower import (
     numpy_client_app,
 )
 
+from .flower_helpers import fingerprint
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
 
 K, D, TAU, ROUNDS, LR = 3, 4, 3, 3, 0.1
@@ -101,17 +102,6 @@ def message(kind: str, w: np.ndarray, server_round: int, dst: int = 1) -> Messag
     return Message(content=content, metadata=md)
 
 
-def fingerprint(reply: Message) -> dict[str, Any]:
-    """Everything in a reply except the values of its arrays."""
-    if reply.has_error():
-        return {"error": (reply.error.code, reply.error.reason)}
-    out: dict[str, Any] = {"records": sorted(reply.content.keys())}
-    for name, rec in reply.content.items():
-        if isinstance(rec, ArrayRecord):
-            out[name] = [(k, tuple(a.shape), a.dtype) for k, a in rec.items()]
-        else:
-            out[name] = dict(rec)
-    return out
 
 
 def context(partition: int = 0, state_dir: Path | None = None) -> Context:
@@ -202,7 +192,7 @@ def round_mod(kind: str) -> ClientApp:
 
 def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
     torch = pytest.importorskip("torch")
-    from flwr_corrnoise.pytorch import (
+    from flwr_corrnoise.flower import (
         TorchCorrNoiseClient,
         make_torch_client_app,
         private_optimizer,
@@ -376,7 +366,7 @@ def test_one_bad_example_in_a_batch_zeroes_only_itself(per_example: str, kind: s
     the noise is calibrated for."""
     torch = pytest.importorskip("torch")
     from flwr_corrnoise.learner import PrivacySettings
-    from flwr_corrnoise.pytorch import PrivateOptimizer
+    from flwr_corrnoise.torch import PrivateOptimizer
 
     def summed(kind_: str, keep: list[int]) -> tuple[np.ndarray, dict[str, float]]:
         torch.manual_seed(0)
@@ -405,7 +395,7 @@ def test_refusals_that_are_not_data_keep_their_error(simulated: None) -> None:
     """The rule covers data only: a model that does not match the server's arrays (the
     host engine) is refused (4101), not silently trained on zero gradients."""
     torch = pytest.importorskip("torch")
-    from flwr_corrnoise.pytorch import make_torch_client_app
+    from flwr_corrnoise.flower import make_torch_client_app
 
     app = make_torch_client_app(lambda c: torch.nn.Linear(D + 1, K, bias=False).double(),
                                 lambda c: (lambda i: (torch.zeros(1, D + 1),

@@ -39,6 +39,7 @@ from flwr_corrnoise.flower import (
     numpy_client_app,
 )
 
+from .flower_helpers import fingerprint
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
 
 DIM, TAU, ROUNDS = 4, 3, 3
@@ -72,17 +73,6 @@ def message(kind: str, x: np.ndarray, server_round: int) -> Message:
     return Message(content=content, metadata=md)
 
 
-def fingerprint(reply: Message) -> dict[str, Any]:
-    """Everything in a reply except the values of its noised arrays."""
-    if reply.has_error():
-        return {"error": (reply.error.code, reply.error.reason)}
-    out: dict[str, Any] = {"records": sorted(reply.content.keys())}
-    for name, rec in reply.content.items():
-        if isinstance(rec, ArrayRecord):
-            out[name] = [(k, tuple(a.shape), a.dtype) for k, a in rec.items()]
-        else:
-            out[name] = dict(rec)
-    return out
 
 
 def conversation(app: ClientApp, context: Context) -> list[dict[str, Any]]:
@@ -194,7 +184,7 @@ FRONT_ENDS: dict[str, Callable[[str], ClientApp]] = {
 
 def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
     torch = pytest.importorskip("torch")
-    from flwr_corrnoise.pytorch import TorchCorrNoiseClient, make_torch_client_app
+    from flwr_corrnoise.flower import TorchCorrNoiseClient, make_torch_client_app
 
     def model_fn(context: Context) -> Any:
         torch.manual_seed(0)
@@ -225,7 +215,7 @@ def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
 
     def optimizer_app(kind: str) -> ClientApp:
         """The user's own PyTorch loop with the device optimizer (per-example clipping)."""
-        from flwr_corrnoise.pytorch import private_optimizer
+        from flwr_corrnoise.flower import private_optimizer
 
         app = ClientApp(mods=[PrivateSteps.guard()])
 
