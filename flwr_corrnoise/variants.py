@@ -18,8 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .learner import PrivacySettings, clip_by_global_norm, derive_seed
-from .mechanisms import build_factorization
-from .privacy import Calibration, Method, calibrate
+from .privacy import Calibration, Method, calibrate_mechanism
 from .streams import NoiseStream
 
 #: where the noise is added: every local step (paper 000), every round on the learner
@@ -41,9 +40,9 @@ def central_calibration(
     method: Method = "exact",
 ) -> Calibration:
     """The Gaussian mechanism on the *sum* of clipped round updates over ``R`` rounds:
-    one datum of one learner moves one clipped update, hence the sum, by ``≤ 2B``."""
-    sens = build_factorization(mechanism, rounds).sensitivity
-    return calibrate(epsilon, delta, clip, sens, method, mechanism=mechanism, steps=rounds)
+    one datum of one learner moves one clipped update, hence the sum, by ``≤ 2B`` — the
+    same release description as a learner's, with rounds for steps."""
+    return calibrate_mechanism(epsilon, delta, clip, mechanism, rounds, method)
 
 
 def central_noise_std(calibration: Calibration, min_learners: int) -> float:

@@ -26,13 +26,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from flwr_corrnoise.accounting import Release
 from flwr_corrnoise.decentralized.chen_wang import count_zeroed, no_clip_is_inf, project_ball
 from flwr_corrnoise.decentralized.chen_wang_privacy import (
+    ACCOUNTANT,
     BOUND_FIELDS,
     PER_DATUM,
     PER_STEP,
-    baseline_epsilon_per_datum,
-    baseline_epsilon_per_step,
+    baseline_per_datum_release,
+    baseline_per_step_release,
     enforced_bounds,
     node_constants,
     record_bounds,
@@ -189,24 +191,32 @@ class MixingBaseline(NodeAlgorithm):
             L = node_constants(self, {}, 0)[1]
         return self.A[node, node] + L * np.asarray(self.step_size(np.arange(T)))
 
-    def epsilon(self, state: State, steps: int) -> dict[str, np.ndarray]:
-        """Both accountings per node (see :mod:`.chen_wang_privacy`), from the larger of the
-        bounds the node's state records and those enforced now."""
-        out: dict[str, list[float]] = {PER_STEP: [], PER_DATUM: []}
+    # -- privacy: the baseline describes its releases, the accountant composes them -----
+    def node_releases(self, state: State, steps: int) -> list[dict[str, Release]]:
+        """Per node of ``state``, its first ``steps`` releases under both labelled
+        descriptions (see :mod:`.chen_wang_privacy`), from the larger of the bounds the
+        node's state records and those enforced now — settings only, never data."""
         t = np.arange(steps)
         lam = np.asarray(self.step_size(t), dtype=float).reshape(steps)
+        out = []
         for k, node in enumerate(state["node"]):
             C, L = node_constants(self, state, k)
             sched = self.schedule(float(state["privacy_noise-scale"][k]),
                                   float(state["privacy_noise-rate"][k]))
-            if steps == 0:
-                out[PER_STEP].append(0.0)
-                out[PER_DATUM].append(0.0)
-                continue
             scales = np.asarray(sched.scale(t), dtype=float).reshape(steps)
-            out[PER_STEP].append(float(baseline_epsilon_per_step(lam, scales, C, self.dim)[-1]))
-            out[PER_DATUM].append(baseline_epsilon_per_datum(
-                lam, self.contraction(int(node), steps, L), scales, C, self.dim))
+            out.append({
+                PER_STEP: baseline_per_step_release(lam, scales, C, self.dim),
+                PER_DATUM: baseline_per_datum_release(
+                    lam, self.contraction(int(node), steps, L), scales, C, self.dim),
+            })
+        return out
+
+    def epsilon(self, state: State, steps: int) -> dict[str, np.ndarray]:
+        """Both accountings per node: :meth:`node_releases`, composed."""
+        out: dict[str, list[float]] = {PER_STEP: [], PER_DATUM: []}
+        for releases in self.node_releases(state, steps):
+            for label, release in releases.items():
+                out[label].append(ACCOUNTANT.epsilon(release))
         return {k: np.asarray(v) for k, v in out.items()}
 
 

@@ -28,7 +28,14 @@ import numpy as np
 
 from flwr_corrnoise.decentralized.chen_wang_privacy import (
     BOUND_FIELDS,
+    CONTRACTIVE,
+    THM5,
+    TIGHT,
+    NodeRelease,
+    clipped,
     enforced_bounds,
+    node_constants,
+    node_epsilons,
     record_bounds,
 )
 from flwr_corrnoise.decentralized.graphs import Graph, eigenvalues, laplacian_weights
@@ -259,11 +266,36 @@ class ChenWang(NodeAlgorithm):
     def decision(self, state: State) -> np.ndarray:
         return state["theta"]
 
-    def epsilon(self, state: State, steps: int) -> dict[str, np.ndarray]:
-        """ε per node after ``steps`` releases: the tight recursion (eq. 22) and Thm 5(i)."""
-        from flwr_corrnoise.decentralized.chen_wang_privacy import chen_wang_epsilons
+    # -- privacy: this algorithm describes its releases, the accountant composes them ---------
+    def node_releases(self, state: State) -> list[NodeRelease]:
+        """What the accountant reads of each node in ``state``: the step sizes, its own
+        ``|w_ii|`` and the network's smallest, the declared constants its state records
+        (:func:`~.chen_wang_privacy.node_constants`), the task's strong convexity and its
+        noise — settings only, never data."""
+        w_diag = np.abs(np.diag(self.W))
+        w_bar = float(w_diag.min())
+        mu = float(getattr(self.task, "strong_convexity", 0.0))
+        out = []
+        for k, node in enumerate(state["node"]):
+            C, L = node_constants(self, state, k)
+            out.append(NodeRelease(self.steps, w_self=float(w_diag[int(node)]), L=L, C=C,
+                                   dim=self.dim,
+                                   noise_scale=float(state["privacy_noise-scale"][k]),
+                                   exponent=float(state["privacy_noise-exponent"][k]),
+                                   w_bar=w_bar, mu=mu))
+        return out
 
-        return chen_wang_epsilons(self, state, steps)
+    def accountants(self, state: State) -> list[str]:
+        """The labelled bounds that hold for ``state``'s nodes: eq. (22) and Theorem 5(i)
+        always, the contractive one only for an unclipped, convex task (``task.convex``)."""
+        labels = [TIGHT, THM5]
+        if not clipped(self, state) and getattr(self.task, "convex", False):
+            labels.append(CONTRACTIVE)
+        return labels
+
+    def epsilon(self, state: State, steps: int) -> dict[str, np.ndarray]:
+        """ε per node after ``steps`` releases, under every label of :meth:`accountants`."""
+        return node_epsilons(self.node_releases(state), steps, self.accountants(state))
 
 
 @register("chen-wang")

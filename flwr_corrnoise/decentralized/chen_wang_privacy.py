@@ -52,20 +52,29 @@ Baselines, two accountants each (labelled):
   ``k`` only; afterwards the difference propagates through the learner's *own* state with
   factor ``a_t`` (DSGD: ``A_ii + L λ_t``; DOLA and PDOP mix only *released* values, so
   ``a_t = 0`` and a datum affects exactly one release). ``ε = max_k Σ_{t>k} √d Φ_t^{(k)}/ϱ_t``.
+
+**Descriptions and the accountant.** Each label is a *description* of the releases: a
+:class:`~flwr_corrnoise.accounting.LaplaceSeries` of per-step sensitivities, or a
+:class:`~flwr_corrnoise.accounting.PerDatumLaplace` for the per-datum relation. One
+accountant composes them all: :class:`~flwr_corrnoise.accounting.BasicComposition`
+(Lemma 2). An algorithm builds its descriptions from its settings and its nodes' states
+(:class:`NodeRelease`; ``node_releases`` of paper 003's algorithms). Nothing here reads an
+algorithm's update rule or imports an algorithm module. The bound helpers
+(:func:`gradient_constants`, :func:`node_constants`, …) read only the algorithm's task and
+``clip``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
+from flwr_corrnoise.accounting import BasicComposition, LaplaceSeries, PerDatumLaplace
 from flwr_corrnoise.decentralized.protocol import State
-
-if TYPE_CHECKING:
-    from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes
 
 __all__ = [
     "BOUND_FIELDS",
@@ -74,19 +83,36 @@ __all__ = [
     "PER_STEP",
     "THM5",
     "TIGHT",
+    "NodeRelease",
+    "StepRule",
     "baseline_epsilon_per_datum",
     "baseline_epsilon_per_step",
+    "baseline_per_datum_release",
+    "baseline_per_step_release",
     "chen_wang_epsilon",
     "chen_wang_epsilons",
     "contractive_sensitivity",
     "cumulative_epsilon",
     "enforced_bounds",
     "node_constants",
+    "node_epsilons",
     "noise_scale_for_epsilon",
     "record_bounds",
     "thm5_sensitivity",
     "tight_sensitivity",
 ]
+
+#: the one composition every label here uses (Lemma 2: pure ε adds up)
+ACCOUNTANT = BasicComposition()
+
+
+class StepRule(Protocol):
+    """The step sizes a node uses, as the accountant reads them: ``λ_t`` (gradient step) and
+    ``γ_t`` (coupling) at 0-based steps ``t`` (:class:`~.chen_wang.StepSizes` is one)."""
+
+    def lam(self, t: int | np.ndarray) -> np.ndarray | float: ...
+
+    def gamma(self, t: int | np.ndarray) -> np.ndarray | float: ...
 
 TIGHT = "tight (eq. 22)"
 THM5 = "Theorem 5(i)"
@@ -109,7 +135,7 @@ def _check(T: int, C: float, L: float, dim: int) -> None:
         raise ValueError(f"dim must be a positive integer, got {dim!r}")
 
 
-def tight_sensitivity(T: int, steps: StepSizes, w_self: float, L: float, C: float,
+def tight_sensitivity(T: int, steps: StepRule, w_self: float, L: float, C: float,
                       dim: int) -> np.ndarray:
     """ℓ1 sensitivities ``Δ_0..Δ_{T−1}`` of the released ``θ_t`` by eq. (22)."""
     _check(T, C, L, dim)
@@ -122,7 +148,7 @@ def tight_sensitivity(T: int, steps: StepSizes, w_self: float, L: float, C: floa
     return math.sqrt(dim) * phi
 
 
-def contractive_sensitivity(T: int, steps: StepSizes, w_self: float, L: float, mu: float,
+def contractive_sensitivity(T: int, steps: StepRule, w_self: float, L: float, mu: float,
                             C: float, dim: int) -> np.ndarray:
     """ℓ1 sensitivities by the co-coercivity recursion (see the module docstring)."""
     _check(T, C, L, dim)
@@ -141,7 +167,7 @@ def contractive_sensitivity(T: int, steps: StepSizes, w_self: float, L: float, m
     return math.sqrt(dim) * phi
 
 
-def thm5_sensitivity(T: int, steps: StepSizes, w_bar: float, L: float, C: float,
+def thm5_sensitivity(T: int, steps: StepRule, w_bar: float, L: float, C: float,
                      dim: int) -> np.ndarray:
     """ℓ1 sensitivities ``√d C τ_t`` of Theorem 5(i) for ``t = 0..T−1`` (``τ_0 = 0``)."""
     _check(T, C, L, dim)
@@ -155,37 +181,68 @@ def thm5_sensitivity(T: int, steps: StepSizes, w_bar: float, L: float, C: float,
 
 
 def cumulative_epsilon(sensitivity: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """Lemma 2: ``ε(T') = Σ_{t<T'} Δ_t / ϱ_t`` for ``T' = 1..T`` (``inf`` where ϱ_t = 0 < Δ_t)."""
-    sens = np.asarray(sensitivity, dtype=float)
-    sc = np.asarray(scales, dtype=float)
-    if sens.shape != sc.shape:
-        raise ValueError("sensitivity and scales must have the same length")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(sens == 0, 0.0, sens / sc)
-    return np.cumsum(terms)
+    """Lemma 2: ``ε(T') = Σ_{t<T'} Δ_t / ϱ_t`` for ``T' = 1..T`` (``inf`` where ϱ_t = 0 < Δ_t):
+    basic composition of the :class:`~flwr_corrnoise.accounting.LaplaceSeries`."""
+    return ACCOUNTANT.epsilon_curve(LaplaceSeries(sensitivity, scales))
 
 
-def chen_wang_epsilon(T: int, steps: StepSizes, *, w_self: float, L: float, C: float,
+@dataclass(frozen=True)
+class NodeRelease:
+    """What paper 003's accountants read of one node's releases ``y_t = θ_t + Lap(ϱ_t)^d``:
+    its step sizes, its own mixing weight ``|w_ii|`` (and the network's smallest, ``w̄``, for
+    Theorem 5(i)), the declared constants ``C`` and ``L`` (and the strong convexity ``μ``
+    for the contractive bound), the dimension and its noise ``ϱ_t = ϱ₀ (t+1)^ς``.
+
+    The algorithm builds it from its settings and the node's state (never from data:
+    :meth:`~.chen_wang.ChenWang.node_releases`); :meth:`event` turns it into the Laplace
+    series a label's sensitivity bound gives, which the accountant composes.
+    """
+
+    steps: StepRule
+    w_self: float
+    L: float
+    C: float
+    dim: int
+    noise_scale: float
+    exponent: float
+    w_bar: float | None = None
+    mu: float = 0.0
+
+    def scales(self, T: int) -> np.ndarray:
+        """``ϱ_t = ϱ₀ (t+1)^ς`` for ``t = 0..T−1``."""
+        t = np.arange(T, dtype=float)
+        return self.noise_scale * (t + 1.0) ** self.exponent
+
+    def sensitivities(self, T: int, accountant: str = TIGHT) -> np.ndarray:
+        """ℓ1 sensitivities ``Δ_0..Δ_{T−1}`` by the bound ``accountant`` names."""
+        if accountant == TIGHT:
+            return tight_sensitivity(T, self.steps, self.w_self, self.L, self.C, self.dim)
+        if accountant == THM5:
+            w_bar = self.w_self if self.w_bar is None else self.w_bar
+            return thm5_sensitivity(T, self.steps, w_bar, self.L, self.C, self.dim)
+        if accountant == CONTRACTIVE:
+            return contractive_sensitivity(T, self.steps, self.w_self, self.L, self.mu,
+                                           self.C, self.dim)
+        raise ValueError(f"unknown accountant {accountant!r}; use {TIGHT!r}, {THM5!r} or "
+                         f"{CONTRACTIVE!r}")
+
+    def event(self, T: int, accountant: str = TIGHT) -> LaplaceSeries:
+        """The node's first ``T`` releases as the labelled bound describes them."""
+        scales = self.scales(T)
+        return LaplaceSeries(self.sensitivities(T, accountant), scales)
+
+
+def chen_wang_epsilon(T: int, steps: StepRule, *, w_self: float, L: float, C: float,
                       dim: int, noise_scale: float, exponent: float,
                       accountant: str = TIGHT, w_bar: float | None = None,
                       mu: float = 0.0) -> np.ndarray:
     """Cumulative ε of one learner after ``1..T`` releases, ``ϱ_t = noise_scale (t+1)^exponent``
     (``mu``: strong convexity, used by the contractive accountant only)."""
-    t = np.arange(T, dtype=float)
-    scales = noise_scale * (t + 1.0) ** exponent
-    if accountant == TIGHT:
-        sens = tight_sensitivity(T, steps, w_self, L, C, dim)
-    elif accountant == THM5:
-        sens = thm5_sensitivity(T, steps, w_self if w_bar is None else w_bar, L, C, dim)
-    elif accountant == CONTRACTIVE:
-        sens = contractive_sensitivity(T, steps, w_self, L, mu, C, dim)
-    else:
-        raise ValueError(f"unknown accountant {accountant!r}; use {TIGHT!r}, {THM5!r} or "
-                         f"{CONTRACTIVE!r}")
-    return cumulative_epsilon(sens, scales)
+    release = NodeRelease(steps, w_self, L, C, dim, noise_scale, exponent, w_bar, mu)
+    return ACCOUNTANT.epsilon_curve(release.event(T, accountant))
 
 
-def noise_scale_for_epsilon(epsilon: float, T: int, steps: StepSizes, *, w_self: float,
+def noise_scale_for_epsilon(epsilon: float, T: int, steps: StepRule, *, w_self: float,
                             L: float, C: float, dim: int, exponent: float,
                             accountant: str = TIGHT, w_bar: float | None = None,
                             mu: float = 0.0) -> float:
@@ -195,38 +252,32 @@ def noise_scale_for_epsilon(epsilon: float, T: int, steps: StepSizes, *, w_self:
         raise ValueError(f"ε must be finite and > 0, got {epsilon!r}")
     if T < 1:
         raise ValueError("need at least one release")
-    unit = chen_wang_epsilon(T, steps, w_self=w_self, L=L, C=C, dim=dim, noise_scale=1.0,
-                             exponent=exponent, accountant=accountant, w_bar=w_bar,
-                             mu=mu)[-1]
-    return float(unit / epsilon)
+    unit = NodeRelease(steps, w_self, L, C, dim, 1.0, exponent, w_bar, mu)
+    return ACCOUNTANT.scale_for(unit.event(T, accountant), epsilon)
 
 
-def chen_wang_epsilons(algo: ChenWang, state: State, steps: int) -> dict[str, np.ndarray]:
-    """ε per node (every applicable accountant) for the nodes in ``state`` after ``steps``
-    releases; the contractive one only for an unclipped, convex task (``task.convex``)."""
-    w_diag = np.abs(np.diag(algo.W))
-    w_bar = float(w_diag.min())
-    accountants = [TIGHT, THM5]
-    mu = float(getattr(algo.task, "strong_convexity", 0.0))
-    if not clipped(algo, state) and getattr(algo.task, "convex", False):
-        accountants.append(CONTRACTIVE)
+def node_epsilons(releases: Sequence[NodeRelease], steps: int,
+                  accountants: Sequence[str]) -> dict[str, np.ndarray]:
+    """ε per node after ``steps`` releases under each labelled bound: 0 before any
+    release, ``inf`` for a node without noise (``ϱ₀ = 0``)."""
     out: dict[str, list[float]] = {acc: [] for acc in accountants}
-    for k, node in enumerate(state["node"]):
-        C, L = node_constants(algo, state, k)
-        b0 = float(state["privacy_noise-scale"][k])
-        s = float(state["privacy_noise-exponent"][k])
+    for release in releases:
         for acc in accountants:
             if steps == 0:
                 out[acc].append(0.0)
-                continue
-            if b0 == 0:
+            elif release.noise_scale == 0:
                 out[acc].append(math.inf)
-                continue
-            eps = chen_wang_epsilon(steps, algo.steps, w_self=float(w_diag[int(node)]), L=L,
-                                    C=C, dim=algo.dim, noise_scale=b0, exponent=s,
-                                    accountant=acc, w_bar=w_bar, mu=mu)[-1]
-            out[acc].append(float(eps))
+            else:
+                out[acc].append(ACCOUNTANT.epsilon(release.event(steps, acc)))
     return {k: np.asarray(v) for k, v in out.items()}
+
+
+def chen_wang_epsilons(algo: Any, state: State, steps: int) -> dict[str, np.ndarray]:
+    """ε per node (every applicable accountant) for the nodes in ``state`` after ``steps``
+    releases — kept for callers of this name: ``algo.epsilon(state, steps)``, which builds
+    the node descriptions (:meth:`~.chen_wang.ChenWang.node_releases`) and calls
+    :func:`node_epsilons`."""
+    return algo.epsilon(state, steps)
 
 
 def gradient_constants(algo: object, feature_bound: float | None = None,
@@ -305,31 +356,40 @@ def clipped(algo: object, state: State) -> bool:
 
 
 # -- baselines ---------------------------------------------------------------------------
-def baseline_epsilon_per_step(step_sizes: np.ndarray, scales: np.ndarray, C: float,
-                              dim: int) -> np.ndarray:
-    """The papers' accounting: release ``t ≥ 1`` is charged ``√d · step_{t−1} · C / ϱ_t``;
-    cumulative over ``1..T`` releases (release 0 is data-independent)."""
+def baseline_per_step_release(step_sizes: np.ndarray, scales: np.ndarray, C: float,
+                              dim: int) -> LaplaceSeries:
+    """The papers' description: release ``t ≥ 1`` has sensitivity ``√d · step_{t−1} · C``
+    (one step's worth), release 0 none (it is data-independent)."""
     step_sizes = np.asarray(step_sizes, dtype=float)
     scales = np.asarray(scales, dtype=float)
     sens = np.zeros_like(scales)
     sens[1:] = math.sqrt(dim) * step_sizes[:-1] * C
-    return cumulative_epsilon(sens, scales)
+    return LaplaceSeries(sens, scales)
+
+
+def baseline_epsilon_per_step(step_sizes: np.ndarray, scales: np.ndarray, C: float,
+                              dim: int) -> np.ndarray:
+    """The papers' accounting: release ``t ≥ 1`` is charged ``√d · step_{t−1} · C / ϱ_t``;
+    cumulative over ``1..T`` releases (release 0 is data-independent)."""
+    return ACCOUNTANT.epsilon_curve(baseline_per_step_release(step_sizes, scales, C, dim))
+
+
+def baseline_per_datum_release(step_sizes: np.ndarray, contraction: np.ndarray,
+                               scales: np.ndarray, C: float, dim: int) -> PerDatumLaplace:
+    """The rigorous description: datum ``ξ_k`` enters the update of step ``k`` only, moving
+    release ``k+1`` by ``√d · step_k · C``, and then the learner's own state with factor
+    ``a_t`` (``contraction``; 0 for a node that mixes released values only)."""
+    step_sizes = np.asarray(step_sizes, dtype=float)
+    scales = np.asarray(scales, dtype=float)
+    entry = np.zeros_like(scales)
+    n = min(step_sizes.size, scales.size)
+    entry[:n] = math.sqrt(dim) * step_sizes[:n] * C
+    return PerDatumLaplace(entry, np.asarray(contraction, dtype=float)[: scales.size], scales)
 
 
 def baseline_epsilon_per_datum(step_sizes: np.ndarray, contraction: np.ndarray,
                                scales: np.ndarray, C: float, dim: int) -> float:
     """Rigorous per-datum ε over releases ``0..T−1``: ``max_k C·step_k·H_{k+1}``,
     ``H_j = √d/ϱ_j + a_j H_{j+1}`` (``H_T = 0``), ``a_j`` the own-state propagation factor."""
-    step_sizes = np.asarray(step_sizes, dtype=float)
-    a = np.asarray(contraction, dtype=float)
-    scales = np.asarray(scales, dtype=float)
-    T = scales.size
-    if T < 2:
-        return 0.0
-    H = np.zeros(T + 1)
-    with np.errstate(divide="ignore"):
-        inv = np.where(scales > 0, 1.0 / np.maximum(scales, 1e-300), math.inf)
-    for j in range(T - 1, 0, -1):
-        H[j] = math.sqrt(dim) * inv[j] + (a[j] * H[j + 1] if a[j] != 0 else 0.0)
-    per_k = C * step_sizes[: T - 1] * H[1:T]
-    return float(per_k.max())
+    return ACCOUNTANT.epsilon(
+        baseline_per_datum_release(step_sizes, contraction, scales, C, dim))

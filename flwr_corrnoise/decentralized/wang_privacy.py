@@ -29,6 +29,11 @@ non-expansive). The paper calibrates it by basic composition over all ``T`` roun
 ``μ_t = 2a√dCT/ε`` (:data:`OGD_COMPOSITION`). Conditioned on past releases a datum changes
 exactly one release, so ``μ_t = 2a√dC/ε`` is already (ε, 0) over all rounds
 (:data:`OGD_PER_DATUM`) — both are offered and labelled.
+
+Every label is a release *description* (``*_release(s)``: the sensitivity bound, the node
+count, the neighbouring relation), composed by one accountant,
+:class:`~flwr_corrnoise.accounting.BasicComposition`; calibrations ask it for the scale
+factor that makes the description's ε exactly the learner's own.
 """
 
 from __future__ import annotations
@@ -37,6 +42,15 @@ import math
 
 import numpy as np
 
+from flwr_corrnoise.accounting import (
+    BasicComposition,
+    LaplaceRelease,
+    LaplaceSeries,
+    NoRelease,
+    PerDatumLaplace,
+    Release,
+    SelfComposed,
+)
 from flwr_corrnoise.decentralized.gossip import gossip_polynomial
 from flwr_corrnoise.decentralized.tree_laplace import max_nodes_per_leaf
 
@@ -46,12 +60,16 @@ __all__ = [
     "OGD_PER_DATUM",
     "PAPER",
     "exact_epsilon",
+    "exact_release",
     "exact_scale",
     "exact_sensitivity",
     "network_epsilon",
+    "network_releases",
     "ogd_epsilon",
+    "ogd_releases",
     "ogd_scale_factor",
     "paper_epsilon",
+    "paper_release",
     "paper_scale",
 ]
 
@@ -61,6 +79,9 @@ NETWORK = "exact-network"
 OGD_COMPOSITION = "paper-basic-composition"
 OGD_PER_DATUM = "per-datum"
 
+#: every label here is pure ε by basic composition; they differ in the description
+ACCOUNTANT = BasicComposition()
+
 
 def _check_eps(eps: float) -> float:
     if not (eps > 0) or math.isnan(eps):
@@ -68,15 +89,24 @@ def _check_eps(eps: float) -> float:
     return float(eps)
 
 
+def paper_release(d: int, G: float, alpha: float, R: float, T: int, b: float) -> LaplaceRelease:
+    """Theorem 3.6's description: the learner's whole tree output as one Laplace release of
+    ℓ1 sensitivity ``6√d (G + αR)(2 + log₂T)`` (Lemma D.3's ``Δ_tot`` bound times its node
+    count bound) and scale ``b``."""
+    return LaplaceRelease(6 * math.sqrt(d) * (G + alpha * R) * (2 + math.log2(T)), b)
+
+
 def paper_scale(d: int, G: float, alpha: float, R: float, T: int, eps: float) -> float:
     """``b = 6√d (G + αR)(2 + log₂T)/ε`` (Theorems 3.6/3.9); 0 when ``ε = ∞``."""
     eps = _check_eps(eps)
-    return 0.0 if math.isinf(eps) else 6 * math.sqrt(d) * (G + alpha * R) * (2 + math.log2(T)) / eps
+    if math.isinf(eps):
+        return 0.0
+    return ACCOUNTANT.scale_for(paper_release(d, G, alpha, R, T, 1.0), eps)
 
 
 def paper_epsilon(d: int, G: float, alpha: float, R: float, T: int, b: float) -> float:
     """The ε Theorem 3.6 claims for scale ``b``."""
-    return math.inf if b == 0 else 6 * math.sqrt(d) * (G + alpha * R) * (2 + math.log2(T)) / b
+    return math.inf if b == 0 else ACCOUNTANT.epsilon(paper_release(d, G, alpha, R, T, b))
 
 
 def exact_sensitivity(P: np.ndarray, steps: int, theta: float, G: float, d: int) -> float:
@@ -85,28 +115,43 @@ def exact_sensitivity(P: np.ndarray, steps: int, theta: float, G: float, d: int)
     return 2 * G * math.sqrt(d) * float(np.abs(M).sum(axis=0).max())
 
 
+def exact_release(delta_tot: float, leaves: int, b: float) -> SelfComposed:
+    """The exact description: a leaf lies in ``⌊log₂N⌋ + 1`` noisy nodes of a tree of ``N``
+    leaves, each a Laplace release of ``Δ_tot`` at scale ``b``."""
+    return SelfComposed(LaplaceRelease(delta_tot, b), max_nodes_per_leaf(max(1, leaves)))
+
+
 def exact_epsilon(delta_tot: float, leaves: int, b: float) -> float:
     """``(⌊log₂N⌋ + 1) Δ_tot / b`` for a tree of ``N`` leaves."""
     if b == 0:
         return math.inf
-    return max_nodes_per_leaf(max(1, leaves)) * delta_tot / b
+    return ACCOUNTANT.epsilon(exact_release(delta_tot, leaves, b))
 
 
 def exact_scale(delta_tot: float, leaves: int, eps: float) -> float:
     """The scale making :func:`exact_epsilon` equal ``ε``."""
     eps = _check_eps(eps)
-    return 0.0 if math.isinf(eps) else max_nodes_per_leaf(max(1, leaves)) * delta_tot / eps
+    if math.isinf(eps):
+        return 0.0
+    return ACCOUNTANT.scale_for(exact_release(delta_tot, leaves, 1.0), eps)
+
+
+def network_releases(P: np.ndarray, steps: int, theta: float, G: float, d: int, leaves: int,
+                     scales: np.ndarray) -> list[Release]:
+    """Per data owner ``j``: its leaf reaches learner ``i``'s tree moved by
+    ``2G√d·|M_L[i, j]|`` (ℓ1), released there at ``b_i`` — in ``⌊log₂N⌋+1`` nodes."""
+    M = np.abs(gossip_polynomial(P, steps, theta))
+    b = np.asarray(scales, dtype=float)
+    count = max_nodes_per_leaf(max(1, leaves))
+    return [SelfComposed(LaplaceSeries(2 * G * math.sqrt(d) * M[:, j], b), count)
+            for j in range(M.shape[1])]
 
 
 def network_epsilon(P: np.ndarray, steps: int, theta: float, G: float, d: int, leaves: int,
                     scales: np.ndarray) -> np.ndarray:
     """Per data owner ``j``: ``(⌊log₂N⌋+1)·2G√d·Σ_i |M_L[i, j]| / b_i`` (heterogeneous scales)."""
-    M = np.abs(gossip_polynomial(P, steps, theta))
-    b = np.asarray(scales, dtype=float)
-    with np.errstate(divide="ignore"):
-        inv = np.where(b > 0, 1.0 / np.where(b > 0, b, 1.0), np.inf)
-    contrib = np.where(M > 0, M * inv[:, None], 0.0)
-    return max_nodes_per_leaf(max(1, leaves)) * 2 * G * math.sqrt(d) * contrib.sum(axis=0)
+    return np.array([ACCOUNTANT.epsilon(r)
+                     for r in network_releases(P, steps, theta, G, d, leaves, scales)])
 
 
 def ogd_scale_factor(accounting: str, T: int) -> float:
@@ -119,15 +164,30 @@ def ogd_scale_factor(accounting: str, T: int) -> float:
                      f"use {OGD_COMPOSITION!r} or {OGD_PER_DATUM!r}")
 
 
+def ogd_releases(steps_sizes: np.ndarray, scales: np.ndarray, C: float, d: int
+                 ) -> dict[str, Release]:
+    """PD-OGD's releases ``0..n`` (release ``t ≥ 1`` has sensitivity ``2 a_{t−1} C√d`` and
+    scale ``scales[t−1]``; release 0 is data-independent and drawn at ``scales[0]``), both
+    labelled ways: every release charged (composition), or a datum — which enters one
+    update and shows in the next release only, since the learner mixes released values —
+    charged where it shows (per datum)."""
+    a = np.asarray(steps_sizes, dtype=float).reshape(-1)
+    mu = np.asarray(scales, dtype=float).reshape(-1)
+    if a.size == 0:
+        return {OGD_COMPOSITION: NoRelease(), OGD_PER_DATUM: NoRelease()}
+    sens = 2 * a * C * math.sqrt(d)
+    first = mu[:1]
+    return {
+        OGD_COMPOSITION: LaplaceSeries(np.concatenate([[0.0], sens]),
+                                       np.concatenate([first, mu])),
+        OGD_PER_DATUM: PerDatumLaplace(np.concatenate([sens, [0.0]]), np.zeros(a.size + 1),
+                                       np.concatenate([first, mu])),
+    }
+
+
 def ogd_epsilon(steps_sizes: np.ndarray, scales: np.ndarray, C: float, d: int
                 ) -> dict[str, float]:
     """ε of PD-OGD releases ``1..`` (release ``t`` has sensitivity ``2 a_{t−1} C√d`` and scale
     ``scales[t−1]``): the sum over releases (basic composition) and the max (per datum)."""
-    a = np.asarray(steps_sizes, dtype=float)
-    mu = np.asarray(scales, dtype=float)
-    if a.size == 0:
-        return {OGD_COMPOSITION: 0.0, OGD_PER_DATUM: 0.0}
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per = np.where(mu > 0, 2 * a * C * math.sqrt(d) / np.where(mu > 0, mu, 1.0), np.inf)
-    per = np.where(a == 0, 0.0, per)
-    return {OGD_COMPOSITION: float(per.sum()), OGD_PER_DATUM: float(per.max())}
+    return {label: ACCOUNTANT.epsilon(release)
+            for label, release in ogd_releases(steps_sizes, scales, C, d).items()}
