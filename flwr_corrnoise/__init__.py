@@ -5,6 +5,7 @@ The core (mechanisms, noise streams, calibration) needs only NumPy and SciPy; th
 layer builds on it. See ``docs/`` and ``README.md``.
 """
 
+from .learner import PrivacyConfigError, PrivacySettings
 from .mechanisms import MECHANISMS, Factorization, build_factorization
 from .privacy import (
     Calibration,
@@ -25,6 +26,8 @@ __all__ = [
     "HorizonExhaustedError",
     "NoiseStream",
     "PrivacyBudgetError",
+    "PrivacyConfigError",
+    "PrivacySettings",
     "__version__",
     "build_factorization",
     "calibrate",
