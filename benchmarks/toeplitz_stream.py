@@ -17,7 +17,7 @@ run). This script measures, on one core's worth of torch CPU kernels, float32:
   ``--max-stored-gb``;
 * ``regenerated`` — the same increment recomputed from the counter-seeded draws;
 * ``blt`` and ``independent`` — one step of the BLT stream (4 buffers,
-  :class:`~flwr_corrnoise.torch_streams.TorchNoiseStream`) and one ``randn(d)``;
+  :class:`~flwr_corrnoise.torch.TorchNoiseStream`) and one ``randn(d)``;
 
 checks that the regenerated increment equals the stored one (same draws) and extrapolates
 each to the whole run (per-step time linear in ``k``, fitted on ``--ks``; summed over
@@ -35,7 +35,7 @@ import torch
 from _format import human_bytes
 
 from flwr_corrnoise.mechanisms import build_factorization
-from flwr_corrnoise.torch_streams import TorchNoiseStream
+from flwr_corrnoise.torch import TorchNoiseStream
 
 
 def draw(key: int, j: int, d: int) -> torch.Tensor:

@@ -13,8 +13,8 @@ plus drawing ``d`` Gaussians (the batch-1 target is ≤ 1.5× that) and Opacus:
   a user would otherwise run;
 * ``draw d Gaussians + bare`` — the bare block plus ``torch.randn(d)`` per step: the floor
   for a private step at batch 1 (every mechanism draws at least one d-vector per step);
-* ``ours, <mechanism>`` — :class:`flwr_corrnoise.pytorch.PrivateOptimizer` on the model's
-  device: per-example gradients (``torch.func``), per-example clipping, the correlated
+* ``ours, <mechanism>`` — :class:`flwr_corrnoise.torch.PrivateOptimizer` on the model's
+  device: per-example gradients (the layers' grad samplers), per-example clipping, the correlated
   increment from the device stream, the SGD step (and the round's running sum for ĝ);
 * ``ours, <mechanism>, whole-batch clip`` — the same with ``loss.backward()`` and the batch
   gradient clipped as a whole (batch 1 only: per-example clipping is the point at b > 1);
@@ -30,15 +30,21 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from flwr_corrnoise.cnn import PaperCNN
 from flwr_corrnoise.learner import LearnerState, PrivacySettings
 from flwr_corrnoise.mechanisms import check_mechanism, mechanism_names
-from flwr_corrnoise.pytorch import PrivateOptimizer, torch_local_round
+from flwr_corrnoise.torch import PrivateOptimizer, torch_local_round
+
+# the paper's CNN is experiment code (the repository's experiments/, not installed); this
+# script runs as `python benchmarks/torch_step.py`, so the repository root is put on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from experiments.cnn import PaperCNN
 
 ETA = 0.01
 #: the default subset: constant-memory correlated noise and its baseline (checked)

@@ -41,7 +41,7 @@ from . import arraypack
 from .mechanisms import MECHANISMS, FactorizationChangedError, build_factorization
 from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
 from .settings_keys import lookup, require
-from .streams import HorizonExhaustedError, NoiseStream, new_seed, split_flat
+from .streams import HorizonExhaustedError, NoiseStream, new_seed, restore_stream, split_flat
 
 log = logging.getLogger(__name__)
 
@@ -380,16 +380,12 @@ class LearnerState:
 
 
 def _stream_from_bytes(blob: bytes, device: Any = None) -> NoiseStream:
-    """A stored stream: NumPy on the host, torch on ``device`` (or the type it was saved
-    on)."""
-    if device is None:
-        return NoiseStream.from_bytes(blob)
-    state = arraypack.unpack_any(blob)
-    if str(state.get("backend", "numpy")) != "torch":
-        return NoiseStream.from_state_dict(state)
-    from .torch_streams import TorchNoiseStream  # the torch extra; only for torch states
-
-    return TorchNoiseStream.from_state_dict(state, device)
+    """A stored stream: NumPy on the host, a device backend's on ``device`` (or the type it
+    was saved on), through the backend table (:func:`~flwr_corrnoise.streams.restore_stream`).
+    Why no torch import here: the core must not depend on torch; a caller that passes a
+    device is torch code (:mod:`flwr_corrnoise.torch`), whose import registered the backend,
+    and anyone else reading a torch state gets restore_stream's error naming the import."""
+    return restore_stream(arraypack.unpack_any(blob), device)
 
 
 #: a secure stream's clip norm is at most this many noise stds (the grid's exact range)

@@ -146,7 +146,7 @@ def test_local_round_is_tau_private_steps() -> None:
 
 def test_the_device_optimizer_stores_the_learner_state_and_reads_its_old_format() -> None:
     torch = pytest.importorskip("torch")
-    from flwr_corrnoise.pytorch import PrivateOptimizer, device_local_round
+    from flwr_corrnoise.torch import PrivateOptimizer, device_local_round
 
     settings = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=0.5, horizon=6)
     g = np.random.default_rng(0)
@@ -197,7 +197,7 @@ def test_every_front_end_releases_the_same_privacy_metadata(tmp_path: Path) -> N
                              "noise-std"} and set(expected) <= RELEASED_METRICS
     assert session(tmp_path).privacy_metrics(state) == expected
     torch = pytest.importorskip("torch")
-    from flwr_corrnoise.pytorch import PrivateOptimizer
+    from flwr_corrnoise.torch import PrivateOptimizer
 
     model = torch.nn.Linear(DIM, 1, bias=False).double()
     private = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, SETTINGS,

@@ -99,7 +99,7 @@ def test_torch_stream_draws_the_keyed_philox_not_torchs_generator() -> None:
     """The torch stream's float64 ξ equals the NumPy stream's bit for bit (same key, same
     Philox draw), whatever torch's own generators are seeded with."""
     torch = pytest.importorskip("torch")
-    from flwr_corrnoise.torch_streams import TorchNoiseStream
+    from flwr_corrnoise.torch import TorchNoiseStream
 
     seed = (1 << 100) + 5
     for name, tol in (("independent", 0.0), ("blt", 1e-12)):  # blt: kernel float order

@@ -13,11 +13,10 @@ torch = pytest.importorskip("torch")
 from flwr.app import Context, Message, MessageType  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
-from flwr_corrnoise.flower import PrivateSteps  # noqa: E402
+from flwr_corrnoise.flower import PrivateSteps, private_optimizer  # noqa: E402
 from flwr_corrnoise.learner import LearnerState  # noqa: E402
 from flwr_corrnoise.persistence import StateStore  # noqa: E402
-from flwr_corrnoise.pytorch import private_optimizer  # noqa: E402
-from flwr_corrnoise.torch_streams import TorchNoiseStream  # noqa: E402
+from flwr_corrnoise.torch import TorchNoiseStream  # noqa: E402
 
 from .test_release_gate import DIM, TAU, ctx, message  # noqa: E402
 from .test_strategy import task_identity  # noqa: E402, F401  (autouse)

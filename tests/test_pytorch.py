@@ -10,14 +10,14 @@ torch = pytest.importorskip("torch")
 
 from flwr.app import Context, RecordDict  # noqa: E402
 
+from flwr_corrnoise.flower import TorchCorrNoiseClient  # noqa: E402
 from flwr_corrnoise.learner import (  # noqa: E402
     LearnerState,
     PrivacySettings,
     local_round,
 )
-from flwr_corrnoise.pytorch import (  # noqa: E402
+from flwr_corrnoise.torch import (  # noqa: E402
     ModuleGradient,
-    TorchCorrNoiseClient,
     get_parameters,
     set_parameters,
     torch_local_round,

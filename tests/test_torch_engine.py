@@ -11,10 +11,13 @@ torch = pytest.importorskip("torch")
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict  # noqa: E402
 
 from flwr_corrnoise.engine import run_inprocess  # noqa: E402
+from flwr_corrnoise.flower import make_torch_client_app  # noqa: E402
 from flwr_corrnoise.learner import PrivacySettings, derive_seed  # noqa: E402
-from flwr_corrnoise.pytorch import ModuleGradient, make_torch_client_app  # noqa: E402
-from flwr_corrnoise.torch_engine import run_inprocess_device  # noqa: E402
-from flwr_corrnoise.torch_streams import TorchNoiseStream  # noqa: E402
+from flwr_corrnoise.torch import (  # noqa: E402
+    ModuleGradient,
+    TorchNoiseStream,
+    run_inprocess_device,
+)
 
 from .test_release_gate import message  # noqa: E402
 from .test_strategy import task_identity  # noqa: E402, F401  (autouse)

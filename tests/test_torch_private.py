@@ -17,14 +17,14 @@ from flwr_corrnoise.learner import (  # noqa: E402
     PrivacySettings,
     local_round,
 )
-from flwr_corrnoise.pytorch import (  # noqa: E402
+from flwr_corrnoise.streams import HorizonExhaustedError  # noqa: E402
+from flwr_corrnoise.torch import (  # noqa: E402
     ModuleGradient,
     PrivateOptimizer,
+    TorchNoiseStream,
     device_local_round,
     get_parameters,
 )
-from flwr_corrnoise.streams import HorizonExhaustedError  # noqa: E402
-from flwr_corrnoise.torch_streams import TorchNoiseStream  # noqa: E402
 
 D, K, TAU, ETA = 5, 3, 4, 0.1
 CE = torch.nn.functional.cross_entropy

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from flwr_corrnoise.mechanisms import MECHANISMS, build_factorization  # noqa: E402
 from flwr_corrnoise.mechanisms.streaming import NUMPY_OPS  # noqa: E402
 from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream  # noqa: E402
-from flwr_corrnoise.torch_streams import TorchNoiseStream, TorchOps  # noqa: E402
+from flwr_corrnoise.torch.streams import TorchNoiseStream, TorchOps  # noqa: E402
 
 
 def draw_all(stream: NoiseStream) -> np.ndarray:

@@ -3,8 +3,19 @@
 Nothing here re-implements the algorithm: the local round is
 :func:`flwr_corrnoise.learner.local_round` and the server step
 :func:`flwr_corrnoise.learner.aggregate`.
+
+Every front end is exported here, with the settings they all take
+(:class:`~flwr_corrnoise.learner.PrivacySettings`). The PyTorch ones
+(:mod:`~flwr_corrnoise.flower.torch_app`: ``make_torch_client_app``, ``private_optimizer``,
+``TorchCorrNoiseClient``, ``FlowerPrivateOptimizer``) are imported when first asked for,
+so that this package still imports without the ``torch`` extra.
 """
 
+from importlib import import_module
+from importlib.util import find_spec
+from typing import Any
+
+from ..learner import PrivacySettings
 from .central_dp import CorrNoiseCentralDP
 from .client import (
     STATE_KEY,
@@ -19,6 +30,10 @@ from .round_mod import CorrNoiseRoundMod
 from .steps import PrivateSteps, PrivateStepsGuard
 from .strategy import CorrNoiseFedAvg
 
+#: the PyTorch front ends, loaded from :mod:`.torch_app` on first use (they need torch)
+_TORCH_NAMES = ("FlowerPrivateOptimizer", "TorchCorrNoiseClient", "make_torch_client_app",
+                "private_optimizer")
+
 __all__ = [
     "STATE_KEY",
     "CorrNoiseCentralDP",
@@ -27,10 +42,19 @@ __all__ = [
     "CorrNoiseLocalDP",
     "CorrNoiseNumPyClient",
     "CorrNoiseRoundMod",
+    "PrivacySettings",
     "PrivateSteps",
     "PrivateStepsGuard",
     "RunFailedError",
     "make_client_app",
     "numpy_client_app",
     "privacy_metrics_aggr",
+    # a star import must not fail where torch is not installed
+    *(_TORCH_NAMES if find_spec("torch") is not None else ()),
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_NAMES:
+        return getattr(import_module(".torch_app", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

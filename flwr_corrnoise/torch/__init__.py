@@ -1,0 +1,51 @@
+"""PyTorch learners without Flower: paper 000's private local round for any ``nn.Module``.
+
+Needs the ``torch`` extra (``pip install -e ".[torch]"``); nothing in the core imports this
+package, and nothing in it imports Flower, so a torch training loop, a benchmark or an
+in-process sweep runs with NumPy, SciPy and torch alone. The Flower front ends built on it
+(``make_torch_client_app``, ``private_optimizer``, ``TorchCorrNoiseClient``) live in
+:mod:`flwr_corrnoise.flower`.
+
+Two paths, one algorithm (``docs/pytorch.md``):
+
+* **on the device** — :class:`PrivateOptimizer` (wrap your ``torch.optim.SGD``, keep your
+  loop), :func:`device_local_round` (τ steps of it), :func:`run_inprocess_device` (every
+  learner, every round, in process): per-example gradients (:mod:`.grad_sample`, a grad
+  sampler per layer type, else torch.func), clipped, the next increment of the learner's
+  :class:`TorchNoiseStream` on the model's device, the SGD step;
+* **the host reference** — :class:`ModuleGradient` / :func:`torch_local_round`: the module
+  as the gradient oracle of :func:`flwr_corrnoise.learner.local_round`, the NumPy round
+  every engine is tested against, and the path for secure noise.
+
+Importing this package registers the ``"torch"`` stream backend
+(:func:`flwr_corrnoise.streams.restore_stream` then reads learner states holding a torch
+stream). Modules: :mod:`.params` (parameter I/O), :mod:`.grad_sample`, :mod:`.optimizer`,
+:mod:`.streams`, :mod:`.engine`, :mod:`.host`.
+"""
+
+from ..learner import PrivacySettings
+from .engine import DeviceRunResult, run_inprocess_device
+from .grad_sample import PerExample, PerExampleGradients, register_grad_sampler
+from .host import ModuleGradient, torch_local_round
+from .optimizer import DeviceRound, PrivateOptimizer, device_local_round
+from .params import BatchStream, LossFn, get_parameters, set_parameters
+from .streams import TorchNoiseStream
+
+__all__ = [
+    "BatchStream",
+    "DeviceRound",
+    "DeviceRunResult",
+    "LossFn",
+    "ModuleGradient",
+    "PerExample",
+    "PerExampleGradients",
+    "PrivacySettings",
+    "PrivateOptimizer",
+    "TorchNoiseStream",
+    "device_local_round",
+    "get_parameters",
+    "register_grad_sampler",
+    "run_inprocess_device",
+    "set_parameters",
+    "torch_local_round",
+]

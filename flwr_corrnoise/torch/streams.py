@@ -1,0 +1,218 @@
+"""Device-resident noise streams for PyTorch: the increments never leave the model's device.
+
+:class:`TorchNoiseStream` is :class:`~flwr_corrnoise.streams.NoiseStream` with a
+``torch.Generator`` on the model's device and its state in tensors of the model's dtype
+(float32 by default, float64 on request). The recurrence is not re-implemented: both
+streams run the mechanism's one :class:`~flwr_corrnoise.mechanisms.streaming.StreamKernel`
+over their array namespace (:class:`TorchOps` here), so the NumPy and the torch stream
+release the same law — and, fed the same standard normals, the same values to float
+tolerance (``tests/test_torch_streams.py``).
+
+Where the normals come from: the same 128-bit-keyed Philox generator as the NumPy stream
+(:mod:`~flwr_corrnoise.noise_keys`), drawn on the host in the stream's dtype and moved to
+the device (on a CPU model: no copy, ``torch.from_numpy``). Why not torch's generators:
+the CPU one (Mersenne Twister) keeps 32 bits of its seed and its outputs reveal its state,
+the CUDA one (Philox4x32) takes a 64-bit key; a learner's seed was recovered from one
+release by a 2³² search. So a torch stream and a NumPy stream of the same seed and dtype
+draw the same ``ξ`` (float64: bit for bit; a test checks it), and the state holds no
+device-specific generator: a stream saved on a GPU continues on the CPU and back. The
+cost: on a GPU, ``d`` floats cross to the device per step (``benchmarks/noise_keys.py``
+measures the host draw; no GPU figure was taken yet). The buffers and counters serialize to
+the same array dict as the NumPy stream's (plus ``backend``, ``dtype`` and ``device``
+keys), and a restored stream continues bit for bit.
+
+Secure noise (ChaCha20 on a power-of-two grid, :mod:`~flwr_corrnoise.secure_noise`) is
+NumPy-only: a deployment that needs it uses the host stream.
+
+Needs the ``torch`` extra; nothing in the core imports this module. Importing it registers
+the ``"torch"`` backend with :func:`~flwr_corrnoise.streams.restore_stream`, so a learner
+state holding a torch stream can be read once any part of :mod:`flwr_corrnoise.torch` is
+imported (the package's ``__init__`` imports this module). Formerly
+``flwr_corrnoise.torch_streams``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .. import arraypack
+from ..mechanisms import Factorization
+from ..noise_keys import noise_generator
+from ..streams import (
+    NoiseStream,
+    Shapes,
+    _unpack_rng,
+    normalize_shapes,
+    register_stream_backend,
+)
+
+__all__ = ["TorchNoiseStream", "TorchOps"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class TorchOps:
+    """:class:`~flwr_corrnoise.mechanisms.streaming.ArrayOps` for tensors of one dtype on
+    one device. No column chunking: on a GPU it would only add kernel launches, and on a
+    CPU torch's own kernels are already blocked."""
+
+    chunk: int | None = None
+
+    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype = dtype
+        self.device = device
+
+    def zeros(self, rows: int, dim: int) -> torch.Tensor:
+        return torch.zeros(rows, dim, dtype=self.dtype, device=self.device)
+
+    def const(self, values: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(values, dtype=np.float64)).to(self.device, self.dtype)
+
+    def copy(self, a: torch.Tensor) -> torch.Tensor:
+        return a.clone()
+
+    def subtract(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.sub(a, b, out=out)
+
+    def sub_matvec(self, e: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> None:
+        # one gemv over the k×d buffers (``w @ r`` takes a slower path and a temporary)
+        torch.addmv(e, r.t(), w, alpha=-1, out=e)
+
+    def decay_add(self, r: torch.Tensor, theta: torch.Tensor, e: torch.Tensor) -> None:
+        torch.addcmul(e, r, theta, out=r)  # one pass over the buffers instead of two
+
+
+class TorchNoiseStream(NoiseStream):
+    """A noise stream whose increments are tensors on ``device`` in ``dtype``.
+
+    >>> s = TorchNoiseStream.create("blt", horizon=8, dim=[(2, 3), (3,)], std=1.0, seed=1)
+    >>> e0 = s.next()                      # a float32 tensor of length 9, on the CPU
+    >>> restored = TorchNoiseStream.from_bytes(s.to_bytes())
+    >>> bool(torch.equal(s.next(), restored.next()))
+    True
+    """
+
+    def __init__(
+        self,
+        mechanism: str,
+        horizon: int,
+        shapes: Shapes,
+        std: float,
+        rng: np.random.Generator,
+        step: int = 0,
+        *,
+        device: torch.device | str = "cpu",
+        levels: list[int] | None = None,
+        rows: Sequence[np.ndarray] | np.ndarray | None = None,
+        factorization: Factorization | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"a torch noise stream is float32 or float64, not {dtype}")
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._np_dtype = np.dtype(str(dtype).removeprefix("torch."))
+        self._ops = TorchOps(dtype, self.device)  # type: ignore[assignment]
+        super().__init__(mechanism, horizon, shapes, std, rng, step, levels,
+                         rows, factorization)  # type: ignore[arg-type]
+
+    @classmethod
+    def create(  # type: ignore[override]
+        cls,
+        mechanism: str,
+        horizon: int,
+        dim: int | Sequence[Sequence[int]],
+        std: float,
+        seed: int | None = None,
+        secure: bool = False,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> TorchNoiseStream:
+        """A fresh stream at step 0 on ``device``; ``seed=None`` draws one from OS entropy."""
+        if secure:
+            raise ValueError("secure noise (ChaCha20 on a grid) is NumPy-only; use "
+                             "NoiseStream.create(..., secure=True) on the host")
+        if seed is not None and int(seed) < 0:
+            raise ValueError("the seed must be a non-negative integer")
+        gen = noise_generator(None if seed is None else int(seed))  # 128-bit Philox key
+        return cls(mechanism, horizon, normalize_shapes(dim), std, gen, device=device,
+                   dtype=dtype)
+
+    def _as_row(self, row: np.ndarray) -> torch.Tensor:  # type: ignore[override]
+        arr = np.asarray(row)
+        if arr.dtype != np.dtype(str(self.dtype).removeprefix("torch.")):
+            raise ValueError(f"a {self.dtype} stream got a {arr.dtype} state row")
+        return torch.from_numpy(arr.copy()).to(self.device)
+
+    def _draw(self) -> torch.Tensor:  # type: ignore[override]
+        # the keyed Philox draw on the host, in the stream's dtype; on the CPU a view
+        row = torch.from_numpy(self._rng.standard_normal(self.dim, dtype=self._np_dtype))
+        return row if self.device.type == "cpu" else row.to(self.device)
+
+    def next(self) -> torch.Tensor:  # type: ignore[override]
+        """The flat increment ``e[step]`` (length ``d``, a tensor on the stream's device)."""
+        return super().next()  # type: ignore[return-value]
+
+    # -- state ---------------------------------------------------------------------------
+    def _rows_array(self, saved: list) -> np.ndarray:  # type: ignore[override]
+        np_dtype = np.dtype(str(self.dtype).removeprefix("torch."))
+        if not saved:
+            return np.zeros((0, self.dim), dtype=np_dtype)
+        return torch.stack(saved).cpu().numpy()
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The NumPy stream's state keys (rows in the stream's dtype, the generator's
+        state as bytes) plus ``backend``, ``dtype`` and ``device`` (the device type)."""
+        state = super().state_dict()
+        state.update({
+            "backend": np.array("torch"),
+            "dtype": np.array(str(self.dtype).removeprefix("torch.")),
+            "device": np.array(self.device.type),
+            "secure": np.array(False),
+        })
+        return state
+
+    @classmethod
+    def from_state_dict(  # type: ignore[override]
+        cls, state: dict[str, np.ndarray], device: torch.device | str | None = None
+    ) -> TorchNoiseStream:
+        """Rebuild a stream from :meth:`state_dict` on ``device`` (default: a device of the
+        recorded type). The generator lives on the host, so a stream continues bit for bit
+        on any device."""
+        if str(state.get("backend", "numpy")) != "torch":
+            raise ValueError("this is the state of a NumPy noise stream; restore it with "
+                             "NoiseStream.from_state_dict")
+        try:
+            dtype = _DTYPES[str(state["dtype"])]
+            recorded = str(state["device"])
+            dev = torch.device(recorded if device is None else device)
+            if np.asarray(state["rng"]).dtype == np.uint8:  # torch generator (format 1)
+                raise ValueError(
+                    "this torch noise state holds a torch generator (32/64-bit seed, written "
+                    "before keyed generators); its noise may be predictable, so it is not "
+                    "continued: start a new learner state")
+            gen = _unpack_rng(np.asarray(state["rng"]))
+            stream = cls(rng=gen, rows=np.asarray(state["rows"]), dtype=dtype, device=dev,
+                         **cls._parse_state(state))
+        except (KeyError, TypeError, IndexError, RuntimeError) as err:
+            raise ValueError(f"malformed torch noise-stream state: {err!r}") from err
+        stream._check_consistent()
+        return stream
+
+    @classmethod
+    def from_bytes(  # type: ignore[override]
+        cls, data: bytes, device: torch.device | str | None = None
+    ) -> TorchNoiseStream:
+        """Inverse of :meth:`to_bytes`."""
+        try:
+            state = arraypack.unpack(data)
+        except (OSError, ValueError, EOFError) as err:
+            raise ValueError(f"unreadable noise-stream state: {err}") from err
+        return cls.from_state_dict(state, device)
+
+
+register_stream_backend("torch", TorchNoiseStream.from_state_dict)
