@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
 
 from flwr_corrnoise.apps.logreg import wait_for_nodes
-from flwr_corrnoise.experiment import LogRegSetup, initial_parameters, logistic_gradient
+from flwr_corrnoise.apps.logreg_task import LogRegSetup, initial_parameters, logistic_gradient
 from flwr_corrnoise.flower import CorrNoiseFedAvg, make_client_app
 from flwr_corrnoise.learner import NOISELESS
 from flwr_corrnoise.mechanisms import mechanism_names

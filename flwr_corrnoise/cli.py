@@ -14,10 +14,13 @@ with its reason.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 
 from .mechanisms import (
     MECHANISMS,
@@ -101,11 +104,56 @@ def _calibrate(args: argparse.Namespace) -> dict[str, object]:
     return dict(cal.as_dict())
 
 
+def _checkout_root() -> Path | None:
+    """The flwr-corrnoise source checkout to take ``experiments/`` from: the one this package
+    runs from (an editable install), else the working directory; ``None`` if neither is one
+    (a checkout has ``experiments/`` beside a ``pyproject.toml`` naming this project)."""
+    for root in (Path(__file__).resolve().parent.parent, Path.cwd().resolve()):
+        project = root / "pyproject.toml"
+        if ((root / "experiments" / "__init__.py").is_file() and project.is_file()
+                and 'name = "flwr-corrnoise"' in project.read_text(errors="replace")):
+            return root
+    return None
+
+
+def _experiments_module(name: str, command: str) -> ModuleType:
+    """``experiments.<name>`` from the source checkout (:func:`_checkout_root`).
+
+    Why: experiment code (the demo, the papers' data sets) is kept out of the installed
+    package (docs/architecture.md, "What is library and what is experiment"). README's
+    commands install the package editable from its checkout, whose root holds
+    ``experiments/``; it is loaded from there by its path, without changing ``sys.path``.
+    Without a checkout the error says what to do."""
+    import importlib
+    import importlib.util
+
+    loaded = sys.modules.get("experiments")
+    if loaded is None:
+        root = _checkout_root()
+        if root is None:
+            raise ValueError(
+                f"`{command}` runs experiment code that is not installed with the package "
+                f"(the repository's experiments/): clone the repository, then from its root "
+                f"run `pip install -e \".[plot]\"` and `flwr-corrnoise {command}`")
+        package = root / "experiments"
+        spec = importlib.util.spec_from_file_location(
+            "experiments", package / "__init__.py", submodule_search_locations=[str(package)])
+        if spec is None or spec.loader is None:  # pragma: no cover - a file we just found
+            raise ValueError(f"cannot load {package}")
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules["experiments"] = loaded
+        spec.loader.exec_module(loaded)
+    return importlib.import_module(f"experiments.{name}")
+
+
 def _simulate(args: argparse.Namespace) -> dict[str, object]:
-    from pathlib import Path
+    import importlib.util
 
-    from .demo import run_demo
-
+    missing = [m for m in ("ray", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:  # Ray (Flower's simulation engine) and matplotlib are extras
+        raise ValueError(f"`simulate` needs {' and '.join(missing)}: from the repository's "
+                         f"root, pip install -e \".[plot]\"")
+    run_demo = _experiments_module("demo", "simulate").run_demo
     out = Path(args.out)
     dirs = run_demo(out, rounds=args.rounds, methods=tuple(args.methods),
                     epsilon=args.epsilon, delta=args.delta, learners=args.learners)
@@ -123,7 +171,11 @@ def _decentralized(args: argparse.Namespace) -> dict[str, object]:
     import numpy as np
 
     from .decentralized.engine import build_from_config, run
+    from .decentralized.tasks import TASKS
 
+    if args.task not in TASKS:  # the papers' data sets: experiment code, from a checkout
+        with contextlib.suppress(ValueError):
+            _experiments_module("tasks", "decentralized")
     config: dict[str, object] = {
         "algorithm": args.algorithm, "graph": args.graph, "num-nodes": args.nodes,
         "steps": args.steps, "seed": args.seed, "task": args.task, "dim": args.dim,
@@ -198,8 +250,6 @@ def _audit(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _report(args: argparse.Namespace) -> dict[str, object]:
-    from pathlib import Path
-
     from .report import report
 
     return report(Path(args.results_dir), Path(args.plot) if args.plot else None)
@@ -254,8 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--steps", type=int, default=200)
     dec.add_argument("--seed", type=int, default=0)
     dec.add_argument("--task", default="synthetic-logreg",
-                     help="synthetic-logreg (generated) or mushrooms (LIBSVM file or Debian "
-                          "r-cran-cba); others registered by extensions")
+                     help="synthetic-logreg, synthetic-multiclass (generated); from a source "
+                          "checkout also the papers' data sets mushrooms (LIBSVM file or "
+                          "Debian r-cran-cba), letter, poker (experiments/tasks.py); others "
+                          "registered by extensions")
     dec.add_argument("--data-path", default=None, help="dataset file for --task")
     dec.add_argument("--dim", type=int, default=10, help="synthetic-logreg: features")
     dec.add_argument("--noise-scale", type=float, default=None,

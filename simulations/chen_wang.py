@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flwr_corrnoise.data.mushrooms import RAW_ROW_NORM, ROW_NORM, load_mushrooms, split_by_class
+from experiments.data.mushrooms import RAW_ROW_NORM, ROW_NORM, load_mushrooms, split_by_class
 from flwr_corrnoise.decentralized.baselines import DOLA, DSGD, PDOP
 from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes
 from flwr_corrnoise.decentralized.chen_wang_privacy import (

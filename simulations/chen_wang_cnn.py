@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flwr_corrnoise.data.idx import load_dataset
+from experiments.data.mnist import load_dataset
 from flwr_corrnoise.decentralized.baselines import DOLA, DSGD, PDOP
 from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes
 from flwr_corrnoise.decentralized.engine import run

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flwr_corrnoise.cnn import CNNResult, CNNSetup, run_cnn
+from experiments.cnn import CNNResult, CNNSetup, run_cnn
 from flwr_corrnoise.learner import NOISELESS
 from flwr_corrnoise.mechanisms import check_mechanism, mechanism_names
 
@@ -226,7 +226,7 @@ def order(method: str) -> int:
 
 def snr_table(horizons: list[int], learners: int = 10) -> str:
     """``final_noise_to_signal`` of every mechanism at the given horizons for the CNN."""
-    from flwr_corrnoise.cnn import PaperCNN, final_noise_to_signal
+    from experiments.cnn import PaperCNN, final_noise_to_signal
 
     d = sum(p.numel() for p in PaperCNN().parameters())
     mechs = [check_mechanism(m) for m in ("independent", "tree", "optimized", "toeplitz", "blt")]
@@ -273,7 +273,7 @@ def flower_check(setup: CNNSetup, reference: CNNResult) -> float:
     to the in-process run (the same learners, seeds and server step)."""
     from flwr.simulation import run_simulation
 
-    from flwr_corrnoise.cnn import cnn_apps
+    from experiments.cnn import cnn_apps
 
     out: list[CNNResult] = []
     server, client = cnn_apps(setup, progress=True, on_finish=out.append)
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.download:
-        from flwr_corrnoise.data.idx import load_dataset
+        from experiments.data.mnist import load_dataset
 
         load_dataset(args.dataset, args.data_root, download=True)
     args.out.mkdir(parents=True, exist_ok=True)

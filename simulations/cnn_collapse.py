@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flwr_corrnoise.cnn import CNNSetup, batch_stream, cnn_data, initial_model
+from experiments.cnn import CNNSetup, batch_stream, cnn_data, initial_model
 from flwr_corrnoise.engine import run_inprocess
 from flwr_corrnoise.learner import PrivacySettings
-from flwr_corrnoise.pytorch import ModuleGradient, get_parameters, set_parameters
+from flwr_corrnoise.torch import ModuleGradient, get_parameters, set_parameters
 
 LAYERS = ("conv1", "conv2", "fc1")
 

@@ -34,12 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flwr_corrnoise.experiment import (
-    LABEL_RULES,
-    LogRegEvaluator,
-    LogRegSetup,
-    run_logreg_inprocess,
-)
+from experiments.logreg import run_logreg_inprocess
+from flwr_corrnoise.apps.logreg_task import LABEL_RULES, LogRegEvaluator, LogRegSetup
 from flwr_corrnoise.learner import NOISELESS
 from flwr_corrnoise.mechanisms import check_mechanism
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+import experiments.tasks  # noqa: F401  (registers the letter and poker tasks)
 from flwr_corrnoise.decentralized.engine import build_from_config
 from flwr_corrnoise.decentralized.multiclass import MulticlassTask
 from flwr_corrnoise.decentralized.protocol import Inbox, NodeAlgorithm

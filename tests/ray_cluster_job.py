@@ -17,7 +17,7 @@ import ray
 from flwr.simulation import run_simulation
 
 from flwr_corrnoise.apps.logreg import logreg_apps
-from flwr_corrnoise.experiment import LogRegSetup, logistic_gradient
+from flwr_corrnoise.apps.logreg_task import LogRegSetup, logistic_gradient
 from flwr_corrnoise.flower import make_client_app
 
 

@@ -19,7 +19,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAdam, FedAvg
 
-from flwr_corrnoise.experiment import LogRegSetup, logistic_gradient
+from flwr_corrnoise.apps.logreg_task import LogRegSetup, logistic_gradient
 from flwr_corrnoise.flower import CorrNoiseCentralDP
 from flwr_corrnoise.learner import clip_by_global_norm
 from flwr_corrnoise.mechanisms import build_factorization

@@ -94,7 +94,7 @@ def test_report_on_a_real_tiny_flower_run(tmp_path, capsys) -> None:
     """`report` on the results of a real (tiny) Flower simulation: ε per learner as the
     run's summary has it, the final accuracy, and a PNG."""
     from flwr_corrnoise.apps.logreg import logreg_apps
-    from flwr_corrnoise.experiment import LogRegSetup
+    from flwr_corrnoise.apps.logreg_task import LogRegSetup
 
     from .flower_helpers import simulate
 

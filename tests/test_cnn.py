@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flwr_corrnoise.cnn import CNNSetup, PaperCNN, cnn_data, run_cnn  # noqa: E402
+from experiments.cnn import CNNSetup, PaperCNN, cnn_data, run_cnn  # noqa: E402
 from tests.test_idx import make_idx_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -138,7 +138,7 @@ def test_tables() -> None:
 def test_final_noise_to_signal_matches_a_sampled_stream(mechanism: str) -> None:
     """The closed form against the noise streams themselves: sum every learner's N
     increments, average over learners, compare the norm with N·B_g."""
-    from flwr_corrnoise.cnn import final_noise_to_signal
+    from experiments.cnn import final_noise_to_signal
     from flwr_corrnoise.learner import LearnerState
 
     setup = CNNSetup(mechanism=mechanism, steps=32, num_learners=3, clip=0.7)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from experiments.data.mushrooms import load_mushrooms, one_hot, split_by_class
 from flwr_corrnoise.data.libsvm import write_libsvm
-from flwr_corrnoise.data.mushrooms import load_mushrooms, one_hot, split_by_class
 
 
 def test_one_hot_with_missing_values() -> None:

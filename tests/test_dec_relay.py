@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, RecordDict
 
+from experiments.relay import relay_apps
 from flwr_corrnoise.decentralized.engine import run_from_config
 from flwr_corrnoise.decentralized.protocol import PrivacyProposalError
-from flwr_corrnoise.flower.relay import InboxError, RelayNode, StepError, relay_apps
+from flwr_corrnoise.flower.relay import InboxError, RelayNode, StepError
 from flwr_corrnoise.persistence import StateLostError
 
 from .flower_helpers import simulate

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from deploy.local import LocalDeployment
-from flwr_corrnoise.experiment import LogRegSetup, initial_parameters, logistic_gradient
+from flwr_corrnoise.apps.logreg_task import LogRegSetup, initial_parameters, logistic_gradient
 from flwr_corrnoise.flower.checkpoint import CHECKPOINT_FILE
 from flwr_corrnoise.learner import (
     LearnerState,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flwr_corrnoise.experiment import LogRegEvaluator, LogRegSetup
+from flwr_corrnoise.apps.logreg_task import LogRegEvaluator, LogRegSetup
 from simulations import logreg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_label_rules_select_the_generator_variant() -> None:
     """``labels`` picks the data: 'fedprox' is the paper's naive rule (labels almost
     constant per learner), 'centred' our balanced adaptation; anything else is an error."""
-    from flwr_corrnoise.experiment import federation
+    from flwr_corrnoise.apps.logreg_task import federation
 
     small = LogRegSetup(num_learners=10, dim=100)
     positives = {}
@@ -135,7 +135,8 @@ def test_moving_average_keeps_the_ends_level() -> None:
 def test_round_and_server_variants_follow_their_definitions() -> None:
     """noise-at round/server: plain τ local steps, the round update clipped to η·τ·B_g, then
     paper 001's per-learner or paper 002's server noise; replayed by hand here."""
-    from flwr_corrnoise.experiment import logistic_gradient, run_logreg_inprocess
+    from experiments.logreg import run_logreg_inprocess
+    from flwr_corrnoise.apps.logreg_task import logistic_gradient
     from flwr_corrnoise.learner import PrivacySettings, clip_by_global_norm, derive_seed
     from flwr_corrnoise.streams import NoiseStream
     from flwr_corrnoise.variants import central_calibration

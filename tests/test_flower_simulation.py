@@ -14,13 +14,13 @@ import pytest
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from experiments.logreg import run_logreg_inprocess
 from flwr_corrnoise.apps.logreg import logreg_apps, wait_for_nodes
-from flwr_corrnoise.experiment import (
+from flwr_corrnoise.apps.logreg_task import (
     LogRegEvaluator,
     LogRegSetup,
     initial_parameters,
     logistic_gradient,
-    run_logreg_inprocess,
 )
 from flwr_corrnoise.flower import CorrNoiseFedAvg, CorrNoiseNumPyClient, numpy_client_app
 from flwr_corrnoise.learner import LearnerState, PrivacySettings, derive_seed

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flwr_corrnoise.experiment import LogRegSetup, run_logreg_inprocess
+from experiments.logreg import run_logreg_inprocess
+from flwr_corrnoise.apps.logreg_task import LogRegSetup
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,12 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.data.mnist import FASHION_MNIST_DEBIAN, load_dataset, paper_partition
 from flwr_corrnoise.data.idx import (
-    FASHION_MNIST_DEBIAN,
     FILES,
-    load_dataset,
     load_idx_dir,
-    paper_partition,
     read_idx,
     write_idx,
 )
@@ -97,7 +95,7 @@ def test_load_idx_dir_refuses_mismatch_and_missing(tmp_path: Path) -> None:
 
 
 def test_offline_without_files_says_how(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("flwr_corrnoise.data.idx.CACHE", tmp_path)
+    monkeypatch.setattr("experiments.data.mnist.CACHE", tmp_path)
     with pytest.raises(RuntimeError, match="not available offline"):
         load_dataset("mnist")
     with pytest.raises(ValueError, match="unknown dataset"):

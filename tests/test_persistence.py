@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from flwr_corrnoise.experiment import LogRegSetup, logistic_gradient
+from flwr_corrnoise.apps.logreg_task import LogRegSetup, logistic_gradient
 from flwr_corrnoise.flower.client import (
     CorrNoiseLearner,
     deployed,

@@ -22,7 +22,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_corrnoise.experiment import LogRegSetup, logistic_gradient
+from flwr_corrnoise.apps.logreg_task import LogRegSetup, logistic_gradient
 from flwr_corrnoise.flower import CorrNoiseRoundMod
 from flwr_corrnoise.flower.round_mod import ROUND_STATE_KEY, round_settings
 from flwr_corrnoise.learner import PrivacySettings, clip_by_global_norm, derive_seed

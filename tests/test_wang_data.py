@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from flwr_corrnoise.data.letter import load_letter, scale_features
-from flwr_corrnoise.data.libsvm import write_libsvm
-from flwr_corrnoise.data.poker import (
+from experiments.data.letter import load_letter, scale_features
+from experiments.data.poker import (
     CLASS_COUNTS,
     classify_hands,
     load_poker,
     synthesize_poker,
 )
+from flwr_corrnoise.data.libsvm import write_libsvm
 from flwr_corrnoise.decentralized.multiclass import MulticlassTask
 
 

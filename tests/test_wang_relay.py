@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.relay import relay_apps
 from flwr_corrnoise.decentralized.engine import run_from_config
-from flwr_corrnoise.flower.relay import relay_apps
 
 from .flower_helpers import simulate
 

@@ -63,8 +63,8 @@ def test_comparator_is_the_minimum(tmp_path: Path) -> None:
 
 
 def test_user_poker_file_reaches_the_task(tmp_path: Path) -> None:
+    from experiments.data.poker import synthesize_poker
     from flwr_corrnoise.data.libsvm import write_libsvm
-    from flwr_corrnoise.data.poker import synthesize_poker
 
     X, y = synthesize_poker(200, seed=4)
     write_libsvm(tmp_path / "poker.t", X, y)

@@ -1,8 +1,14 @@
-"""The Flower app of paper 000's logistic-regression experiment.
+"""The reference Flower app: online logistic regression on synthetic(α, β) streams with
+correlated-noise local DP (paper 000's Sec. V-A setting), built only from the public API.
+
+It is library, not experiment code, because processes that can import only installed code
+run it: ``flwr run`` on ``examples/logreg-app`` and the SuperNodes of ``deploy/``. Its task
+(configuration, data, gradient, server-side evaluation) is
+:mod:`flwr_corrnoise.apps.logreg_task`.
 
 ``flwr run .`` uses the module-level :data:`server_app` and :data:`client_app` (see
 ``[tool.flwr.app.components]`` in ``pyproject.toml``), which read the experiment from
-``context.run_config`` (kebab-case keys, :class:`~flwr_corrnoise.experiment.LogRegSetup`).
+``context.run_config`` (kebab-case keys, :class:`~flwr_corrnoise.apps.logreg_task.LogRegSetup`).
 :func:`logreg_apps` builds the same pair around a given setup, for
 ``flwr.simulation.run_simulation`` (which takes no run config).
 
@@ -36,10 +42,10 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from ..experiment import LogRegEvaluator, LogRegSetup, initial_parameters, logistic_gradient
 from ..flower import CorrNoiseFedAvg, make_client_app
 from ..flower.checkpoint import ServerCheckpoint, fingerprint
 from ..settings_keys import lookup
+from .logreg_task import LogRegEvaluator, LogRegSetup, initial_parameters, logistic_gradient
 
 log = logging.getLogger(__name__)
 

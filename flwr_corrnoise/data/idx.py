@@ -1,11 +1,11 @@
-"""Image datasets in the IDX format (MNIST, Fashion-MNIST), offline first, and paper 000's
-non-IID split of them.
+"""The IDX file format (MNIST, Fashion-MNIST and anything else stored that way): read, write,
+and load a directory of the four standard files as an :class:`ImageDataset`.
 
-Why IDX: MNIST and Fashion-MNIST ship as four IDX files, and that is what can be had
-without a network — Debian's ``dataset-fashion-mnist`` puts Fashion-MNIST in
-:data:`FASHION_MNIST_DEBIAN`, and a ``torchvision`` download leaves MNIST's IDX files in
-``<root>/MNIST/raw``. :func:`load_dataset` reads local files first and touches the network
-only when asked (``download=True``, through ``torchvision``). The reader needs NumPy only.
+Why IDX: MNIST-style image sets ship as four IDX files, which is also what a ``torchvision``
+download leaves on disk, so a user's local copy can be read without a network or torch. The
+reader needs NumPy only. *Where* a named data set is found (the experiments' search path, a
+download) is the caller's business: the experiments' loader with its default search path is
+``experiments/data/mnist.py`` in the repository, not part of the installed package.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-FASHION_MNIST_DEBIAN = "/usr/share/datasets/fashion-mnist"
-CACHE = Path(os.environ.get("FLWR_CORRNOISE_DATA", Path.home() / ".cache" / "flwr_corrnoise"))
 FILES = {
     "train_x": "train-images-idx3-ubyte",
     "train_y": "train-labels-idx1-ubyte",
@@ -88,7 +86,8 @@ class ImageDataset:
         return int(max(self.train_y.max(), self.test_y.max())) + 1
 
 
-def _find(directory: Path, stem: str) -> Path | None:
+def find_idx_file(directory: Path, stem: str) -> Path | None:
+    """``directory/stem`` or ``directory/stem.gz``, whichever exists (else ``None``)."""
     for name in (stem, stem + ".gz"):
         if (directory / name).exists():
             return directory / name
@@ -98,7 +97,7 @@ def _find(directory: Path, stem: str) -> Path | None:
 def load_idx_dir(directory: str | os.PathLike[str], name: str) -> ImageDataset:
     """The four standard IDX files of ``directory`` (each plain or ``.gz``)."""
     directory = Path(directory)
-    paths = {k: _find(directory, stem) for k, stem in FILES.items()}
+    paths = {k: find_idx_file(directory, stem) for k, stem in FILES.items()}
     missing = [FILES[k] + "[.gz]" for k, p in paths.items() if p is None]
     if missing:
         raise FileNotFoundError(f"{directory} lacks {', '.join(missing)}")
@@ -119,53 +118,3 @@ def load_idx_dir(directory: str | os.PathLike[str], name: str) -> ImageDataset:
         test_x=images(arrays["test_x"]), test_y=arrays["test_y"].astype(np.int64),
         name=name, source=str(directory),
     )
-
-
-def load_dataset(name: str, root: str | os.PathLike[str] | None = None,
-                 download: bool = False) -> ImageDataset:
-    """``"mnist"`` or ``"fashion-mnist"``: from ``root`` (a directory of IDX files) if
-    given; else Fashion-MNIST from Debian's package; else the IDX files a ``torchvision``
-    download left in the cache; else, only with ``download=True``, ``torchvision``."""
-    if name not in ("mnist", "fashion-mnist"):
-        raise ValueError(f"unknown dataset {name!r}; use 'mnist' or 'fashion-mnist'")
-    if root is not None:
-        return load_idx_dir(root, name)
-    folder = "MNIST" if name == "mnist" else "FashionMNIST"
-    candidates = [CACHE / "torchvision" / folder / "raw"]
-    if name == "fashion-mnist":
-        candidates.insert(0, Path(FASHION_MNIST_DEBIAN))
-    for directory in candidates:
-        if directory.is_dir() and all(_find(directory, s) for s in FILES.values()):
-            return load_idx_dir(directory, name)
-    if download:
-        import torchvision  # the torch extra; only here, only when asked to download
-
-        cls = torchvision.datasets.MNIST if name == "mnist" else torchvision.datasets.FashionMNIST
-        for train in (True, False):
-            cls(str(CACHE / "torchvision"), train=train, download=True)
-        return load_idx_dir(candidates[-1], name)
-    hint = ("apt-get install dataset-fashion-mnist" if name == "fashion-mnist"
-            else "put the four MNIST IDX files in a directory and pass it as root")
-    raise RuntimeError(
-        f"{name} is not available offline (looked in {', '.join(map(str, candidates))}); "
-        f"{hint}, or pass download=True where a network is available"
-    )
-
-
-def paper_partition(labels: np.ndarray, num_learners: int = 10, iid_size: int = 30000,
-                    seed: int = 0) -> list[np.ndarray]:
-    """Paper 000 Sec. V-B's split: ``iid_size`` images drawn at random are spread evenly
-    at random over the learners; every other image of class ``l`` goes to learner
-    ``l mod num_learners`` (learner ``l + 1`` in the paper's 1-based numbering). Each
-    learner's indices are shuffled, so its stream mixes the two parts."""
-    labels = np.asarray(labels)
-    n = len(labels)
-    if not 0 <= iid_size <= n:
-        raise ValueError(f"iid_size {iid_size} is not within the {n} training images")
-    rng = np.random.default_rng([seed, 0x1DD])
-    order = rng.permutation(n)
-    iid, rest = order[:iid_size], order[iid_size:]
-    parts: list[list[np.ndarray]] = [[chunk] for chunk in np.array_split(iid, num_learners)]
-    for i in range(num_learners):
-        parts[i].append(rest[labels[rest] % num_learners == i])
-    return [rng.permutation(np.concatenate(p)) for p in parts]

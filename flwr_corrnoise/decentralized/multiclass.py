@@ -195,20 +195,3 @@ def _synthetic(cfg: Mapping[str, Any]) -> Task:
     copies = max(1, -(-T * n // X.shape[0]))
     return _task_from(X, y, dict(cfg, copies=copies, classes=int(cfg.get("classes", 3))),
                       "synthetic-multiclass", copies)
-
-
-@register_task("letter")
-def _letter(cfg: Mapping[str, Any]) -> Task:
-    from flwr_corrnoise.data.letter import load_letter
-
-    X, y, source = load_letter(cfg.get("data-path") or None)
-    return _task_from(X, y, cfg, source, 10 * int(cfg.get("num-nodes", 9)))
-
-
-@register_task("poker")
-def _poker(cfg: Mapping[str, Any]) -> Task:
-    from flwr_corrnoise.data.poker import load_poker
-
-    X, y, source = load_poker(cfg.get("data-path") or None, int(cfg.get("rows", 1_000_000)),
-                              int(cfg.get("data-seed", 0)))
-    return _task_from(X, y, cfg, source, int(cfg.get("num-nodes", 9)))

@@ -70,10 +70,9 @@ the decisions only with trusted neighbours and a trusted relay — not local DP.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -118,6 +117,7 @@ from flwr_corrnoise.streams import new_seed
 __all__ = [
     "RELAY_ERROR_CODES",
     "InboxError",
+    "RelayResult",
     "StepError",
     "make_relay_client_app",
     "make_relay_server_app",
@@ -230,11 +230,29 @@ def _check_replies(replies: list[Message], what: str) -> None:
         raise RuntimeError(f"{what}: {len(errors)} node(s) refused: {errors[0]}")
 
 
-def make_relay_server_app(config: Mapping[str, Any] | None = None) -> ServerApp:
+@dataclass(frozen=True)
+class RelayResult:
+    """What the relay saw in one run, handed to ``on_result`` when the run ends.
+
+    Why a value and not files: writing results is the caller's choice (the repository's
+    ``experiments/relay.py`` writes ``relay.npz`` and ``summary.json`` from it); the library
+    app writes nothing."""
+
+    #: the relay's configuration (``config`` < run config)
+    config: dict[str, Any]
+    graph: Graph
+    steps: int
+    #: every relayed array, ``<key>`` → ``[steps, n, ...]``
+    relayed: dict[str, np.ndarray]
+    #: per node, the metrics of its last reply (its ε under each labelled accountant)
+    node_metrics: dict[int, dict[str, float]]
+
+
+def make_relay_server_app(config: Mapping[str, Any] | None = None,
+                          on_result: Callable[[RelayResult], None] | None = None) -> ServerApp:
     """The relay. Run-config keys (over ``config``): ``num-nodes``, ``graph`` (+ ``ws-degree``,
-    ``ws-rewire``, ``graph-seed``), ``steps``, ``round-timeout``; ``results-dir`` to write
-    ``relay.npz`` (every relayed array, ``<key>`` → ``[steps, n, ...]``) and ``summary.json``
-    (per-node ε reported by the nodes at the end)."""
+    ``ws-rewire``, ``graph-seed``), ``steps``, ``round-timeout``. ``on_result``, if given, is
+    called with the run's :class:`RelayResult` at the end (in the ServerApp's process)."""
     app = ServerApp()
     base = dict(config or {})
 
@@ -285,14 +303,9 @@ def make_relay_server_app(config: Mapping[str, Any] | None = None) -> ServerApp:
                 for i in range(n):
                     final_metrics[i] = dict(by_node[i].content["metrics"])  # type: ignore[arg-type]
             log.info("relay round %d/%d done", r, steps)
-        out_dir = cfg.get("results-dir")
-        if out_dir:
-            path = Path(str(out_dir))
-            path.mkdir(parents=True, exist_ok=True)
-            np.savez(path / "relay.npz", **{k: np.stack(v) for k, v in relayed.items()})
-            (path / "summary.json").write_text(json.dumps(
-                {"steps": steps, "num-nodes": n, "graph": graph.name,
-                 "nodes": {str(i): final_metrics[i] for i in range(n)}}, indent=2))
+        if on_result is not None:
+            on_result(RelayResult(cfg, graph, steps,
+                                  {k: np.stack(v) for k, v in relayed.items()}, final_metrics))
 
     return app
 
@@ -553,9 +566,11 @@ def make_relay_client_app(config_defaults: Mapping[str, Any] | None = None) -> C
     return app
 
 
-def relay_apps(config: Mapping[str, Any]) -> tuple[ServerApp, ClientApp]:
+def relay_apps(config: Mapping[str, Any],
+               on_result: Callable[[RelayResult], None] | None = None
+               ) -> tuple[ServerApp, ClientApp]:
     """Both apps around one config, for ``flwr.simulation.run_simulation`` (no run config)."""
-    return make_relay_server_app(config), make_relay_client_app(config)
+    return make_relay_server_app(config, on_result), make_relay_client_app(config)
 
 
 #: module-level apps for ``flwr run`` (components ``flwr_corrnoise.flower.relay:server_app``

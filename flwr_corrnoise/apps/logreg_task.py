@@ -1,4 +1,11 @@
-"""The logistic-regression experiment of paper 000 (Sec. V-A), engine-independent parts.
+"""The task of the reference Flower app (:mod:`flwr_corrnoise.apps.logreg`): online
+logistic regression on synthetic(α, β) streams, the setting of paper 000 (Sec. V-A).
+
+Why this is library and not experiment code: it is what the installed ``flwr run`` example
+(``examples/logreg-app``), the SuperNodes of a deployment (``deploy/``) and the demo run, and
+those processes can import only installed code. The paper reproductions that drive it
+(sweeps, the in-process runs of papers 001/002's variants, figures) live in the repository's
+``experiments/`` and ``simulations/`` (see ``docs/architecture.md``).
 
 :class:`LogRegSetup` is the whole configuration (it maps one-to-one to the kebab-case
 run-config keys of the Flower app); :class:`LogRegEvaluator` computes, for the global
@@ -17,18 +24,17 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from .data import SyntheticConfig, SyntheticFederation
-from .engine import InProcessResult, run_inprocess
-from .learner import NOISELESS, GradientFn, PrivacySettings
-from .metrics import accuracy, logistic_grad, logistic_loss, round_optimum
-from .variants import NOISE_AT, run_round_variant
+from ..data import SyntheticConfig, SyntheticFederation
+from ..learner import NOISELESS, GradientFn, PrivacySettings
+from ..metrics import accuracy, logistic_grad, logistic_loss, round_optimum
+from ..variants import NOISE_AT
 
 #: run-config key ↔ field name (Flower convention: kebab-case keys)
 _KEYS = {
@@ -180,52 +186,6 @@ def logistic_gradient(setup: LogRegSetup, learner: int) -> GradientFn:
 def initial_parameters(setup: LogRegSetup) -> list[np.ndarray]:
     """``x^0 = 0`` (paper 000 assumes ``x^0 = 0``)."""
     return [np.zeros(setup.dim)]
-
-
-def run_logreg_inprocess(
-    setup: LogRegSetup,
-    evaluate: Callable[[int, list[np.ndarray]], object] | None = None,
-    schedule: Sequence[Sequence[int]] | None = None,
-) -> InProcessResult:
-    """Run the experiment on the in-process engine (same code as the Flower app).
-
-    ``setup.noise_at = "round"`` or ``"server"`` runs paper 001's or 002's variant instead
-    (:func:`flwr_corrnoise.variants.run_round_variant`, the math of
-    :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod` and
-    :class:`~flwr_corrnoise.flower.CorrNoiseCentralDP`): τ plain local steps, the round
-    update clipped to :attr:`LogRegSetup.round_clip`, noise once per round; it returns the
-    final model only (``states``/``participation`` empty).
-    """
-    if setup.noise_at != "step" and setup.mechanism != NOISELESS:
-        grads = [logistic_gradient(setup, i) for i in range(setup.num_learners)]
-
-        def local_update(learner: int, r: int, x: np.ndarray) -> np.ndarray:
-            z = x.copy()
-            for t in range(setup.tau):
-                z -= setup.eta * grads[learner]([z], r * setup.tau + t)[0]
-            return z - x
-
-        settings = PrivacySettings(setup.mechanism, setup.epsilon, setup.delta,
-                                   setup.round_clip, setup.rounds, setup.method)
-        final = run_round_variant(
-            initial=initial_parameters(setup), local_update=local_update,
-            num_learners=setup.num_learners, rounds=setup.rounds, noise_at=setup.noise_at,
-            settings=settings, seed=setup.seed, evaluate=evaluate,
-        )
-        return InProcessResult(params=final, states=[])
-    return run_inprocess(
-        initial=initial_parameters(setup),
-        gradients=[logistic_gradient(setup, i) for i in range(setup.num_learners)],
-        settings=setup.settings(),
-        rounds=setup.rounds,
-        tau=setup.tau,
-        eta=setup.eta,
-        eta_g=setup.eta_g,
-        seed=setup.seed,
-        fraction_train=setup.fraction_train,
-        evaluate=evaluate,
-        schedule=schedule,
-    )
 
 
 class LogRegEvaluator:

@@ -4,6 +4,11 @@
 on Flower's Ray simulation engine once per method (default: noiseless, independent noise,
 optimized correlated noise at (ε, δ) = (2, 10⁻³)), then writes a comparison plot and
 prints where everything went. Defaults finish in about two minutes on 2 cores.
+
+Experiment code, not installed: it writes files, draws with matplotlib and sets process-wide
+environment variables (Flower's telemetry off, Ray's accelerator warning off), none of which a
+library may do to its user's process. The apps it runs are the library's reference app
+(:mod:`flwr_corrnoise.apps.logreg`).
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ import os
 import sys
 from pathlib import Path
 
-from .apps.logreg import logreg_apps
-from .experiment import LogRegSetup
+from flwr_corrnoise.apps.logreg import logreg_apps
+from flwr_corrnoise.apps.logreg_task import LogRegSetup
 
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -33,6 +38,7 @@ def run_demo(
     learners: int = 20,
 ) -> list[Path]:
     """Run one Flower simulation per method; return the result directories."""
+    # this process is the demo's own (the CLI's `simulate`), so its environment is ours to set
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     from flwr.simulation import run_simulation

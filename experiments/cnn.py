@@ -3,19 +3,19 @@
 Needs the ``torch`` extra. The CNN is the paper's: two 3×3 convolutions with 32 filters,
 2×2 max-pooling, fully connected 64 then 10 units, ReLU, cross-entropy. 10 learners; a
 part of the training set spread evenly at random, the rest split by class (class ``l`` to
-learner ``l``, :func:`~flwr_corrnoise.data.idx.paper_partition`); the test set
+learner ``l``, :func:`~experiments.data.mnist.paper_partition`); the test set
 evaluated on the server. Each local step uses the next ``batch_size`` images of the
 learner's stream (each image once).
 
 Two engines run the same learners: :func:`run_cnn` (in process, for sweeps) and
 :func:`cnn_apps` (a ServerApp/ClientApp pair for Flower's Ray simulation). Both run the
 private step on the model's device by default (``engine="device"``:
-:func:`~flwr_corrnoise.torch_engine.run_inprocess_device` and
-:func:`~flwr_corrnoise.pytorch.make_torch_client_app`, per-example clipping: one image
+:func:`~flwr_corrnoise.torch.run_inprocess_device` and
+:func:`~flwr_corrnoise.flower.torch_app.make_torch_client_app`, per-example clipping: one image
 moves a step's clipped sum by at most ``2·B_g``, the sensitivity the calibration assumes,
 whatever the batch size), or the NumPy reference round (``engine="host"``:
 :func:`flwr_corrnoise.learner.local_round` through
-:class:`~flwr_corrnoise.pytorch.ModuleGradient`, the batch's mean gradient clipped as a
+:class:`~flwr_corrnoise.torch.ModuleGradient`, the batch's mean gradient clipped as a
 whole — the same sensitivity, ``b``× more relative noise). For the paper's batch of one
 image the two are the same algorithm.
 """
@@ -36,17 +36,13 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from .data.idx import ImageDataset, load_dataset, paper_partition
-from .engine import run_inprocess
-from .flower import CorrNoiseFedAvg
-from .learner import NOISELESS, PrivacySettings
-from .pytorch import (
-    BatchStream,
-    ModuleGradient,
-    get_parameters,
-    make_torch_client_app,
-    set_parameters,
-)
+from experiments.data.mnist import load_dataset, paper_partition
+from flwr_corrnoise.data.idx import ImageDataset
+from flwr_corrnoise.engine import run_inprocess
+from flwr_corrnoise.flower import CorrNoiseFedAvg
+from flwr_corrnoise.flower.torch_app import make_torch_client_app
+from flwr_corrnoise.learner import NOISELESS, PrivacySettings
+from flwr_corrnoise.torch import BatchStream, ModuleGradient, get_parameters, set_parameters
 
 
 class PaperCNN(torch.nn.Module):
@@ -239,14 +235,14 @@ class CNNResult:
 
 
 def run_cnn(setup: CNNSetup, progress: bool = True) -> CNNResult:
-    """One run in process: :func:`~flwr_corrnoise.torch_engine.run_inprocess_device`
+    """One run in process: :func:`~flwr_corrnoise.torch.run_inprocess_device`
     (``engine="device"``) or the NumPy reference engine
     :func:`~flwr_corrnoise.engine.run_inprocess` (``engine="host"``)."""
     if setup.threads:
         torch.set_num_threads(setup.threads)
     data = cnn_data(setup)
     if setup.engine == "device":
-        from .torch_engine import run_inprocess_device
+        from flwr_corrnoise.torch import run_inprocess_device
 
         evaluator = CNNEvaluator(setup, data, progress)
         start = time.perf_counter()
@@ -278,7 +274,7 @@ def cnn_apps(setup: CNNSetup, progress: bool = True,
              ) -> tuple[ServerApp, ClientApp]:
     """The same run on Flower (``flwr.simulation.run_simulation``, Ray backend): learner
     ``partition-id`` streams its part; the server evaluates on the test set."""
-    from .apps.logreg import wait_for_nodes
+    from flwr_corrnoise.apps.logreg import wait_for_nodes
 
     server_app = ServerApp()
 
@@ -333,7 +329,7 @@ def final_noise_to_signal(setup: CNNSetup, dim: int) -> float:
     1 the noise outweighs any signal; the correlated mechanisms' ``‖b_{N−1}‖`` grows like
     ``polylog(N)``, independent noise's like ``√N``, so longer horizons favour them.
     """
-    from .mechanisms import build_factorization
+    from flwr_corrnoise.mechanisms import build_factorization
 
     cal = setup.settings().calibration()
     if cal is None:
