@@ -5,7 +5,7 @@ without a gradient counted as zero, clipping, the stream's increment, the counte
 the round built on it (:func:`local_round`), which every NumPy front end uses: the Flower
 ``NumPyClient`` subclass, the Message-API ``ClientApp`` helper,
 :class:`~flwr_corrnoise.flower.PrivateSteps`, the per-round mod and the in-process sweep
-engine. The torch device step (:class:`~flwr_corrnoise.pytorch.PrivateOptimizer`) keeps
+engine. The torch device step (:class:`~flwr_corrnoise.torch.PrivateOptimizer`) keeps
 its per-example clipping and noise add on the device and takes the rest from here (the
 horizon rule :func:`check_horizon`, the refusals :func:`check_round`, the learner state
 and its counters, :func:`privacy_metrics`). The learner owns its privacy: its
@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import arraypack
+from ._deprecation import renamed_fields, renamed_keywords
 from .mechanisms import MECHANISMS, FactorizationChangedError, build_factorization
 from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
 from .settings_keys import lookup, require
@@ -60,17 +61,21 @@ class NonFiniteError(ValueError):
     """A gradient, loss or update is NaN or infinite; the step is not applied."""
 
 
+@renamed_fields(clip="clip_norm")
 @dataclass(frozen=True)
 class PrivacySettings:
     """A learner's own privacy: what its noise is calibrated to. Never set by the server.
 
     ``mechanism="none"`` turns noise and clipping off (the noiseless baseline).
+    ``clip_norm`` is the L2 clip norm ``B_g`` (config key ``clip-norm``; Flower's DP
+    wrappers call it ``clipping_norm``, Opacus ``max_grad_norm``); the old spelling
+    ``clip`` still works for one release, with a ``DeprecationWarning``.
     """
 
     mechanism: str = "optimized"
     epsilon: float = 2.0
     delta: float = 1e-3
-    clip: float = 1.0
+    clip_norm: float = 1.0
     horizon: int = 4000
     method: str = "exact"
 
@@ -84,8 +89,9 @@ class PrivacySettings:
             raise PrivacyConfigError(f"horizon must be a positive integer, got {self.horizon!r}")
         if self.private:
             check_budget(self.epsilon, self.delta)
-            if not (math.isfinite(self.clip) and self.clip > 0):
-                raise PrivacyConfigError(f"clip norm must be finite and > 0, got {self.clip!r}")
+            if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+                raise PrivacyConfigError(
+                    f"clip norm must be finite and > 0, got {self.clip_norm!r}")
             if self.method not in METHODS:
                 raise PrivacyConfigError(f"calibration method must be one of {METHODS}")
 
@@ -111,7 +117,7 @@ class PrivacySettings:
         """What a stored learner state was made with, compared on every restore."""
         return {
             "mechanism": self.mechanism, "epsilon": float(self.epsilon),
-            "delta": float(self.delta), "clip-norm": float(self.clip),
+            "delta": float(self.delta), "clip-norm": float(self.clip_norm),
             "horizon": int(self.horizon), "calibration": self.method,
             "factorization": factorization_digest,
         }
@@ -132,7 +138,7 @@ class PrivacySettings:
                 mechanism=lookup(cfg, "mechanism", where),
                 epsilon=lookup(cfg, "epsilon", where),
                 delta=lookup(cfg, "delta", where),
-                clip=lookup(cfg, "clip-norm", where),
+                clip_norm=lookup(cfg, "clip-norm", where),
                 horizon=int(horizon),
                 method=lookup(cfg, "calibration", where),
             )
@@ -147,7 +153,7 @@ class PrivacySettings:
             "privacy-mechanism": self.mechanism,
             "privacy-epsilon": float(self.epsilon),
             "privacy-delta": float(self.delta),
-            "privacy-clip-norm": float(self.clip),
+            "privacy-clip-norm": float(self.clip_norm),
             "privacy-horizon": int(self.horizon),
         }
 
@@ -168,7 +174,7 @@ class PrivacySettings:
         for key, mine, name in (
             ("privacy-epsilon", self.epsilon, "ε"),
             ("privacy-delta", self.delta, "δ"),
-            ("privacy-clip-norm", self.clip, "clip norm"),
+            ("privacy-clip-norm", self.clip_norm, "clip norm"),
             ("privacy-horizon", self.horizon, "horizon"),
         ):
             if key not in proposal:
@@ -204,7 +210,7 @@ def derive_seed(run_seed: int, learner: int) -> int:
 def _calibration(settings: PrivacySettings) -> Calibration:
     sens = build_factorization(settings.mechanism, settings.horizon).sensitivity
     return calibrate(
-        settings.epsilon, settings.delta, settings.clip, sens, settings.method,  # type: ignore[arg-type]
+        settings.epsilon, settings.delta, settings.clip_norm, sens, settings.method,  # type: ignore[arg-type]
         mechanism=settings.mechanism, steps=settings.horizon,
     )
 
@@ -213,7 +219,7 @@ def _calibration(settings: PrivacySettings) -> Calibration:
 def _epsilon_spent(settings: PrivacySettings, steps: int) -> float:
     cal = _calibration(settings)
     spent = epsilon_spent(
-        cal.std, settings.delta, settings.clip, settings.mechanism, settings.horizon, steps,
+        cal.std, settings.delta, settings.clip_norm, settings.mechanism, settings.horizon, steps,
         settings.method,  # type: ignore[arg-type]
     )
     return min(spent, float(settings.epsilon))
@@ -243,6 +249,9 @@ class LearnerState:
     #: how many rounds this state has committed; the ledger records it before every commit,
     #: so that an older copy of the state (rolled back) is recognised
     generation: int = 0
+    #: a front end's own named arrays (the decentralized relay node's algorithm state),
+    #: stored in this one format beside the counters (``payload/<name>`` when packed)
+    payload: dict[str, np.ndarray] | None = None
 
     @staticmethod
     def new_id() -> str:
@@ -330,7 +339,7 @@ class LearnerState:
 
     def to_bytes(self) -> bytes:
         """The one learner-state format (:mod:`~flwr_corrnoise.arraypack`): every front
-        end — the Flower learners, :class:`~flwr_corrnoise.pytorch.PrivateOptimizer` —
+        end — the Flower learners, :class:`~flwr_corrnoise.torch.PrivateOptimizer` —
         stores this, whatever its stream's backend."""
         return arraypack.pack(self.state_dict())
 
@@ -349,6 +358,8 @@ class LearnerState:
         if self.learner_id is not None:
             arrays["identity"] = np.array(self.learner_id)
             arrays["generation"] = np.array(self.generation, dtype=np.int64)
+        for name, value in (self.payload or {}).items():
+            arrays[f"payload/{name}"] = value
         return arrays
 
     @classmethod
@@ -365,6 +376,8 @@ class LearnerState:
             binding = json.loads(str(arrays["binding"])) if "binding" in arrays else None
             learner_id = str(arrays["identity"]) if "identity" in arrays else None
             generation = int(arrays["generation"]) if "generation" in arrays else 0
+            payload = {k.removeprefix("payload/"): v for k, v in arrays.items()
+                       if k.startswith("payload/")} or None
             if learner_id is not None and len(bytes.fromhex(learner_id)) != 16:
                 raise ValueError("the learner identity is not 128 bits")
             if generation < 0:
@@ -376,7 +389,8 @@ class LearnerState:
         if noise is not None and noise.step != step:
             raise ValueError("learner state is inconsistent: noise step != step counter")
         return cls(step=step, position=position, rounds=rounds, noise=noise, seed=seed,
-                   binding=binding, learner_id=learner_id, generation=generation)
+                   binding=binding, learner_id=learner_id, generation=generation,
+                   payload=payload)
 
 
 def _stream_from_bytes(blob: bytes, device: Any = None) -> NoiseStream:
@@ -443,11 +457,11 @@ def check_round(state: LearnerState, settings: PrivacySettings, size: int, more:
     if noise.dim != size:
         raise PrivacyConfigError(
             f"model has {size} parameters but the noise stream was created for {noise.dim}")
-    if noise.secure and settings.clip > SECURE_CLIP_LIMIT * noise.std:
+    if noise.secure and settings.clip_norm > SECURE_CLIP_LIMIT * noise.std:
         # on the grid g ≥ V·2⁻³², |clipped + noise| must stay below 2⁵³·g ≥ 2²¹·V for the
         # release to be exact
         raise PrivacyConfigError(
-            f"secure noise needs clip-norm ≤ 2^20 × noise std ({settings.clip} > "
+            f"secure noise needs clip-norm ≤ 2^20 × noise std ({settings.clip_norm} > "
             f"{SECURE_CLIP_LIMIT} × {noise.std:.3g}): the budget is too large for its grid; "
             "set secure-noise = false")
 
@@ -491,11 +505,13 @@ class RoundResult:
     diagnostics: dict[str, float] = field(default_factory=dict)
 
 
-def clip_by_global_norm(g: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
-    """Scale ``g`` to norm at most ``clip`` (over all parameters); return it and its norm."""
+@renamed_keywords(clip="clip_norm")
+def clip_by_global_norm(g: np.ndarray, clip_norm: float) -> tuple[np.ndarray, float]:
+    """Scale ``g`` to norm at most ``clip_norm`` (over all parameters); return it and its
+    norm."""
     norm = float(np.linalg.norm(g))
-    if norm > clip:
-        g = g * (clip / norm)
+    if norm > clip_norm:
+        g = g * (clip_norm / norm)
     return g, norm
 
 
@@ -604,8 +620,8 @@ def private_step(
     g, why = datum_gradient(compute, size)
     counts.zeroed(why)  # data-dependent: a zero contribution, the same reply as any other
     if settings.private:
-        g, norm = clip_by_global_norm(g, settings.clip)
-        counts.clipped += norm > settings.clip
+        g, norm = clip_by_global_norm(g, settings.clip_norm)
+        counts.clipped += norm > settings.clip_norm
         g = state.noise.add_next(g)  # type: ignore[union-attr]
     state.advance()
     return g

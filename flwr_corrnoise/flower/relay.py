@@ -69,10 +69,10 @@ the decisions only with trusted neighbours and a trusted relay — not local DP.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -84,7 +84,6 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Context,
-    Error,
     Message,
     MetricRecord,
     RecordDict,
@@ -98,14 +97,13 @@ from flwr_corrnoise.decentralized.protocol import (
     Inbox,
     NodeAlgorithm,
     PrivacyProposalError,
-    State,
     check_privacy_proposal,
-    state_from_bytes,
-    state_to_bytes,
 )
 from flwr_corrnoise.flower import session as _session
 from flwr_corrnoise.flower.session import (
     LearnerSession,
+    LearnerStorage,
+    answer,
     deployed,
     learner_config,
     learner_seed,
@@ -128,28 +126,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 STATE_KEY = "decentralized-node"
-#: what the relay adds to an algorithm's state when it stores it (stripped on load): whether
-#: the state's current step was released, and the node's identity the state is bound to
-RELEASED_KEY = "released"
-IDENTITY_KEY = "relay-identity"
-GENERATION_KEY = "relay-generation"
-INDEX_KEY = "relay-node-index"
-ALGORITHM_KEY = "relay-algorithm"
-BINDING_KEYS = (RELEASED_KEY, IDENTITY_KEY, GENERATION_KEY, INDEX_KEY, ALGORITHM_KEY)
-
-
-@dataclass
-class Stored:
-    """A node's algorithm state with what the relay stores beside it: whether its current
-    step was released, and its binding — the node's identity (128 bits from OS entropy,
-    :meth:`LearnerState.new_id`, drawn when the node starts) and how many rounds it
-    committed (``generation``), which :meth:`StateStore.verify` checks against the ledger
-    exactly as for every other learner."""
-
-    state: State
-    released: bool
-    identity: str
-    generation: int
+#: the front end a relay node's :class:`~flwr_corrnoise.learner.LearnerState` is bound to
+#: (its ``binding``, with the node index and the algorithm)
+FRONT_END = "relay-node"
 
 
 class InboxError(ValueError):
@@ -172,16 +151,12 @@ RELAY_ERROR_CODES: dict[type[Exception], int] = {
 
 
 def relay_error_reply(msg: Message, err: BaseException) -> Message:
-    """The ``Error`` reply of a relay node: its own refusals with their code and reason,
-    everything else through the learner's gate (:meth:`LearnerSession.error_reply`), which
-    keeps the learner's codes and gives any other exception — the task's constructor, data
-    loading, a numeric overflow — a fixed reason whose details stay in the node's log."""
-    for kind, code in RELAY_ERROR_CODES.items():
-        if isinstance(err, kind):
-            reason = f"flwr-corrnoise relay node: {type(err).__name__}: {err}"
-            log.warning("relay node refuses the message: %s", reason)
-            return Message(Error(code=code, reason=reason), reply_to=msg)
-    return LearnerSession.error_reply(msg, err)
+    """The ``Error`` reply of a relay node: the learner's gate
+    (:meth:`LearnerSession.error_reply`) with the node's own refusals
+    (:data:`RELAY_ERROR_CODES`); any other exception — the task's constructor, data
+    loading, a numeric overflow — gets the gate's fixed reason, its details stay in the
+    node's log."""
+    return LearnerSession.error_reply(msg, err, RELAY_ERROR_CODES)
 
 
 def relay_seed(context: Context, defaults: Mapping[str, Any] | None = None) -> int:
@@ -338,9 +313,13 @@ def _proposed(algo: NodeAlgorithm, key: str, raw: Any) -> Any:
 
 
 class RelayNode:
-    """One node bound to a Flower ``Context``: own settings and seed, state load/save, one
-    round. Use :meth:`locked` around :meth:`round` (the ClientApp does) so that no second
-    execution can use the same state directory at the same time."""
+    """One node bound to a Flower ``Context``: own settings and seed, one round. Its state is
+    a :class:`~flwr_corrnoise.learner.LearnerState` (the algorithm's arrays its ``payload``)
+    kept by the learners' own :class:`~flwr_corrnoise.flower.session.LearnerStorage`: the
+    same lock, load, ledger/state/commit checks and commit as every other learner; only the
+    privacy policy — the proposal check and the binding — is the algorithm's. Use
+    :meth:`locked` around :meth:`round` (the ClientApp does) so that no second execution
+    can use the same state directory at the same time."""
 
     def __init__(self, context: Context, defaults: Mapping[str, Any] | None = None) -> None:
         self.context = context
@@ -370,93 +349,58 @@ class RelayNode:
                                    proposal, self.index)
         self.store = StateStore(str(context.node_config["state-dir"])) if deployed(
             context) else None
+        self.storage = LearnerStorage(context, STATE_KEY, self.store)
         # ``record-dir`` (simulations only): write each node's state after every round, so a
         # test can check that every relayed array is the node's θ + ζ. Never elsewhere.
         self.record_dir = cfg.get("record-dir") if self.simulation else None
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the state directory's lock (:meth:`StateStore.lock`) for the whole message:
-        two executions that both load step ``t`` would release the same noise with different
-        θ, and the noise cancels in the difference. A node without one has nothing to lock."""
-        if self.store is None:
-            yield
-            return
-        with self.store.lock():
-            yield
+    def locked(self) -> AbstractContextManager[None]:
+        """Hold the state directory's lock for the whole message (:meth:`LearnerStorage.
+        locked`): two executions that both load step ``t`` would release the same noise
+        with different θ, and the noise cancels in the difference."""
+        return self.storage.locked()
 
-    def _where(self) -> str:
-        return str(self.store.state_path) if self.store is not None else (
-            f"context.state[{STATE_KEY!r}]")
+    def binding(self) -> dict[str, Any]:
+        """What a node's state is bound to besides its identity: this node and algorithm."""
+        return {"front-end": FRONT_END, "node-index": self.index, "algorithm": self.algo.name}
 
-    def load(self) -> Stored | None:
-        """The stored state, checked against this node (index, algorithm), its settings (only
-        ever stronger) and — with a ``state-dir`` — its ledger, marker and commit log
-        (:meth:`StateStore.load` and :meth:`StateStore.verify`, as for every learner);
-        ``None`` for a node that has never committed a round. A lost, wiped, rolled-back,
-        cloned or foreign state is a :class:`StateLostError` (4104), never a fresh start."""
-        if self.store is not None:
-            data = self.store.load()  # refuses a state lost or wiped while its ledger stays
-        elif STATE_KEY in self.context.state:
-            data = bytes(self.context.state[STATE_KEY]["state"])  # type: ignore[index]
-        else:
-            data = None
-        if data is None:
+    def load(self) -> LearnerState | None:
+        """The stored state (:meth:`LearnerStorage.read`: with a ``state-dir`` checked
+        against its ledger, marker and commit log, as for every learner), checked against
+        this node (index, algorithm) and its settings (only ever stronger); ``None`` for a
+        node that has never committed a round. A lost, wiped, rolled-back, cloned or
+        foreign state is a :class:`StateLostError` (4104), never a fresh start."""
+        stored = self.storage.read()
+        if stored is None:
             return None
-        try:
-            state = state_from_bytes(data)
-            missing = set(BINDING_KEYS) - set(state)
-            if missing:
-                raise ValueError(f"it lacks {sorted(missing)} (not a relay node's state, or "
-                                 f"one written before states were bound to their node)")
-            stored = Stored(
-                state={k: v for k, v in state.items() if k not in BINDING_KEYS},
-                released=bool(state[RELEASED_KEY][0]),
-                identity=str(state[IDENTITY_KEY][0]),
-                generation=int(state[GENERATION_KEY][0]),
-            )
-            owner, algorithm = int(state[INDEX_KEY][0]), str(state[ALGORITHM_KEY][0])
-        except (ValueError, KeyError, IndexError) as err:
-            raise StateLostError(f"node {self.index}: state {self._where()} is corrupt: "
-                                 f"{err}") from err
+        where, binding = self.storage.where, dict(stored.binding or {})
+        if stored.payload is None or binding.get("front-end") != FRONT_END:
+            raise StateLostError(
+                f"node {self.index}: state {where} is not a relay node's learner state "
+                f"(another front end's); refusing to train")
+        owner, algorithm = binding.get("node-index"), binding.get("algorithm")
         if owner != self.index or algorithm != self.algo.name:
             raise StateLostError(
-                f"node {self.index} ({self.algo.name}): state {self._where()} belongs to node "
+                f"node {self.index} ({self.algo.name}): state {where} belongs to node "
                 f"{owner} ({algorithm}); refusing to continue another node's noise stream")
-        mine = self.algo.privacy_of(stored.state)
+        mine = self.algo.privacy_of(stored.payload)
         for name, value in self.privacy.items():  # settings only ever get stronger
             if name in mine and value[0] != mine[name][0] and (
                     value[0] - mine[name][0]) * self.algo.privacy_fields[name] < -1e-12:
                 raise PrivacyProposalError(
                     f"node {self.index}: its settings now say {name}={value[0]:g}, weaker "
                     f"than the {mine[name][0]:g} its state was started with")
-        if self.store is not None:  # rolled back, cloned, ledger lost: StateIntegrityError
-            self.store.verify(stored.identity, stored.generation,
-                              int(stored.state["step"][0]))
         return stored
 
-    def commit(self, stored: Stored, step: int, steps: int,
+    def commit(self, stored: LearnerState, step: int, steps: int,
                diagnostics: Mapping[str, Any] | None = None) -> None:
-        """Store the state, bound to this node, one generation on: with a ``state-dir``
-        through :meth:`StateStore.commit` (ledger line, ``diagnostics`` — local only —,
-        state, commit line, each durable before the next), and in ``context.state`` —
-        before the reply leaves."""
-        generation = stored.generation + 1
-        data = state_to_bytes({
-            **stored.state,
-            RELEASED_KEY: np.array([stored.released]),
-            IDENTITY_KEY: np.array([stored.identity]),
-            GENERATION_KEY: np.array([generation], dtype=np.int64),
-            INDEX_KEY: np.array([self.index], dtype=np.int64),
-            ALGORITHM_KEY: np.array([self.algo.name]),
-        })
-        if self.store is not None:  # round ``steps`` releases nothing: a line of 0 steps
-            self.store.commit(data, identity=stored.identity, generation=generation, entry={
-                "server-round": step, "first-step": step, "steps": int(step < steps),
-                "position": step, "node-index": self.index, "time": time.time()},
-                diagnostics=diagnostics)
-        self.context.state[STATE_KEY] = ConfigRecord({"state": data})
-        stored.generation = generation
+        """Store the state one generation on (:meth:`LearnerStorage.write`: ledger line,
+        ``diagnostics`` — local only —, state, commit line, each durable before the next;
+        then ``context.state``) — before the reply leaves. Round ``steps`` releases nothing:
+        its ledger line counts 0 steps."""
+        self.storage.write(stored, {"server-round": step, "first-step": step,
+                                    "steps": int(step < steps), "position": step,
+                                    "node-index": self.index}, diagnostics)
 
     def inbox(self, record: ArrayRecord) -> Inbox:
         neighbours = self.graph.neighbors(self.index)
@@ -486,9 +430,12 @@ class RelayNode:
         if stored is None:
             if step != 0:
                 raise StepError(f"node {self.index} has no state but the relay is at step {step}")
-            stored = Stored(self.algo.init(np.array([self.index]), self.seed, self.privacy),
-                            released=False, identity=LearnerState.new_id(), generation=0)
-        state, released = stored.state, stored.released
+            stored = LearnerState(
+                payload=self.algo.init(np.array([self.index]), self.seed, self.privacy),
+                binding=self.binding(), learner_id=LearnerState.new_id())
+        # ``rounds`` counts the node's releases: its current step was released iff it is
+        # ahead of the algorithm's step counter
+        state, released = dict(stored.payload or {}), stored.rounds > stored.step
         have = int(state["step"][0])
         if step == 0 and not (have == 0 and not released):
             raise StepError(f"node {self.index}: step 0 again (a replay?)")
@@ -524,8 +471,10 @@ class RelayNode:
             np.savez(path / f"node{self.index}-step{step}.npz",
                      decision=self.algo.decision(state)[0], released=np.array([step < steps]),
                      **state)
-        self.commit(Stored(state, step < steps, stored.identity, stored.generation),
-                    step, steps, diagnostics)
+        stored.payload = state
+        stored.step = stored.position = int(state["step"][0])
+        stored.rounds = stored.step + int(step < steps)
+        self.commit(stored, step, steps, diagnostics)
         return outbox, metrics
 
 
@@ -537,31 +486,32 @@ def make_relay_client_app(config_defaults: Mapping[str, Any] | None = None) -> C
     app = ClientApp()
     defaults = dict(config_defaults or {})
 
-    @app.query()
-    def hello(msg: Message, context: Context) -> Message:
-        try:
-            idx = _node_index(learner_config(context, defaults))
-        except Exception as err:
-            return relay_error_reply(msg, err)
+    def _hello(msg: Message, context: Context) -> Message:
+        idx = _node_index(learner_config(context, defaults))
         return Message(RecordDict({"metrics": MetricRecord({"node-index": idx})}),
                        reply_to=msg)
 
-    @app.train()
-    def step(msg: Message, context: Context) -> Message:
-        try:
-            node = RelayNode(context, defaults)
-            cfg = msg.content["config"]
-            with node.locked():  # the whole round: load, ledger, save
-                outbox, metrics = node.round(
-                    int(cfg["step"]), int(cfg["steps"]),  # type: ignore[index]
-                    msg.content["inbox"])  # type: ignore[arg-type]
-        except Exception as err:  # every refusal is an Error reply, state unchanged
-            return relay_error_reply(msg, err)
+    def _step(msg: Message, context: Context) -> Message:
+        node = RelayNode(context, defaults)
+        cfg = msg.content["config"]
+        with node.locked():  # the whole round: load, ledger, save
+            outbox, metrics = node.round(
+                int(cfg["step"]), int(cfg["steps"]),  # type: ignore[index]
+                msg.content["inbox"])  # type: ignore[arg-type]
         out = ArrayRecord()
         for key, arr in outbox.items():
             out[key] = Array(np.ascontiguousarray(arr))
         return Message(RecordDict({"outbox": out, "metrics": MetricRecord(metrics)}),
                        reply_to=msg)
+
+    # every refusal is an Error reply through the learners' gate, state unchanged
+    @app.query()
+    def hello(msg: Message, context: Context) -> Message:
+        return answer(msg, _hello, msg, context, codes=RELAY_ERROR_CODES)
+
+    @app.train()
+    def step(msg: Message, context: Context) -> Message:
+        return answer(msg, _step, msg, context, codes=RELAY_ERROR_CODES)
 
     return app
 

@@ -44,7 +44,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -108,8 +108,11 @@ RUN_CONFIG_PROPOSAL = {
 }
 
 
-def error_code(err: BaseException) -> int:
-    for kind, code in ERROR_CODES.items():
+def error_code(err: BaseException,
+               codes: Mapping[type[Exception], int] | None = None) -> int:
+    """The code of ``err``: a front end's own ``codes`` first (the relay node's), then the
+    learner's :data:`ERROR_CODES`, else :data:`GENERIC_ERROR`."""
+    for kind, code in (*dict(codes or {}).items(), *ERROR_CODES.items()):
         if isinstance(err, kind):
             return code
     return GENERIC_ERROR
@@ -210,6 +213,85 @@ def metric_record(metrics: Mapping[str, Any]) -> MetricRecord:
     })
 
 
+class LearnerStorage:
+    """Where one learner's :class:`~flwr_corrnoise.learner.LearnerState` lives — its
+    ``state-dir`` (:class:`~flwr_corrnoise.persistence.StateStore`) if it has one, and
+    ``context.state[key]`` — and the one code that locks, loads, verifies and commits it.
+
+    Why a piece of its own: every learner (the :class:`LearnerSession` front ends and the
+    decentralized relay node, whose privacy policy is its algorithm's) must hold the lock
+    for the whole message, refuse a lost, corrupt, rolled-back, cloned or wiped state, and
+    write the ledger line before the state and the state before the reply, in the same way.
+    """
+
+    def __init__(self, context: Context, key: str, store: StateStore | None) -> None:
+        self.context = context
+        self.key = key
+        self.store = store
+
+    @property
+    def where(self) -> str:
+        return str(self.store.state_path) if self.store is not None else (
+            f"context.state[{self.key!r}]")
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the state directory's lock for the whole message (no-op without one): two
+        executions that both load step ``t`` would release the same noise with other data."""
+        if self.store is None:
+            yield
+            return
+        with self.store.lock():
+            yield
+
+    def read(self) -> LearnerState | None:
+        """The stored state — with a ``state-dir`` checked against its ledger, marker and
+        commit log (:meth:`~flwr_corrnoise.persistence.StateStore.verify`) — or ``None``
+        for a learner that never committed a round. A lost, corrupt, rolled-back, cloned
+        or wiped state is a :class:`~flwr_corrnoise.persistence.StateLostError` (4104),
+        never a fresh start. Only reads."""
+        data: bytes | None = None
+        if self.store is not None:
+            data = self.store.load()  # StateLostError if it trained before and lost it
+        elif self.key in self.context.state:
+            data = bytes(self.context.state[self.key]["learner"])  # type: ignore[index]
+        if data is None:
+            return None
+        try:
+            state = LearnerState.from_bytes(data)
+        except PrivacyConfigError:
+            raise
+        except ValueError as err:
+            raise StateLostError(f"the learner state {self.where} is corrupt or not in the "
+                                 f"learner-state format (a relay node's state from before "
+                                 f"it was), refusing to train: {err}") from err
+        if self.store is not None:
+            self.store.verify(state.learner_id, state.generation, state.step)
+        return state
+
+    def write(self, state: LearnerState, entry: Mapping[str, Any],
+              diagnostics: Mapping[str, Any] | None = None) -> None:
+        """Commit ``state`` one generation on: with a ``state-dir`` the ledger line
+        (``entry``, the identity and the new generation), the local ``diagnostics``, the
+        state and the commit line, each durable before the next
+        (:meth:`~flwr_corrnoise.persistence.StateStore.commit`); then ``context.state``.
+        If it fails, the state keeps its old generation (the caller rolls back the rest)."""
+        if state.learner_id is None:  # created before identities existed, never loaded
+            state.learner_id = LearnerState.new_id()
+        state.generation += 1
+        try:
+            data = state.to_bytes()  # serialized once, for the disk and for context.state
+            if self.store is not None:
+                self.store.commit(data, identity=state.learner_id,
+                                  generation=state.generation,
+                                  entry={**dict(entry), "time": time.time()},
+                                  diagnostics=diagnostics)
+        except BaseException:
+            state.generation -= 1
+            raise
+        self.context.state[self.key] = ConfigRecord({"learner": data})
+
+
 class LearnerSession:
     """One learner's privacy identity for one Flower message.
 
@@ -247,6 +329,7 @@ class LearnerSession:
         if deployed(context):
             base = Path(str(node["state-dir"]))
             self.store = StateStore(base if kind == "step" else base / "round-mod")
+        self.storage = LearnerStorage(context, self.key, self.store)
         self.settings = settings or self._settings_from_config()
         if seed == "from-context":
             self.seed = learner_seed(context, self.defaults)
@@ -299,14 +382,10 @@ class LearnerSession:
         return LearnerTransaction(self, config, shapes, steps=steps, check=check)
 
     # -- state --------------------------------------------------------------------------------
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the state directory's lock for the whole message (no-op without one)."""
-        if self.store is None:
-            yield
-            return
-        with self.store.lock():
-            yield
+    def locked(self) -> AbstractContextManager[None]:
+        """Hold the state directory's lock for the whole message (:meth:`LearnerStorage.
+        locked`)."""
+        return self.storage.locked()
 
     def load(self, shapes: list[tuple[int, ...]]) -> LearnerState:
         """The stored state, checked against the current settings, or a fresh one on the
@@ -318,25 +397,10 @@ class LearnerSession:
         is refused (:class:`~flwr_corrnoise.persistence.StateIntegrityError`, code 4104).
         Loading only reads: a refused load releases nothing and changes nothing on disk.
         """
-        data: bytes | None = None
-        where = ""
-        if self.store is not None:
-            data = self.store.load()  # StateLostError if it trained before and lost it
-            where = str(self.store.state_path)
-        elif self.key in self.context.state:
-            data = bytes(self.context.state[self.key]["learner"])  # type: ignore[index]
-            where = f"context.state[{self.key!r}]"
-        if data is None:
+        state = self.storage.read()
+        if state is None:
             return LearnerState.create(self.settings, shapes, self.seed, secure=self.secure)
-        try:
-            state = LearnerState.from_bytes(data)
-        except PrivacyConfigError:
-            raise
-        except ValueError as err:
-            raise StateLostError(f"the learner state {where} is corrupt, refusing to "
-                                 f"train: {err}") from err
-        if self.store is not None:
-            self.store.verify(state.learner_id, state.generation, state.step)
+        where = self.storage.where
         state.check_binding(self.settings)
         if self.secure and state.noise is not None and not state.noise.secure:
             raise PrivacyConfigError(
@@ -373,22 +437,10 @@ class LearnerSession:
         diag = {"server-round": server_round, "first-step": first_step,
                 **dict(diagnostics or {})}
         log.info("flwr-corrnoise learner diagnostics (local only, never sent): %s", diag)
-        if state.learner_id is None:  # created before identities existed, never loaded
-            state.learner_id = LearnerState.new_id()
-        state.generation += 1
-        try:
-            data = state.to_bytes()  # serialized once, for the disk and for context.state
-            if self.store is not None:  # ledger line first, then the state (persistence.py)
-                self.store.commit(
-                    data, identity=state.learner_id, generation=state.generation,
-                    entry={"server-round": server_round, "first-step": first_step,
-                           "steps": state.step - first_step, "position": position,
-                           "time": time.time()},
-                    diagnostics={**diag, "time": time.time()})
-        except BaseException:
-            state.generation -= 1
-            raise
-        self.context.state[self.key] = ConfigRecord({"learner": data})
+        self.storage.write(
+            state, {"server-round": server_round, "first-step": first_step,
+                    "steps": state.step - first_step, "position": position},
+            diagnostics={**diag, "time": time.time()})
 
     # -- what leaves the learner ------------------------------------------------------------
     def privacy_metrics(self, state: LearnerState) -> dict[str, float]:
@@ -435,11 +487,13 @@ class LearnerSession:
                        reply_to=msg)
 
     @staticmethod
-    def error_reply(msg: Message, err: BaseException) -> Message:
+    def error_reply(msg: Message, err: BaseException,
+                    codes: Mapping[type[Exception], int] | None = None) -> Message:
         """An ``Error`` reply whose code and reason depend on config, state and the server's
         message only. Errors of other kinds (the user's own code) are reported with a fixed
-        reason: their text may hold data; the details stay in the learner's log."""
-        code = error_code(err)
+        reason: their text may hold data; the details stay in the learner's log. ``codes``:
+        a front end's own refusals (the relay node's), raised only with data-free texts."""
+        code = error_code(err, codes)
         if code == GENERIC_ERROR:
             log.error("flwr-corrnoise: the learner's code failed (details stay local)",
                       exc_info=err)
@@ -580,15 +634,17 @@ class LearnerTransaction:
                                   user_metrics=user_metrics)
 
 
-def answer(msg: Message, handler: Callable[..., Message], *args: Any) -> Message:
+def answer(msg: Message, handler: Callable[..., Message], *args: Any,
+           codes: Mapping[type[Exception], int] | None = None) -> Message:
     """``handler(*args)``, or — if it raises an ``Exception`` — the data-free error reply
-    (:meth:`LearnerSession.error_reply`). Why: every learner front end answers every
-    failure with a reply whose code and reason depend on configuration, state and the
-    server's message only; an interrupt (``BaseException``) still stops it."""
+    (:meth:`LearnerSession.error_reply`, with a front end's own ``codes``). Why: every
+    learner front end answers every failure with a reply whose code and reason depend on
+    configuration, state and the server's message only; an interrupt (``BaseException``)
+    still stops it."""
     try:
         return handler(*args)
     except Exception as err:
-        return LearnerSession.error_reply(msg, err)
+        return LearnerSession.error_reply(msg, err, codes)
 
 
 def round_config(config: Mapping[str, Any]) -> tuple[int, float]:
