@@ -31,7 +31,7 @@ def run_logreg_inprocess(
     ``setup.noise_at = "round"`` or ``"server"`` runs paper 001's or 002's variant instead
     (:func:`flwr_corrnoise.variants.run_round_variant`, the math of
     :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod` and
-    :class:`~flwr_corrnoise.flower.CorrNoiseCentralDP`): τ plain local steps, the round
+    :class:`~flwr_corrnoise.flower.CorrNoiseCentralDPStrategy`): τ plain local steps, the round
     update clipped to :attr:`LogRegSetup.round_clip`, noise once per round; it returns the
     final model only (``states``/``participation`` empty).
     """

@@ -20,7 +20,7 @@ What runs (never a re-implementation of the noise, never a shortcut):
   them. The auditor observes what leaves the learner: every round's update ``ĝ``.
 * ``variant="round"`` (paper 001, :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`): a
   learner state over ``R`` rounds and :func:`~flwr_corrnoise.variants.round_release`.
-* ``variant="central"`` (paper 002, :class:`~flwr_corrnoise.flower.CorrNoiseCentralDP`):
+* ``variant="central"`` (paper 002, :class:`~flwr_corrnoise.flower.CorrNoiseCentralDPStrategy`):
   :func:`~flwr_corrnoise.variants.central_calibration`,
   :func:`~flwr_corrnoise.variants.central_noise_std`, one
   :class:`~flwr_corrnoise.streams.NoiseStream` on the server and the released average of
@@ -73,6 +73,7 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr
 from scipy.stats import beta as beta_dist
 
+from ._deprecation import renamed_keywords
 from .learner import (
     LearnerState,
     PrivacySettings,
@@ -256,11 +257,11 @@ def _run_seeds(
 
 def _step_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray, eta: float,
                     noise_scale: float, secure: bool) -> Execution:
-    dim, clip = u.size, settings.clip
+    dim, clip_norm = u.size, settings.clip_norm
     zero = np.zeros(dim)
 
     def execute(sign: int, seed: int | None) -> tuple[np.ndarray, float]:
-        canary = sign * CANARY_NORM * clip * u
+        canary = sign * CANARY_NORM * clip_norm * u
 
         def gradient(params: list[np.ndarray], position: int) -> list[np.ndarray]:
             return [canary if position == plan.canary else zero]
@@ -283,11 +284,11 @@ def _step_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray, eta: 
 
 def _round_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray,
                      noise_scale: float, secure: bool) -> Execution:
-    dim, clip = u.size, settings.clip
+    dim, clip_norm = u.size, settings.clip_norm
     zero = np.zeros(dim)
 
     def execute(sign: int, seed: int | None) -> tuple[np.ndarray, float]:
-        canary = sign * CANARY_NORM * clip * u
+        canary = sign * CANARY_NORM * clip_norm * u
         state = LearnerState.create(settings, [(dim,)], seed, secure=secure)
         noise = state.noise
         if noise_scale != 1.0:
@@ -296,7 +297,7 @@ def _round_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray,
                                        secure=secure)
         out = np.empty(plan.rounds)
         for r in range(plan.rounds):
-            noisy, _ = round_release(canary if r == plan.canary else zero, clip, noise)
+            noisy, _ = round_release(canary if r == plan.canary else zero, clip_norm, noise)
             state.step += 1
             out[r] = noisy @ u
         return out, noise.std  # type: ignore[union-attr]
@@ -306,11 +307,11 @@ def _round_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray,
 
 def _central_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray,
                        learners: int, std: float) -> Execution:
-    dim, clip = u.size, settings.clip
+    dim, clip_norm = u.size, settings.clip_norm
     zero = np.zeros(dim)
 
     def execute(sign: int, seed: int | None) -> tuple[np.ndarray, float]:
-        canary = sign * CANARY_NORM * clip * u
+        canary = sign * CANARY_NORM * clip_norm * u
         stream = NoiseStream.create(settings.mechanism, plan.rounds, [(dim,)], std, seed)
         x = np.zeros(dim)
         out = np.empty(plan.rounds)
@@ -318,7 +319,7 @@ def _central_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray,
             total = np.zeros(dim)
             for i in range(learners):  # learner 0 holds the canary, the others send zero
                 delta = canary if (i == 0 and r == plan.canary) else zero
-                total += clip_by_global_norm(delta, clip)[0]
+                total += clip_by_global_norm(delta, clip_norm)[0]
             released = x + total / learners + stream.next()
             out[r] = (released - x) @ u
             x = released
@@ -328,6 +329,7 @@ def _central_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray,
 
 
 # -- the audit --------------------------------------------------------------------------------
+@renamed_keywords(clip="clip_norm")
 def audit(
     mechanism: str,
     *,
@@ -337,7 +339,7 @@ def audit(
     dim: int = 2,
     epsilon: float = 2.0,
     delta: float = 1e-3,
-    clip: float = 1.0,
+    clip_norm: float = 1.0,
     method: str = "exact",
     runs: int = 2000,
     alpha: float = 0.05,
@@ -356,6 +358,7 @@ def audit(
     is the central variant's ``min_learners``. ``seed`` makes the audit reproducible (each
     execution's key is derived from it); ``None`` keys every execution from OS entropy.
     ``secure`` audits the learner's opt-in secure noise (step and round variants).
+    ``clip_norm`` is the clip norm ``B`` (``clip=`` is its deprecated spelling).
 
     ``noise_scale`` (≠ 1) and ``reuse_seed`` inject faults on purpose — noise of the wrong
     std, or one noise key for every execution — to show that the auditor catches them.
@@ -383,20 +386,20 @@ def audit(
         raise ValueError("secure noise is the learners' (step and round variants) and is "
                          "keyed from OS entropy only: no seed, no reused seed")
 
-    settings = PrivacySettings(mechanism=mechanism, epsilon=epsilon, delta=delta, clip=clip,
-                               horizon=int(steps), method=method)
+    settings = PrivacySettings(mechanism=mechanism, epsilon=epsilon, delta=delta,
+                               clip_norm=clip_norm, horizon=int(steps), method=method)
     plan = _plan(mechanism, int(steps), int(tau), canary_step)
     u = np.full(int(dim), 1.0 / math.sqrt(dim))  # every coordinate carries the canary
     # σ the calibration claims for the released quantity, and h, the canary's clipped
     # change of one step's (round's) contribution: ±h in D and D'
     if variant == "central":
-        cal = central_calibration(mechanism, epsilon, delta, clip, int(steps), method)  # type: ignore[arg-type]
+        cal = central_calibration(mechanism, epsilon, delta, clip_norm, int(steps), method)  # type: ignore[arg-type]
         claimed_std = central_noise_std(cal, learners)
-        shift = clip / learners  # one learner's clipped update, in the average of n
+        shift = clip_norm / learners  # one learner's clipped update, in the average of n
         execute = _central_execution(settings, plan, u, learners, claimed_std * noise_scale)
     else:
         claimed_std = settings.calibration().std  # type: ignore[union-attr]
-        shift = clip  # ±B on its step; ±B/τ on its round's mean (the 1/τ is in the plan)
+        shift = clip_norm  # ±B on its step; ±B/τ on its round's mean (the 1/τ is in the plan)
         execute = (_step_execution(settings, plan, u, eta, noise_scale, secure)
                    if variant == "step" else
                    _round_execution(settings, plan, u, noise_scale, secure))

@@ -2,7 +2,7 @@
 
 ``flwr-corrnoise mechanism --name optimized --steps 4000 --json`` prints the mechanism's
 sensitivity, RMSE and max error at unit sensitivity and the seconds it took to build;
-``flwr-corrnoise calibrate --epsilon 2 --delta 1e-3 --clip 1 --mechanism toeplitz
+``flwr-corrnoise calibrate --epsilon 2 --delta 1e-3 --clip-norm 1 --mechanism toeplitz
 --steps 4000 --json`` prints the noise std for that budget; ``flwr-corrnoise report
 RESULTS_DIR`` prints the privacy each learner spent and plots it with the accuracy;
 ``flwr-corrnoise audit --mechanism blt --steps 16 --runs 2000`` runs the empirical privacy
@@ -18,6 +18,7 @@ import contextlib
 import json
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -95,7 +96,7 @@ def _calibrate(args: argparse.Namespace) -> dict[str, object]:
     cal = calibrate(
         args.epsilon,
         args.delta,
-        args.clip,
+        args.clip_norm,
         fact.sensitivity,
         method=args.method,
         mechanism=args.mechanism,
@@ -228,7 +229,7 @@ def _audit(args: argparse.Namespace) -> dict[str, object]:
     from .audit import FALSIFIED_EXIT, audit
 
     res = audit(args.mechanism, variant=args.variant, steps=args.steps, tau=args.tau,
-                dim=args.dim, epsilon=args.epsilon, delta=args.delta, clip=args.clip,
+                dim=args.dim, epsilon=args.epsilon, delta=args.delta, clip_norm=args.clip_norm,
                 method=args.method, runs=args.runs, alpha=args.alpha,
                 learners=args.learners, canary_step=args.canary_step, seed=args.seed,
                 secure=args.secure, noise_scale=args.noise_scale,
@@ -255,6 +256,35 @@ def _report(args: argparse.Namespace) -> dict[str, object]:
     return report(Path(args.results_dir), Path(args.plot) if args.plot else None)
 
 
+class _DeprecatedOption(argparse.Action):
+    """An old spelling of an option (``--clip`` for ``--clip-norm``), kept for one release
+    and hidden from ``--help``: it still works, and says on stderr what to type instead."""
+
+    def __init__(self, *args: object, new: str, **kwargs: object) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        message = (f"{option_string} is deprecated: use {self.new} (it will be removed in "
+                   f"the next release)")
+        print(f"{parser.prog}: warning: {message}", file=sys.stderr)
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        setattr(namespace, self.dest, values)
+
+
+def _add_clip_norm(parser: argparse.ArgumentParser, help: str, *, required: bool = False,
+                   default: float | None = None) -> None:
+    """``--clip-norm`` (the config key ``clip-norm``, :attr:`PrivacySettings.clip_norm
+    <flwr_corrnoise.learner.PrivacySettings.clip_norm>`): one spelling everywhere, with the
+    old ``--clip`` accepted as a hidden, deprecated alias."""
+    group = parser.add_mutually_exclusive_group(required=required)
+    group.add_argument("--clip-norm", dest="clip_norm", type=float, default=default,
+                       help=help)
+    group.add_argument("--clip", dest="clip_norm", type=float, default=default,
+                       action=_DeprecatedOption, new="--clip-norm", help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flwr-corrnoise",
@@ -272,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="noise std for an (ε, δ) budget")
     cal.add_argument("--epsilon", required=True, type=float)
     cal.add_argument("--delta", required=True, type=float)
-    cal.add_argument("--clip", required=True, type=float, help="gradient clip norm B_g")
+    _add_clip_norm(cal, "gradient clip norm B_g (Flower: clipping_norm, Opacus: max_grad_norm)",
+                   required=True)
     cal.add_argument("--mechanism", required=True, choices=sorted(MECHANISMS))
     cal.add_argument("--steps", required=True, type=int, help="horizon N = R·τ")
     cal.add_argument("--method", default="exact", choices=METHODS)
@@ -329,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--tau", type=int, default=1, help="step variant: local steps per round")
     aud.add_argument("--epsilon", type=float, default=2.0)
     aud.add_argument("--delta", type=float, default=1e-3)
-    aud.add_argument("--clip", type=float, default=1.0)
+    _add_clip_norm(aud, "clip norm B (default 1)", default=1.0)
     aud.add_argument("--method", default="exact", choices=METHODS)
     aud.add_argument("--runs", type=int, default=2000,
                      help="executions on each of the two neighbouring streams")

@@ -26,7 +26,7 @@ Why Philox and not ChaCha20 for every stream: NumPy's ziggurat draws normals fro
 the speed of PCG64 (``benchmarks/noise_keys.py``: 0.8–1.5× at d ≥ 10⁴), while a ChaCha20
 Box–Muller sampler in NumPy costs 2.4–3.8× a PCG64 draw at the sizes that matter
 (d = 3·10⁵–10⁶). The torch streams draw from the same Philox on the host
-(:mod:`~flwr_corrnoise.torch_streams`): torch's own generators cannot hold a 128-bit key.
+(:mod:`~flwr_corrnoise.torch.streams`): torch's own generators cannot hold a 128-bit key.
 
 The generator's whole state (counter, key, the 4-word output buffer and its position)
 packs into 14 uint64 words (:func:`pack_generator`), and a generator restored from them

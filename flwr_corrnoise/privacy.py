@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from ._deprecation import renamed_fields, renamed_keywords
 from .accounting import (
     GAUSSIAN_ACCOUNTANTS,
     GaussianAccountant,
@@ -76,9 +77,11 @@ def accountant(method: str) -> GaussianAccountant:
     return GAUSSIAN_ACCOUNTANTS[method]
 
 
-def l2_sensitivity(clip: float, sensitivity: float) -> float:
-    """``Δ = 2·B_g·max_j ‖c_j‖``: replace-one-datum sensitivity of ``C·G``."""
-    return replace_one_l2(clip, sensitivity)
+@renamed_keywords(clip="clip_norm")
+def l2_sensitivity(clip_norm: float, sensitivity: float) -> float:
+    """``Δ = 2·B_g·max_j ‖c_j‖``: replace-one-datum sensitivity of ``C·G`` (``B_g`` =
+    ``clip_norm``)."""
+    return replace_one_l2(clip_norm, sensitivity)
 
 
 def zcdp_rho(epsilon: float, delta: float) -> float:
@@ -102,14 +105,16 @@ def std_satisfies(
     return accountant(method).satisfies(GaussianRelease(l2_sens, std), epsilon, delta)
 
 
+@renamed_fields(clip="clip_norm")
 @dataclass(frozen=True)
 class Calibration:
-    """The result of a calibration, with everything needed to audit it."""
+    """The result of a calibration, with everything needed to audit it. (``clip_norm``
+    was ``clip`` before; the old attribute still reads, with a ``DeprecationWarning``.)"""
 
     std: float  # V, the per-coordinate std of ξ
     epsilon: float
     delta: float
-    clip: float  # B_g
+    clip_norm: float  # B_g
     sensitivity: float  # max_j ‖c_j‖ of the mechanism
     l2_sensitivity: float  # Δ = 2·B_g·sensitivity
     method: str  # "zcdp" or "exact"
@@ -130,28 +135,31 @@ class Calibration:
         return {**asdict(self), "noise_multiplier": self.noise_multiplier}
 
 
+@renamed_keywords(clip="clip_norm")
 def calibrate(
     epsilon: float,
     delta: float,
-    clip: float,
+    clip_norm: float,
     sensitivity: float,
     method: Method = "exact",
     mechanism: str = "",
     steps: int = 0,
 ) -> Calibration:
-    """The noise std ``V`` that makes one learner's whole release ``(ε, δ)``-DP.
+    """The noise std ``V`` that makes one learner's whole release ``(ε, δ)``-DP when each
+    datum's gradient is clipped to L2 norm ``clip_norm`` (``B_g``; Flower's DP wrappers
+    call it ``clipping_norm``, Opacus ``max_grad_norm``).
 
     ``sensitivity`` is the mechanism's ``max_j ‖c_j‖`` (see
     :attr:`flwr_corrnoise.mechanisms.Factorization.sensitivity`).
     """
     eps, dlt = check_budget(epsilon, delta)
     acc = accountant(method)
-    delta_l2 = l2_sensitivity(clip, sensitivity)
+    delta_l2 = l2_sensitivity(clip_norm, sensitivity)
     return Calibration(
         std=acc.noise_std(delta_l2, eps, dlt),
         epsilon=eps,
         delta=dlt,
-        clip=float(clip),
+        clip_norm=float(clip_norm),
         sensitivity=float(sensitivity),
         l2_sensitivity=delta_l2,
         method=method,
@@ -160,38 +168,43 @@ def calibrate(
     )
 
 
+@renamed_keywords(clip="clip_norm")
 def calibrate_mechanism(
-    epsilon: float, delta: float, clip: float, mechanism: str, steps: int, method: Method = "exact"
+    epsilon: float, delta: float, clip_norm: float, mechanism: str, steps: int,
+    method: Method = "exact",
 ) -> Calibration:
     """:func:`calibrate` for a named mechanism and horizon (builds the factorization)."""
     from .mechanisms import build_factorization
 
     sens = build_factorization(mechanism, steps).sensitivity
-    return calibrate(epsilon, delta, clip, sens, method, mechanism=mechanism, steps=steps)
+    return calibrate(epsilon, delta, clip_norm, sens, method, mechanism=mechanism, steps=steps)
 
 
+@renamed_keywords(clip="clip_norm")
 def epsilon_for_std(
-    std: float, delta: float, clip: float, sensitivity: float, method: Method = "exact"
+    std: float, delta: float, clip_norm: float, sensitivity: float, method: Method = "exact"
 ) -> float:
     """The ε that noise std ``V`` buys at ``δ`` (the inverse of :func:`calibrate`)."""
     std = check_positive("noise std", std)
     _, dlt = check_budget(1.0, delta)
     acc = accountant(method)
-    return acc.epsilon(GaussianRelease(l2_sensitivity(clip, sensitivity), std), dlt)
+    return acc.epsilon(GaussianRelease(l2_sensitivity(clip_norm, sensitivity), std), dlt)
 
 
+@renamed_keywords(clip="clip_norm")
 def delta_for_std(
-    std: float, epsilon: float, clip: float, sensitivity: float
+    std: float, epsilon: float, clip_norm: float, sensitivity: float
 ) -> float:
     """The δ that noise std ``V`` gives at ``ε`` (exact; for audits and reports)."""
     eps, _ = check_budget(epsilon, 0.5)
-    release = GaussianRelease(l2_sensitivity(clip, sensitivity),
+    release = GaussianRelease(l2_sensitivity(clip_norm, sensitivity),
                               check_positive("noise std", std))
     return accountant("exact").delta(release, eps)
 
 
+@renamed_keywords(clip="clip_norm")
 def epsilon_spent(
-    std: float, delta: float, clip: float, mechanism: str, horizon: int, steps_done: int,
+    std: float, delta: float, clip_norm: float, mechanism: str, horizon: int, steps_done: int,
     method: Method = "exact",
 ) -> float:
     """ε of what a learner has released after ``steps_done`` of its ``horizon`` steps.
@@ -211,5 +224,5 @@ def epsilon_spent(
     _, dlt = check_budget(1.0, delta)
     acc = accountant(method)
     release = build_factorization(mechanism, horizon).release(
-        clip, std, steps=min(steps_done, horizon))
+        clip_norm, std, steps=min(steps_done, horizon))
     return acc.epsilon(release, dlt)

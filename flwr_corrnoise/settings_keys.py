@@ -3,10 +3,10 @@
 Why one table: the learners (:class:`~flwr_corrnoise.flower.session.LearnerSession`) and
 the server strategies (:meth:`CorrNoiseFedAvg.from_run_config
 <flwr_corrnoise.flower.strategy.CorrNoiseFedAvg.from_run_config>`,
-:meth:`CorrNoiseCentralDP.from_run_config
-<flwr_corrnoise.flower.central_dp.CorrNoiseCentralDP.from_run_config>`,
-:class:`~flwr_corrnoise.flower.local_dp.CorrNoiseLocalDP`) read the same keys with the
-same defaults, so server and learners cannot drift apart by hand (the server proposing
+:meth:`CorrNoiseCentralDPStrategy.from_run_config
+<flwr_corrnoise.flower.central_dp.CorrNoiseCentralDPStrategy.from_run_config>`,
+:class:`~flwr_corrnoise.flower.local_dp.CorrNoiseLocalDPStrategy`) read the same keys with
+the same defaults, so server and learners cannot drift apart by hand (the server proposing
 ``blt`` while its learners default to ``optimized``). A key that is missing is read as its
 default **with a logged warning naming the default** — never silently.
 
@@ -71,11 +71,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "(required by it)"),
     Key("server-learning-rate", float, 1.0, (RUN,), "server", "η_g, the server's step size"),
     Key("min-learners", int, 1, (RUN,), "server",
-        "fewest learners a round needs; `CorrNoiseCentralDP` releases a round only with at "
-        "least this many replies and raises the wrapped strategy's node minimums to it"),
+        "fewest learners a round needs; `CorrNoiseCentralDPStrategy` releases a round only "
+        "with at least this many replies and raises the wrapped strategy's node minimums to "
+        "it"),
     Key("connect-timeout", float, 60.0, (RUN,), "server",
-        "seconds `CorrNoiseCentralDP` waits for `min-learners` SuperNodes before a round; "
-        "then the run stops with an error"),
+        "seconds `CorrNoiseCentralDPStrategy` waits for `min-learners` SuperNodes before a "
+        "round; then the run stops with an error"),
     Key("max-idle-rounds", int, 3, (RUN,), "server",
         "consecutive rounds with nothing released (every learner refused, or no reply) "
         "after which the run stops with an error naming the learners' error codes"),

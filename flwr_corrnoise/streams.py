@@ -32,7 +32,7 @@ The recurrences live with the mechanisms, not here: every factorization supplies
 namespace) and owns what it remembers (which ``levels``/``rows`` to save, how to undo a
 failed round, when a restored state is inconsistent); :class:`NoiseStream` only owns the
 generator, the step, the scaling by ``V`` and the state format. The device-resident torch stream
-(:class:`flwr_corrnoise.torch_streams.TorchNoiseStream`) runs the same kernels on tensors.
+(:class:`flwr_corrnoise.torch.TorchNoiseStream`) runs the same kernels on tensors.
 
 The state serializes to a small byte string (:mod:`~flwr_corrnoise.arraypack`, no
 pickle) for Flower's ``context.state`` or a file, and a stream restored from it continues
@@ -130,7 +130,7 @@ def new_seed() -> int:
 
 
 #: how to restore a stream of another array backend: ``restore(state, device)``, registered
-#: by the backend's own module on import (:mod:`~flwr_corrnoise.torch_streams` registers
+#: by the backend's own module on import (:mod:`~flwr_corrnoise.torch.streams` registers
 #: ``"torch"``). Why a table and not an import: the core must not import torch, and the
 #: torch stream builds on this module, so the dependency runs one way only.
 _BACKENDS: dict[str, Callable[[dict[str, np.ndarray], Any], NoiseStream]] = {}
@@ -153,7 +153,7 @@ def restore_stream(state: dict[str, np.ndarray], device: Any = None) -> NoiseStr
         return NoiseStream.from_state_dict(state)
     restore = _BACKENDS.get(backend)
     if restore is None:
-        hint = (" (import flwr_corrnoise.torch_streams, which needs the 'torch' extra)"
+        hint = (" (import flwr_corrnoise.torch, which needs the 'torch' extra)"
                 if backend == "torch" else "")
         raise ValueError(f"this state holds a {backend} noise stream and no {backend} "
                          f"backend is loaded{hint}")

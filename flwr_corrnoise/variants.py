@@ -1,7 +1,7 @@
 """The math of the two other variants (papers 001 and 002), shared by Flower and the sweeps.
 
 Nothing here imports Flower: :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod` and
-:class:`~flwr_corrnoise.flower.CorrNoiseCentralDP` call these functions, and so does the
+:class:`~flwr_corrnoise.flower.CorrNoiseCentralDPStrategy` call these functions, and so does the
 in-process engine of the logistic-regression experiment (:func:`run_round_variant`), so the
 experiment measures exactly what the Flower classes do.
 
@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ._deprecation import renamed_keywords
 from .learner import PrivacySettings, clip_by_global_norm, derive_seed
 from .privacy import Calibration, Method, calibrate_mechanism
 from .streams import NoiseStream
@@ -26,23 +27,28 @@ from .streams import NoiseStream
 NOISE_AT = ("step", "round", "server")
 
 
-def round_release(delta: np.ndarray, clip: float, noise: NoiseStream) -> tuple[np.ndarray, float]:
-    """Paper 001: ``clip(Δ, B) + e[r]`` for one learner's flat round update ``Δ``.
+@renamed_keywords(clip="clip_norm")
+def round_release(
+    delta: np.ndarray, clip_norm: float, noise: NoiseStream
+) -> tuple[np.ndarray, float]:
+    """Paper 001: ``clip(Δ, B) + e[r]`` for one learner's flat round update ``Δ``
+    (``B`` = ``clip_norm``).
 
     Returns the released update and ``‖Δ‖`` before clipping. ``noise`` advances one step.
     """
-    clipped, norm = clip_by_global_norm(delta, clip)
+    clipped, norm = clip_by_global_norm(delta, clip_norm)
     return noise.add_next(clipped), norm
 
 
+@renamed_keywords(clip="clip_norm")
 def central_calibration(
-    mechanism: str, epsilon: float, delta: float, clip: float, rounds: int,
+    mechanism: str, epsilon: float, delta: float, clip_norm: float, rounds: int,
     method: Method = "exact",
 ) -> Calibration:
     """The Gaussian mechanism on the *sum* of clipped round updates over ``R`` rounds:
     one datum of one learner moves one clipped update, hence the sum, by ``≤ 2B`` — the
     same release description as a learner's, with rounds for steps."""
-    return calibrate_mechanism(epsilon, delta, clip, mechanism, rounds, method)
+    return calibrate_mechanism(epsilon, delta, clip_norm, mechanism, rounds, method)
 
 
 def central_noise_std(calibration: Calibration, min_learners: int) -> float:
@@ -67,7 +73,7 @@ def run_round_variant(
 
     ``local_update(learner, round, x)`` returns the learner's flat round update ``Δ`` from
     the flat model ``x`` (its own, unclipped, noiseless local steps). ``settings.horizon``
-    is the number of rounds and ``settings.clip`` the round-update clip norm ``B``. Every
+    is the number of rounds and ``settings.clip_norm`` the round-update clip norm ``B``. Every
     learner takes part in every round; the server step is the plain average (FedAvg with
     equal weights), as in the Flower classes.
     """
@@ -86,7 +92,7 @@ def run_round_variant(
                                       derive_seed(seed, i)) for i in range(num_learners)]
     else:
         cal = central_calibration(settings.mechanism, settings.epsilon, settings.delta,
-                                  settings.clip, rounds, settings.method)  # type: ignore[arg-type]
+                                  settings.clip_norm, rounds, settings.method)  # type: ignore[arg-type]
         server = NoiseStream.create(settings.mechanism, rounds, shapes,
                                     central_noise_std(cal, num_learners),
                                     derive_seed(seed, 10**6))
@@ -95,11 +101,11 @@ def run_round_variant(
             evaluate(r, unflat(x))
         deltas = [local_update(i, r, x) for i in range(num_learners)]
         if noise_at == "round":
-            released = [round_release(d, settings.clip, streams[i])[0]
+            released = [round_release(d, settings.clip_norm, streams[i])[0]
                         for i, d in enumerate(deltas)]
             x = x + np.mean(released, axis=0)
         else:
-            clipped = [clip_by_global_norm(d, settings.clip)[0] for d in deltas]
+            clipped = [clip_by_global_norm(d, settings.clip_norm)[0] for d in deltas]
             x = x + np.mean(clipped, axis=0) + server.next()
     if evaluate is not None:
         evaluate(rounds, unflat(x))

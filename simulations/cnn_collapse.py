@@ -121,7 +121,7 @@ def run(setup: CNNSetup, horizon: int, every: int, probe: int) -> list[dict[str,
               flush=True)
 
     settings = (PrivacySettings(mechanism=setup.mechanism, epsilon=setup.epsilon,
-                                delta=setup.delta, clip=setup.clip, horizon=horizon)
+                                delta=setup.delta, clip_norm=setup.clip, horizon=horizon)
                 if setup.mechanism != "none" else setup.settings())
     run_inprocess(initial=get_parameters(model), gradients=grads, settings=settings,
                   rounds=setup.rounds, tau=setup.tau, eta=setup.eta, eta_g=setup.eta_g,

@@ -56,7 +56,7 @@ def test_malformed_payloads_raise(mangle, message: str) -> None:
 
 def test_states_written_as_npz_are_still_read() -> None:
     """0.1 stored states as .npz: a learner upgraded mid-run must continue, not restart."""
-    settings = PrivacySettings("blt", epsilon=2.0, delta=1e-3, clip=1.0, horizon=16)
+    settings = PrivacySettings("blt", epsilon=2.0, delta=1e-3, clip_norm=1.0, horizon=16)
     state = LearnerState.create(settings, [(5,)], seed=3)
     for _ in range(3):
         state.noise.next()

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAdam, FedAvg
 
 from flwr_corrnoise.apps.logreg_task import LogRegSetup, logistic_gradient
-from flwr_corrnoise.flower import CorrNoiseCentralDP
+from flwr_corrnoise.flower import CorrNoiseCentralDPStrategy
 from flwr_corrnoise.learner import clip_by_global_norm
 from flwr_corrnoise.mechanisms import build_factorization
 from flwr_corrnoise.streams import NoiseStream
@@ -31,10 +31,10 @@ from .test_strategy import FakeGrid, reply, task_identity  # noqa: F401
 X = [np.zeros((2, 2)), np.ones(3)]
 
 
-def wrapped(strategy, rounds: int = 3, min_learners: int = 2) -> CorrNoiseCentralDP:
-    return CorrNoiseCentralDP(strategy, mechanism="toeplitz", epsilon=2.0, delta=1e-3,
-                              clip_norm=0.5, num_rounds=rounds, min_learners=min_learners,
-                              seed=17)
+def wrapped(strategy, rounds: int = 3, min_learners: int = 2) -> CorrNoiseCentralDPStrategy:
+    return CorrNoiseCentralDPStrategy(strategy, mechanism="toeplitz", epsilon=2.0, delta=1e-3,
+                                      clip_norm=0.5, num_rounds=rounds, min_learners=min_learners,
+                                      seed=17)
 
 
 def replies(updates, weights=(4, 4, 4)):
@@ -181,9 +181,9 @@ def test_central_dp_through_flower_simulation(tmp_path: Path) -> None:
         from flwr_corrnoise.apps.logreg import wait_for_nodes
 
         wait_for_nodes(grid, SMALL.num_learners)
-        dp = CorrNoiseCentralDP(FedAvg(fraction_evaluate=0.0, min_available_nodes=3),
-                                mechanism="blt", epsilon=1.0, delta=1e-3, clip_norm=0.4,
-                                num_rounds=SMALL.rounds, min_learners=3, seed=4)
+        dp = CorrNoiseCentralDPStrategy(FedAvg(fraction_evaluate=0.0, min_available_nodes=3),
+                                        mechanism="blt", epsilon=1.0, delta=1e-3, clip_norm=0.4,
+                                        num_rounds=SMALL.rounds, min_learners=3, seed=4)
         result = dp.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(SMALL.dim)]),
                           num_rounds=SMALL.rounds)
         seen["final"], seen["std"] = result.arrays.to_numpy_ndarrays()[0], dp.noise_std

@@ -1,6 +1,6 @@
 """Central DP releases the noised model and content-free metadata only (issue 20, item 3).
 
-The neighbouring-stream comparison for :class:`~flwr_corrnoise.flower.CorrNoiseCentralDP`:
+The neighbouring-stream comparison for :class:`~flwr_corrnoise.flower.CorrNoiseCentralDPStrategy`:
 two runs whose learners differ in one datum of one learner (finite vs NaN, small vs huge,
 a reply vs an error the app raised on that datum) must release the same everything — the
 round metrics, the ``Result``'s metric histories, the strategy's ``rounds`` history,
@@ -37,7 +37,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_corrnoise.flower import CorrNoiseCentralDP, RunFailedError
+from flwr_corrnoise.flower import CorrNoiseCentralDPStrategy, RunFailedError
 
 from .test_strategy import FakeGrid, reply, task_identity  # noqa: F401  (autouse fixture)
 
@@ -153,8 +153,8 @@ def released(b0: float | None) -> tuple[dict[str, Any], np.ndarray, dict[str, in
     public, but the arrays; the arrays; how often the app was called."""
     calls = {"train": 0, "evaluate": 0}
     grid = LoopbackGrid(plain_app(b0, calls), nodes=3)
-    dp = CorrNoiseCentralDP(FedAvg(), mechanism="blt", epsilon=1.0, delta=1e-3,
-                            clip_norm=0.5, num_rounds=ROUNDS, min_learners=3, seed=11)
+    dp = CorrNoiseCentralDPStrategy(FedAvg(), mechanism="blt", epsilon=1.0, delta=1e-3,
+                                    clip_norm=0.5, num_rounds=ROUNDS, min_learners=3, seed=11)
     with flower_log() as lines:
         result = dp.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(DIM)]),
                           num_rounds=ROUNDS)
@@ -198,9 +198,9 @@ def test_zeroed_replies_stay_in_the_local_diagnostics(caplog: pytest.LogCaptureF
     """What the released records leave out is kept for the (trusted) server's operator."""
     calls = {"train": 0, "evaluate": 0}
     grid = LoopbackGrid(plain_app(float("nan"), calls), nodes=3)
-    dp = CorrNoiseCentralDP(FedAvg(fraction_evaluate=0.0), mechanism="blt", epsilon=1.0,
-                            delta=1e-3, clip_norm=0.5, num_rounds=ROUNDS, min_learners=3,
-                            seed=11)
+    dp = CorrNoiseCentralDPStrategy(FedAvg(fraction_evaluate=0.0), mechanism="blt", epsilon=1.0,
+                                    delta=1e-3, clip_norm=0.5, num_rounds=ROUNDS, min_learners=3,
+                                    seed=11)
     with caplog.at_level(logging.WARNING, logger="flwr_corrnoise"):
         dp.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(DIM)]), num_rounds=1)
     assert [len(d["zeroed"]) for d in dp.diagnostics] == [1]
@@ -211,7 +211,7 @@ def test_zeroed_replies_stay_in_the_local_diagnostics(caplog: pytest.LogCaptureF
 X = [np.zeros(3)]
 
 
-def one_round(strategy: CorrNoiseCentralDP, r: int, messages: list[Message]) -> Any:
+def one_round(strategy: CorrNoiseCentralDPStrategy, r: int, messages: list[Message]) -> Any:
     list(strategy.configure_train(r, ArrayRecord(X), ConfigRecord(), FakeGrid()))
     try:
         out, metrics = strategy.aggregate_train(r, messages)
@@ -241,9 +241,9 @@ def test_whether_the_run_stops_does_not_depend_on_a_reply(min_learners: int) -> 
         "raised-other": reply(Error(code=int(ErrorCode.CLIENT_APP_RAISED_EXCEPTION),
                                     reason="KeyError: 'label-7'"), node=1),
     }.items():
-        dp = CorrNoiseCentralDP(FedAvg(fraction_evaluate=0.0), mechanism="toeplitz",
-                                epsilon=2.0, delta=1e-3, clip_norm=0.5, num_rounds=3,
-                                min_learners=min_learners, seed=3, max_idle_rounds=1)
+        dp = CorrNoiseCentralDPStrategy(FedAvg(fraction_evaluate=0.0), mechanism="toeplitz",
+                                        epsilon=2.0, delta=1e-3, clip_norm=0.5, num_rounds=3,
+                                        min_learners=min_learners, seed=3, max_idle_rounds=1)
         outcomes[name] = [one_round(dp, r, [msg]) for r in (1, 2)]
     assert len({repr(o) for o in outcomes.values()}) == 1, outcomes
     first = outcomes["update"][0]
@@ -255,9 +255,9 @@ def test_whether_the_run_stops_does_not_depend_on_a_reply(min_learners: int) -> 
 def test_a_run_whose_app_cannot_be_loaded_still_fails_loudly() -> None:
     """Flower's "could not load the ClientApp" (code 1) on every reply: no data was
     touched, so stopping reveals nothing; the text names the code, not its reason."""
-    dp = CorrNoiseCentralDP(FedAvg(fraction_evaluate=0.0), mechanism="toeplitz", epsilon=2.0,
-                            delta=1e-3, clip_norm=0.5, num_rounds=3, min_learners=2, seed=3,
-                            max_idle_rounds=2)
+    dp = CorrNoiseCentralDPStrategy(FedAvg(fraction_evaluate=0.0), mechanism="toeplitz",
+                                    epsilon=2.0, delta=1e-3, clip_norm=0.5, num_rounds=3,
+                                    min_learners=2, seed=3, max_idle_rounds=2)
     broken = [reply(Error(code=int(ErrorCode.LOAD_CLIENT_APP_EXCEPTION),
                           reason="ModuleNotFoundError: no module 'app'"), node=n)
               for n in (1, 2)]
@@ -271,8 +271,8 @@ def test_a_run_whose_app_cannot_be_loaded_still_fails_loudly() -> None:
 def test_client_evaluation_is_neither_asked_for_nor_released() -> None:
     """A wrapped FedAvg evaluates on the clients by default: the wrapper sends no evaluate
     message, and evaluate replies handed to it (a loss on a client's data) are dropped."""
-    dp = CorrNoiseCentralDP(FedAvg(), mechanism="toeplitz", epsilon=2.0, delta=1e-3,
-                            clip_norm=0.5, num_rounds=3, min_learners=2, seed=3)
+    dp = CorrNoiseCentralDPStrategy(FedAvg(), mechanism="toeplitz", epsilon=2.0, delta=1e-3,
+                                    clip_norm=0.5, num_rounds=3, min_learners=2, seed=3)
     assert list(dp.configure_evaluate(1, ArrayRecord(X), ConfigRecord(), FakeGrid())) == []
     losses = [reply(RecordDict({"metrics": MetricRecord({"num-examples": 5.0,
                                                           "loss": loss})}), node=n)

@@ -43,7 +43,7 @@ def test_mechanism_optimized_reports_certificate(capsys) -> None:
 
 def test_calibrate_json_subprocess() -> None:
     proc = run_cli(
-        "calibrate", "--epsilon", "2", "--delta", "1e-3", "--clip", "1",
+        "calibrate", "--epsilon", "2", "--delta", "1e-3", "--clip-norm", "1",
         "--mechanism", "tree", "--steps", "1000", "--method", "zcdp", "--json",
     )
     assert proc.returncode == 0, proc.stderr
@@ -55,7 +55,7 @@ def test_calibrate_json_subprocess() -> None:
 
 def test_calibrate_rejects_impossible_budget() -> None:
     proc = run_cli(
-        "calibrate", "--epsilon", "0", "--delta", "1e-3", "--clip", "1",
+        "calibrate", "--epsilon", "0", "--delta", "1e-3", "--clip-norm", "1",
         "--mechanism", "tree", "--steps", "10",
     )
     assert proc.returncode == 2

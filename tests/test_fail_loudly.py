@@ -15,7 +15,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from flwr_corrnoise.flower import (
     CorrNoiseFedAvg,
-    CorrNoiseLocalDP,
+    CorrNoiseLocalDPStrategy,
     RunFailedError,
     privacy_metrics_aggr,
 )
@@ -40,7 +40,7 @@ def refusal(node: int, code: int = 4101, reason: str = "refused: horizon 4000 ex
 
 
 def test_every_learner_refusing_fails_after_max_idle_rounds() -> None:
-    strat = CorrNoiseLocalDP(FedAvg(fraction_evaluate=0.0), RUN)
+    strat = CorrNoiseLocalDPStrategy(FedAvg(fraction_evaluate=0.0), RUN)
     for r in (1, 2):
         config = ConfigRecord({})
         list(strat.configure_train(r, ArrayRecord(X), config, FakeGrid()))
@@ -58,7 +58,7 @@ def test_every_learner_refusing_fails_after_max_idle_rounds() -> None:
 
 
 def test_a_released_round_resets_the_count() -> None:
-    strat = CorrNoiseLocalDP(FedAvg(fraction_evaluate=0.0), RUN)
+    strat = CorrNoiseLocalDPStrategy(FedAvg(fraction_evaluate=0.0), RUN)
     for r, replies in enumerate([[refusal(1)], [model_reply(1, 0, 0.5)], [refusal(1)],
                                  [model_reply(1, 0, 0.9)]], start=1):
         list(strat.configure_train(r, ArrayRecord(X), ConfigRecord({}), FakeGrid()))
@@ -71,7 +71,7 @@ def test_a_released_round_resets_the_count() -> None:
 def test_a_short_run_that_released_nothing_fails_at_its_end(replies) -> None:
     """Fewer rounds than max-idle-rounds, every SuperNode failing to run the app (Flower's
     own error codes) or no reply at all: the end of the run is the error."""
-    strat = CorrNoiseLocalDP(FedAvg(fraction_evaluate=0.0), {**RUN, "max-idle-rounds": 5})
+    strat = CorrNoiseLocalDPStrategy(FedAvg(fraction_evaluate=0.0), {**RUN, "max-idle-rounds": 5})
     strat.aggregate_train(1, replies)
     with pytest.raises(RunFailedError, match="without releasing a single round"):
         strat.watch.check_end()
@@ -86,7 +86,7 @@ def test_corrnoise_fedavg_fails_loudly_too() -> None:
 
 
 def test_per_learner_epsilon_by_partition_id() -> None:
-    strat = CorrNoiseLocalDP(FedAvg(fraction_evaluate=0.0), RUN)
+    strat = CorrNoiseLocalDPStrategy(FedAvg(fraction_evaluate=0.0), RUN)
     list(strat.configure_train(1, ArrayRecord(X), ConfigRecord({}), FakeGrid()))
     arrays, metrics = strat.aggregate_train(
         1, [model_reply(11, 0, 0.4), model_reply(12, 1, 0.6), refusal(13)])
@@ -114,7 +114,7 @@ def test_start_up_summary_says_what_is_sent_and_how_it_averages(caplog) -> None:
     try:
         with caplog.at_level(logging.INFO, logger="flwr"):
             strat.summary()
-            CorrNoiseLocalDP(FedAvg(), RUN).summary()
+            CorrNoiseLocalDPStrategy(FedAvg(), RUN).summary()
     finally:
         flwr_logger.removeHandler(caplog.handler)
         flwr_logger.disabled = disabled

@@ -128,7 +128,7 @@ def test_weakening_server_is_refused_and_nothing_applied(tmp_path: Path) -> None
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         wait_for_nodes(grid, setup.num_learners)
-        weaker = PrivacySettings("toeplitz", epsilon=8.0, delta=1e-3, clip=1.0,
+        weaker = PrivacySettings("toeplitz", epsilon=8.0, delta=1e-3, clip_norm=1.0,
                                  horizon=setup.horizon)
         strategy = CorrNoiseFedAvg(local_steps=setup.tau, learning_rate=setup.eta,
                                    privacy=weaker, min_available_nodes=setup.num_learners)

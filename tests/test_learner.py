@@ -37,7 +37,7 @@ def params0() -> list[np.ndarray]:
 
 
 def test_round_matches_algorithm_1_by_hand() -> None:
-    settings = PrivacySettings("toeplitz", 2.0, 1e-3, clip=0.5, horizon=8)
+    settings = PrivacySettings("toeplitz", 2.0, 1e-3, clip_norm=0.5, horizon=8)
     state = LearnerState.create(settings, SHAPES, seed=3)
     target = np.arange(7.0)
     res = local_round(params0(), quad_grad(target), state, settings, tau=3, eta=0.1)
@@ -63,7 +63,7 @@ def test_round_matches_algorithm_1_by_hand() -> None:
 
 def test_clipping_bounds_each_step() -> None:
     """With a huge gradient, each step's contribution before noise has norm exactly B_g."""
-    settings = PrivacySettings("independent", 1.0, 1e-3, clip=0.25, horizon=4)
+    settings = PrivacySettings("independent", 1.0, 1e-3, clip_norm=0.25, horizon=4)
     state = LearnerState.create(settings, SHAPES, seed=0)
     state.noise.std = 0.0  # isolate the clipped gradient
     res = local_round(params0(), quad_grad(np.full(7, 1e6)), state, settings, tau=1, eta=1.0)
@@ -110,7 +110,7 @@ def test_non_finite_gradient_counts_as_zero_and_the_noise_step_happens() -> None
     res = local_round(params0(), bad, state, settings, tau=3, eta=0.1)
     assert state.step == 3 and state.position == 3 and state.noise.step == 3
     assert res.diagnostics["nonfinite-steps"] == 2.0
-    g0 = np.ones(7) * min(1.0, settings.clip / np.sqrt(7))
+    g0 = np.ones(7) * min(1.0, settings.clip_norm / np.sqrt(7))
     noise = [twin.noise.next() for _ in range(3)]
     want = (g0 + noise[0] + noise[1] + noise[2]) / 3
     np.testing.assert_allclose(np.concatenate([u.ravel() for u in res.update]), want)
@@ -184,7 +184,7 @@ def test_settings_from_run_config() -> None:
     cfg = {"mechanism": "tree", "epsilon": 0.5, "delta": 1e-5, "clip-norm": 2.0,
            "num-server-rounds": 10, "local-steps": 4}
     s = PrivacySettings.from_config(cfg)
-    assert (s.mechanism, s.epsilon, s.delta, s.clip, s.horizon) == ("tree", 0.5, 1e-5, 2.0, 40)
+    assert (s.mechanism, s.epsilon, s.delta, s.clip_norm, s.horizon) == ("tree", 0.5, 1e-5, 2.0, 40)
     with pytest.raises(PrivacyConfigError, match="unknown mechanism"):
         PrivacySettings.from_config({"mechanism": "laplace", "horizon": 10})
     with pytest.raises(ValueError, match="ε must be"):

@@ -37,7 +37,7 @@ from flwr_corrnoise.streams import HorizonExhaustedError
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
 
 DIM = 3
-SETTINGS = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=1.0, horizon=6)
+SETTINGS = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip_norm=1.0, horizon=6)
 
 
 def session(tmp_path: Path) -> LearnerSession:
@@ -148,7 +148,7 @@ def test_the_device_optimizer_stores_the_learner_state_and_reads_its_old_format(
     torch = pytest.importorskip("torch")
     from flwr_corrnoise.torch import PrivateOptimizer, device_local_round
 
-    settings = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=0.5, horizon=6)
+    settings = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip_norm=0.5, horizon=6)
     g = np.random.default_rng(0)
     a, b = g.normal(size=(12, 4)), g.integers(0, 2, size=12)
 
@@ -180,7 +180,7 @@ def test_the_device_optimizer_stores_the_learner_state_and_reads_its_old_format(
     for u, v in zip(*updates, strict=True):
         np.testing.assert_array_equal(u, v)
     model = torch.nn.Linear(4, 2).double()
-    other = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=1.0, horizon=6)
+    other = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip_norm=1.0, horizon=6)
     with pytest.raises(PrivacyConfigError, match="other privacy settings"):
         PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, other,
                          state=legacy)

@@ -197,7 +197,7 @@ def test_toy_calibrates_and_runs_end_to_end_in_the_engine(toy: ModuleType) -> No
     expected = calibrate(2.0, 1e-3, clip, float(np.linalg.norm(C, axis=0).max()))
     assert cal.std == expected.std and cal.mechanism == toy.NAME
 
-    settings = PrivacySettings(toy.NAME, 2.0, 1e-3, clip=clip, horizon=horizon)
+    settings = PrivacySettings(toy.NAME, 2.0, 1e-3, clip_norm=clip, horizon=horizon)
     targets = [np.arange(4.0), -np.ones(4)]
 
     def gradient(i: int):

@@ -8,7 +8,7 @@ non-array part of every reply (reply kind, error code and reason, record names, 
 names and values, array keys, shapes and dtypes) must be identical. For the per-step
 front ends the rule is stronger and checked on the arrays too: a datum whose gradient
 cannot be computed releases exactly what a datum with a zero gradient releases (the same
-seed cancels the noise), in every round. ``CorrNoiseLocalDP``'s round metrics on the two
+seed cancels the noise), in every round. ``CorrNoiseLocalDPStrategy``'s round metrics on the two
 neighbouring federations are compared as well.
 
 The model is a 3-class linear classifier ``W`` (3×4, the weight of a bias-free
@@ -40,7 +40,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 
 from flwr_corrnoise.flower import (
-    CorrNoiseLocalDP,
+    CorrNoiseLocalDPStrategy,
     CorrNoiseNumPyClient,
     CorrNoiseRoundMod,
     PrivateSteps,
@@ -313,7 +313,7 @@ def test_private_steps_with_computed_arrays(kind: str, simulated: None) -> None:
 def test_local_dp_strategy_releases_the_same_round_metrics(
     kind: str, per_round: bool, simulated: None
 ) -> None:
-    """``CorrNoiseLocalDP`` around FedAvg, two learners per round (one with the odd datum
+    """``CorrNoiseLocalDPStrategy`` around FedAvg, two learners per round (one with the odd datum
     in the neighbouring federation): the round metrics it releases are identical."""
     from flwr.serverapp.strategy import FedAvg
 
@@ -323,7 +323,7 @@ def test_local_dp_strategy_releases_the_same_round_metrics(
         run_config["horizon"] = ROUNDS
     released: dict[str, list[Any]] = {}
     for world in ("small", kind):
-        strategy = CorrNoiseLocalDP(FedAvg(), run_config, per_round=per_round)
+        strategy = CorrNoiseLocalDPStrategy(FedAvg(), run_config, per_round=per_round)
         apps = [build("small"), build(world)]
         ctxts = [context(0), context(1)]
         if per_round:
@@ -372,7 +372,7 @@ def test_one_bad_example_in_a_batch_zeroes_only_itself(per_example: str, kind: s
         torch.manual_seed(0)
         model = torch.nn.Linear(D, K).double()
         opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=LR), model,
-                               PrivacySettings("blt", clip=0.3, horizon=ROUNDS * TAU), seed=1,
+                               PrivacySettings("blt", clip_norm=0.3, horizon=ROUNDS * TAU), seed=1,
                                per_example=per_example)
         xs, ys = zip(*(datum("small", i) for i in range(6)), strict=True)
         x, y = torch.tensor(np.stack(xs)), torch.tensor(ys)

@@ -58,7 +58,7 @@ def test_keys_that_share_either_word_give_unrelated_noise() -> None:
 def test_deployed_learner_state_holds_a_128_bit_key() -> None:
     """A learner with no seed (every learner outside simulation) keys its stream from OS
     entropy: two learners of identical settings draw unrelated noise."""
-    settings = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=1.0,
+    settings = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip_norm=1.0,
                                horizon=8)
     a = LearnerState.create(settings, [(5,)], None)
     b = LearnerState.create(settings, [(5,)], None)

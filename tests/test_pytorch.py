@@ -24,7 +24,7 @@ from flwr_corrnoise.torch import (  # noqa: E402
 )
 
 D, K, TAU, ETA = 5, 3, 4, 0.1
-SETTINGS = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=0.5, horizon=40)
+SETTINGS = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip_norm=0.5, horizon=40)
 
 
 def data(seed: int = 0, n: int = 64):
@@ -58,7 +58,7 @@ def torch_batches(a, b):
 
 @pytest.mark.parametrize("mechanism", ["blt", "tree", "independent", "none"])
 def test_torch_and_numpy_learners_give_the_same_update(mechanism: str) -> None:
-    settings = PrivacySettings(mechanism=mechanism, epsilon=2.0, delta=1e-3, clip=0.5,
+    settings = PrivacySettings(mechanism=mechanism, epsilon=2.0, delta=1e-3, clip_norm=0.5,
                                horizon=40)
     a, b = data()
     model = linear_model()
@@ -102,11 +102,12 @@ def test_clipping_bounds_each_step_over_all_parameter_tensors() -> None:
     batch = lambda i: (torch.from_numpy(a[i : i + 4]), torch.from_numpy(b[i : i + 4]))  # noqa: E731
     grad = ModuleGradient(model, torch.nn.functional.cross_entropy, batch)
     raw = grad(get_parameters(model), 0)
-    assert np.sqrt(sum(float(np.sum(g**2)) for g in raw)) > 10 * SETTINGS.clip  # clipping bites
+    # clipping bites
+    assert np.sqrt(sum(float(np.sum(g**2)) for g in raw)) > 10 * SETTINGS.clip_norm
     res = local_round(get_parameters(model), grad, state, SETTINGS, 1, ETA)
     noise = twin.noise.next()  # type: ignore[union-attr]
     step = np.concatenate([u.ravel() for u in res.update]) - noise
-    assert np.linalg.norm(step) == pytest.approx(SETTINGS.clip, rel=1e-9)
+    assert np.linalg.norm(step) == pytest.approx(SETTINGS.clip_norm, rel=1e-9)
     assert res.diagnostics["clipped-steps"] == 1.0
 
 

@@ -34,7 +34,7 @@ from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message
 
 pytestmark = pytest.mark.usefixtures("simulated")  # reproducible seeds, as in a simulation
 
-SETTINGS = PrivacySettings("toeplitz", epsilon=2.0, delta=1e-3, clip=0.5, horizon=3)
+SETTINGS = PrivacySettings("toeplitz", epsilon=2.0, delta=1e-3, clip_norm=0.5, horizon=3)
 
 
 def train_message(x: list[np.ndarray], **config) -> Message:
@@ -78,7 +78,7 @@ def test_clip_bounds_each_round_and_noise_is_the_stream_increment() -> None:
         base = np.concatenate([a.ravel() for a in x])
         noise = replica.next()
         contribution = released - base - noise
-        assert np.linalg.norm(contribution) == pytest.approx(SETTINGS.clip, rel=1e-12)
+        assert np.linalg.norm(contribution) == pytest.approx(SETTINGS.clip_norm, rel=1e-12)
         direction = np.concatenate([u.ravel() for u in huge])
         np.testing.assert_allclose(contribution, clip_by_global_norm(direction, 0.5)[0],
                                    atol=1e-12)

@@ -24,7 +24,7 @@ from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message
 
 pytestmark = pytest.mark.usefixtures("simulated")  # reproducible seeds, as in a simulation
 
-SETTINGS = PrivacySettings("toeplitz", epsilon=2.0, delta=1e-3, clip=0.5, horizon=4)
+SETTINGS = PrivacySettings("toeplitz", epsilon=2.0, delta=1e-3, clip_norm=0.5, horizon=4)
 MODEL = [np.zeros((2, 2)), np.ones(3)]
 UPDATE = [np.full((2, 2), 0.1), np.full(3, -0.2)]
 

@@ -326,7 +326,7 @@ def test_benchmark_script_runs_at_toy_size() -> None:
 
 # -- wired into the learner ------------------------------------------------------------------
 def _settings() -> PrivacySettings:
-    return PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=1.0, horizon=6)
+    return PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip_norm=1.0, horizon=6)
 
 
 def test_local_round_releases_trunc_g_of_the_clipped_step_plus_grid_noise() -> None:
@@ -406,10 +406,10 @@ def test_secure_learner_refuses_to_continue_a_stored_plain_stream(tmp_path: Path
 def test_a_budget_too_large_for_the_grid_is_refused_before_any_step() -> None:
     """ε so large that V < B_g·2⁻²⁰: the release could leave the grid's exact range for some
     data; refused as a configuration error before any step, whatever the data."""
-    settings = PrivacySettings(mechanism="independent", epsilon=1e14, delta=0.5, clip=1.0,
+    settings = PrivacySettings(mechanism="independent", epsilon=1e14, delta=0.5, clip_norm=1.0,
                                horizon=2, method="zcdp")  # exact calibration refuses sooner
     state = LearnerState.create(settings, [(2,)], None, secure=True)
-    assert settings.clip > 2**20 * state.noise.std  # type: ignore[union-attr]
+    assert settings.clip_norm > 2**20 * state.noise.std  # type: ignore[union-attr]
     with pytest.raises(PrivacyConfigError, match="secure noise needs clip-norm"):
         local_round([np.zeros(2)], lambda p, pos: [np.ones(2)], state, settings, 1, 0.1)
     assert state.step == 0 and state.noise.step == 0  # type: ignore[union-attr]

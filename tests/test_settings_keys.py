@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from flwr_corrnoise import settings_keys
-from flwr_corrnoise.flower import CorrNoiseCentralDP, CorrNoiseFedAvg, CorrNoiseLocalDP
+from flwr_corrnoise.flower import (
+    CorrNoiseCentralDPStrategy,
+    CorrNoiseFedAvg,
+    CorrNoiseLocalDPStrategy,
+)
 from flwr_corrnoise.flower.session import RUN_CONFIG_PROPOSAL, LearnerSession
 from flwr_corrnoise.learner import PrivacyConfigError, PrivacySettings
 from flwr_corrnoise.settings_keys import KEYS, ConfigKeyError, lookup, render_markdown
@@ -73,8 +77,8 @@ def test_servers_and_learners_read_the_same_settings(simulated: None) -> None:
     learner.settings.check_proposal(strategy.proposal)  # agrees: not refused
     assert strategy.proposal == learner.settings.proposal()
     assert strategy.local_steps == 2 and strategy.min_available_nodes == 2
-    assert CorrNoiseLocalDP(FedAvg(), cfg).proposal == learner.settings.proposal()
-    central = CorrNoiseCentralDP.from_run_config(FedAvg(), cfg)
+    assert CorrNoiseLocalDPStrategy(FedAvg(), cfg).proposal == learner.settings.proposal()
+    central = CorrNoiseCentralDPStrategy.from_run_config(FedAvg(), cfg)
     assert (central.mechanism, central.num_rounds, central.calibration.epsilon) == (
         "toeplitz", 5, 1.5)
     # the central wrapper passes its minimum on to the wrapped strategy
@@ -92,5 +96,5 @@ def test_central_dp_refuses_a_strategy_without_node_minimums() -> None:
         def summary(self): pass
 
     with pytest.raises(ValueError, match="node minimums"):
-        CorrNoiseCentralDP(Bare(), mechanism="toeplitz", epsilon=1.0, delta=1e-3,
-                           clip_norm=1.0, num_rounds=3, min_learners=2)
+        CorrNoiseCentralDPStrategy(Bare(), mechanism="toeplitz", epsilon=1.0, delta=1e-3,
+                                   clip_norm=1.0, num_rounds=3, min_learners=2)

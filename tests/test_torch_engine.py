@@ -62,7 +62,7 @@ def test_private_device_engine_adds_each_learners_seeded_stream() -> None:
     """With a loss that does not depend on the parameters the global model moves by the
     noise only: ``x^R = x⁰ − η·η_g·(1/n)·Σ_i Σ_k e_i[k]``, ``e_i`` the stream seeded with
     ``derive_seed(seed, i)`` at the calibrated std — computed here from fresh streams."""
-    settings = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=1.0,
+    settings = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip_norm=1.0,
                                horizon=8)
     n, rounds, tau, eta, eta_g, seed = 2, 4, 2, 0.1, 0.5, 7
     dev = run_inprocess_device(
@@ -113,7 +113,7 @@ def test_device_client_app_is_the_device_engine(simulated: None) -> None:
         update = reply.content["arrays"].to_numpy_ndarrays()
         x = [p - 0.1 * 2 * u for p, u in zip(x, update, strict=True)]
         assert reply.content["metrics"]["steps"] == 2 * r
-    settings = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip=1.0, horizon=6)
+    settings = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip_norm=1.0, horizon=6)
     dev = run_inprocess_device(model_fn=lambda i: linear(), batches=[stream(0)], loss_fn=mse,
                                settings=settings, rounds=3, tau=2, eta=0.1, seed=3)
     for a, b in zip(x, dev.params, strict=True):

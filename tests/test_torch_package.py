@@ -109,7 +109,7 @@ def private_sum(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, clip: 
                 per_example: str = "auto") -> tuple[np.ndarray, PrivateOptimizer]:
     """The clipped per-example sum :meth:`PrivateOptimizer.backward` leaves in ``p.grad``."""
     opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
-                           PrivacySettings("blt", clip=clip, horizon=4), seed=0,
+                           PrivacySettings("blt", clip_norm=clip, horizon=4), seed=0,
                            per_example=per_example)
     opt.backward(x, y)
     return np.concatenate([p.grad.detach().numpy().ravel() for p in opt.params]), opt

@@ -31,7 +31,7 @@ CE = torch.nn.functional.cross_entropy
 
 
 def settings(mechanism: str = "blt", horizon: int = 40, clip: float = 0.5) -> PrivacySettings:
-    return PrivacySettings(mechanism=mechanism, epsilon=2.0, delta=1e-3, clip=clip,
+    return PrivacySettings(mechanism=mechanism, epsilon=2.0, delta=1e-3, clip_norm=clip,
                            horizon=horizon)
 
 
@@ -149,17 +149,17 @@ def test_per_example_clipping_bounds_each_example() -> None:
     private = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model, s, seed=1)
     private.backward(x, y)
     s_a = summed(private)
-    np.testing.assert_allclose(s_a, per_example_reference(model, x, y, s.clip), rtol=1e-9,
+    np.testing.assert_allclose(s_a, per_example_reference(model, x, y, s.clip_norm), rtol=1e-9,
                                atol=1e-12)
     private.zero_grad()
     private.backward(big, y)
     s_big = summed(private)
-    np.testing.assert_allclose(s_big, per_example_reference(model, big, y, s.clip), rtol=1e-9,
+    np.testing.assert_allclose(s_big, per_example_reference(model, big, y, s.clip_norm), rtol=1e-9,
                                atol=1e-12)
-    assert np.linalg.norm(s_a - s_big) <= 2 * s.clip * (1 + 1e-12)
+    assert np.linalg.norm(s_a - s_big) <= 2 * s.clip_norm * (1 + 1e-12)
     private.zero_grad()
     private.backward(big[3:4], y[3:4])
-    assert np.linalg.norm(summed(private)) == pytest.approx(s.clip, rel=1e-9)
+    assert np.linalg.norm(summed(private)) == pytest.approx(s.clip_norm, rel=1e-9)
     assert private.diagnostics()["clipped-examples"] > 0
 
 
@@ -194,7 +194,7 @@ def test_non_finite_example_contributes_zero() -> None:
     loss = private.backward(bad, y)
     assert torch.isfinite(loss)
     np.testing.assert_allclose(summed(private),
-                               per_example_reference(model, x[keep], y[keep], s.clip),
+                               per_example_reference(model, x[keep], y[keep], s.clip_norm),
                                rtol=1e-9, atol=1e-12)
     assert private.diagnostics()["nonfinite-examples"] == 1.0
     private.zero_grad()
@@ -365,7 +365,7 @@ def test_hook_path_equals_the_torch_func_path(private: bool) -> None:
             assert 0 < opt.diagnostics()["clipped-examples"] < 6
     np.testing.assert_allclose(sums["hooks"], sums["func"], rtol=1e-9, atol=1e-12)
     keep = torch.tensor([0, 1, 2, 3, 5, 6])
-    ref = per_example_reference(SmallCNN().double(), x[keep], y[keep], s.clip if private
+    ref = per_example_reference(SmallCNN().double(), x[keep], y[keep], s.clip_norm if private
                                 else np.inf)
     np.testing.assert_allclose(sums["hooks"], ref, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="hooks"):

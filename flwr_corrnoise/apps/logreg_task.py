@@ -111,7 +111,7 @@ class LogRegSetup:
             mechanism=self.mechanism,
             epsilon=self.epsilon,
             delta=self.delta,
-            clip=self.clip,
+            clip_norm=self.clip,
             horizon=self.horizon,
             method=self.method,
         )

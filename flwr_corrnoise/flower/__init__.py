@@ -9,14 +9,21 @@ Every front end is exported here, with the settings they all take
 (:mod:`~flwr_corrnoise.flower.torch_app`: ``make_torch_client_app``, ``private_optimizer``,
 ``TorchCorrNoiseClient``, ``FlowerPrivateOptimizer``) are imported when first asked for,
 so that this package still imports without the ``torch`` extra.
+
+The server-side Strategy wrappers are ``CorrNoiseLocalDPStrategy`` (learners noise their own
+replies) and ``CorrNoiseCentralDPStrategy`` (the server noises the average), as Flower's
+``DifferentialPrivacyClientSideFixedClipping`` / ``…ServerSideFixedClipping`` are; their
+old names ``CorrNoiseLocalDP`` / ``CorrNoiseCentralDP`` still import for one release, with
+a ``DeprecationWarning`` (``docs/changes.md``).
 """
 
 from importlib import import_module
 from importlib.util import find_spec
 from typing import Any
 
+from .._deprecation import deprecated_names
 from ..learner import PrivacySettings
-from .central_dp import CorrNoiseCentralDP
+from .central_dp import CorrNoiseCentralDPStrategy
 from .client import (
     STATE_KEY,
     CorrNoiseLearner,
@@ -24,7 +31,7 @@ from .client import (
     make_client_app,
     numpy_client_app,
 )
-from .local_dp import CorrNoiseLocalDP
+from .local_dp import CorrNoiseLocalDPStrategy
 from .monitor import RunFailedError, privacy_metrics_aggr
 from .round_mod import CorrNoiseRoundMod
 from .steps import PrivateSteps, PrivateStepsGuard
@@ -36,10 +43,10 @@ _TORCH_NAMES = ("FlowerPrivateOptimizer", "TorchCorrNoiseClient", "make_torch_cl
 
 __all__ = [
     "STATE_KEY",
-    "CorrNoiseCentralDP",
+    "CorrNoiseCentralDPStrategy",
     "CorrNoiseFedAvg",
     "CorrNoiseLearner",
-    "CorrNoiseLocalDP",
+    "CorrNoiseLocalDPStrategy",
     "CorrNoiseNumPyClient",
     "CorrNoiseRoundMod",
     "PrivacySettings",
@@ -54,7 +61,15 @@ __all__ = [
 ]
 
 
+#: old names, for one release: the same classes, with a warning (not in ``__all__``, so a
+#: star import does not warn)
+_deprecated = deprecated_names(__name__, {
+    "CorrNoiseLocalDP": ("CorrNoiseLocalDPStrategy", lambda: CorrNoiseLocalDPStrategy),
+    "CorrNoiseCentralDP": ("CorrNoiseCentralDPStrategy", lambda: CorrNoiseCentralDPStrategy),
+})
+
+
 def __getattr__(name: str) -> Any:
     if name in _TORCH_NAMES:
         return getattr(import_module(".torch_app", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _deprecated(name)

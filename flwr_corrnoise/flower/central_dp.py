@@ -35,10 +35,10 @@ clipped update. Not for robust (non-linear) aggregators such as the median or Kr
 settings, the round counter and participation (who replied, how many): ε spent, the noise
 std, the rounds released, ε per replying node. *Nothing that depends on a reply's content*
 — not how many replies were zeroed, not which ones, not an error's code or text, not a
-client metric — reaches the round metrics, ``Result``, :attr:`CorrNoiseCentralDP.rounds`,
+client metric — reaches the round metrics, ``Result``, :attr:`CorrNoiseCentralDPStrategy.rounds`,
 Flower's round log or a :class:`~flwr_corrnoise.flower.monitor.RunFailedError`'s text. Such
 details stay in the server's local log (the ``flwr_corrnoise`` logger) and
-:attr:`CorrNoiseCentralDP.diagnostics`. The wrapped strategy is handed one identical
+:attr:`CorrNoiseCentralDPStrategy.diagnostics`. The wrapped strategy is handed one identical
 carrier per reply (error replies included), so even its own log ("Received N results and 0
 failures") counts participation only.
 
@@ -70,6 +70,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from .._deprecation import deprecated_names
 from ..learner import PrivacySettings, check_update, clip_by_global_norm
 from ..privacy import Calibration, epsilon_spent
 from ..settings_keys import lookup, require
@@ -88,8 +89,13 @@ from .monitor import (
 log = logging.getLogger(__name__)
 
 
-class CorrNoiseCentralDP(WrappedStrategy, Strategy):
+class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
     """Wrap ``strategy`` (FedAvg family) with server-side clipping and correlated noise.
+
+    The correlated-noise counterpart of Flower's
+    ``DifferentialPrivacyServerSideFixedClipping`` (whose ``clipping_norm`` is our
+    ``clip_norm``). Named ``CorrNoiseCentralDP`` before; that name still works for one
+    release, with a ``DeprecationWarning``.
 
     ``min_learners`` is passed on to the wrapped strategy's node minimums
     (``min_train_nodes``, ``min_available_nodes``): a strategy without them is refused,
@@ -120,11 +126,11 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
         for attr in ("min_train_nodes", "min_available_nodes"):
             if not hasattr(strategy, attr):
                 raise ValueError(
-                    f"CorrNoiseCentralDP needs a strategy with node minimums (FedAvg family) "
-                    f"to pass min_learners = {min_learners} on to; {type(strategy).__name__} "
-                    f"has no {attr!r}")
+                    f"CorrNoiseCentralDPStrategy needs a strategy with node minimums (FedAvg "
+                    f"family) to pass min_learners = {min_learners} on to; "
+                    f"{type(strategy).__name__} has no {attr!r}")
             if int(getattr(strategy, attr)) < int(min_learners):
-                log.info("CorrNoiseCentralDP: %s.%s raised to min_learners = %d",
+                log.info("CorrNoiseCentralDPStrategy: %s.%s raised to min_learners = %d",
                          type(strategy).__name__, attr, int(min_learners))
                 setattr(strategy, attr, int(min_learners))
         self.strategy = strategy
@@ -154,9 +160,9 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
         self.diagnostics: list[dict[str, Any]] = []
         if float(getattr(strategy, "fraction_evaluate", 0.0) or 0.0) > 0.0:
             log.warning(
-                "CorrNoiseCentralDP: %s(fraction_evaluate=%g) would evaluate on the clients "
-                "and release their aggregated loss on their data, un-noised and outside the "
-                "central budget; client-side evaluation is OFF under central DP (no evaluate "
+                "CorrNoiseCentralDPStrategy: %s(fraction_evaluate=%g) would evaluate on the "
+                "clients and release their aggregated loss on their data, un-noised and outside "
+                "the central budget; client-side evaluation is OFF under central DP (no evaluate "
                 "messages are sent). Evaluate the released model on the server with "
                 "start(..., evaluate_fn=...), and pass fraction_evaluate=0.0 to silence this.",
                 type(strategy).__name__, float(strategy.fraction_evaluate))  # type: ignore[attr-defined]
@@ -164,7 +170,7 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
     @classmethod
     def from_run_config(
         cls, strategy: Strategy, run_config: Mapping[str, Any], *, seed: int | None = None
-    ) -> CorrNoiseCentralDP:
+    ) -> CorrNoiseCentralDPStrategy:
         """The wrapper the run config describes, read by the key table the learners read:
         ``mechanism``, ``epsilon``, ``delta``, ``clip-norm`` (of each round update),
         ``calibration``, ``horizon`` (rounds; else the required ``num-server-rounds``),
@@ -174,7 +180,7 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
             run_config, "num-server-rounds", where, "it is the central noise's horizon")
         s = PrivacySettings.from_config({**dict(run_config), "horizon": rounds}, where)
         return cls(strategy, mechanism=s.mechanism, epsilon=s.epsilon, delta=s.delta,
-                   clip_norm=s.clip, num_rounds=s.horizon, method=s.method,
+                   clip_norm=s.clip_norm, num_rounds=s.horizon, method=s.method,
                    min_learners=lookup(run_config, "min-learners", where), seed=seed,
                    max_idle_rounds=lookup(run_config, "max-idle-rounds", where),
                    connect_timeout=lookup(run_config, "connect-timeout", where))
@@ -187,7 +193,7 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
         while len(nodes := list(grid.get_node_ids())) < self.min_learners:
             if time.monotonic() > deadline:
                 raise RunFailedError(
-                    f"CorrNoiseCentralDP: only {len(nodes)} SuperNode(s) connected after "
+                    f"CorrNoiseCentralDPStrategy: only {len(nodes)} SuperNode(s) connected after "
                     f"{self.connect_timeout:g} s, but a round is released only with at least "
                     f"min-learners = {self.min_learners} replies; start more SuperNodes or "
                     f"lower min-learners")
@@ -220,7 +226,7 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
                 log.warning("round %d: the reply of node %d counts as zero (local log only, "
                             "never released): %s", server_round, node, err)
                 continue
-            total += clip_by_global_norm(delta, self.calibration.clip)[0]
+            total += clip_by_global_norm(delta, self.calibration.clip_norm)[0]
         # content-dependent: the server's local diagnostics only
         self.diagnostics.append({"round": server_round, "zeroed": zeroed})
         entry: dict[str, Any] = {"round": server_round, "replies": len(replies),
@@ -255,7 +261,7 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
                     for msg in replies]
         arrays_out, _ = self.strategy.aggregate_train(server_round, prepared)
         spent = min(epsilon_spent(self.calibration.std, self.calibration.delta,
-                                  self.calibration.clip, self.mechanism, self.num_rounds,
+                                  self.calibration.clip_norm, self.mechanism, self.num_rounds,
                                   self.released, self.method),  # type: ignore[arg-type]
                     self.calibration.epsilon)
         entry.update({"released": True, "epsilon-spent": spent})
@@ -308,10 +314,16 @@ class CorrNoiseCentralDP(WrappedStrategy, Strategy):
         log_summary(self, f"Correlated-noise central DP around {type(self.strategy).__name__}", [
             f"{self.mechanism} noise over {self.num_rounds} rounds, (ε, δ) = "
             f"({self.calibration.epsilon:g}, {self.calibration.delta:g}), clip "
-            f"{self.calibration.clip:g} per round update",
+            f"{self.calibration.clip_norm:g} per round update",
             f"released only with ≥ {self.min_learners} replies; std on the average "
             f"{self.noise_std:.4g}",
             f"the run fails after {self.watch.max_idle_rounds} consecutive round(s) without "
             f"a release",
             "client-side evaluation: off (not covered by central DP; use evaluate_fn)",
         ])
+
+
+#: the old name, for one release (docs/changes.md): the same class, with a warning
+__getattr__ = deprecated_names(__name__, {
+    "CorrNoiseCentralDP": ("CorrNoiseCentralDPStrategy", lambda: CorrNoiseCentralDPStrategy),
+})

@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from .._deprecation import deprecated_names
 from ..learner import NOISELESS, PrivacySettings
 from ..settings_keys import require
 from .monitor import (
@@ -40,7 +41,7 @@ from .monitor import (
 log = logging.getLogger(__name__)
 
 
-class CorrNoiseLocalDP(WrappedStrategy, Strategy):
+class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
     """Wrap ``strategy`` (FedAvg family) for learners that noise their own replies.
 
     ``run_config`` (the ServerApp's ``context.run_config``) gives the proposal: the privacy
@@ -48,6 +49,13 @@ class CorrNoiseLocalDP(WrappedStrategy, Strategy):
     ``num-server-rounds`` × ``local-steps`` (per-step) or ``num-server-rounds``
     (``per_round=True``, for :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`), and
     ``max-idle-rounds``. ``privacy`` given in code replaces the run config's proposal.
+
+    A *server-side* Strategy wrapper, as Flower's
+    ``DifferentialPrivacyClientSideFixedClipping`` is: the noise itself is added on the
+    learners (:class:`~flwr_corrnoise.flower.PrivateSteps`,
+    :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`, the roles Flower's ``LocalDpMod``
+    plays). Named ``CorrNoiseLocalDP`` before, which read like a client mod; that name
+    still works for one release, with a ``DeprecationWarning``.
     """
 
     def __init__(
@@ -115,3 +123,9 @@ class CorrNoiseLocalDP(WrappedStrategy, Strategy):
                    **privacy_report(reports)}
         self.watch.observe(server_round, replies, released)
         return arrays, MetricRecord(summary)
+
+
+#: the old name, for one release (docs/changes.md): the same class, with a warning
+__getattr__ = deprecated_names(__name__, {
+    "CorrNoiseLocalDP": ("CorrNoiseLocalDPStrategy", lambda: CorrNoiseLocalDPStrategy),
+})

@@ -195,12 +195,13 @@ def start_config(train_config: ConfigRecord | None, extra: Mapping[str, Any]) ->
 
 
 class WrappedStrategy:
-    """What our strategy wrappers (``CorrNoiseLocalDP``, ``CorrNoiseCentralDP``) share:
-    evaluation is the wrapped strategy's (``self.strategy``) — under local DP a learner
-    answers an evaluate message only if it opted in, so what it answers is its own release —
-    and Flower's loop ends with ``self.watch``'s check that something was released.
-    ``CorrNoiseCentralDP`` overrides evaluation: its clients are unguarded apps, and their
-    losses are not covered by the central guarantee."""
+    """What our strategy wrappers (``CorrNoiseLocalDPStrategy``,
+    ``CorrNoiseCentralDPStrategy``) share: evaluation is the wrapped strategy's
+    (``self.strategy``) — under local DP a learner answers an evaluate message only if it
+    opted in, so what it answers is its own release — and Flower's loop ends with
+    ``self.watch``'s check that something was released. ``CorrNoiseCentralDPStrategy``
+    overrides evaluation: its clients are unguarded apps, and their losses are not covered
+    by the central guarantee."""
 
     strategy: Strategy
     watch: RoundWatch

@@ -129,7 +129,7 @@ class PrivateSteps:
             [(tuple(a.shape), a.dtype) for a in self.received])
         self._done = False
         #: the steps are taken by a device optimizer that owns the stream
-        #: (:func:`flwr_corrnoise.pytorch.private_optimizer`)
+        #: (:func:`flwr_corrnoise.flower.torch_app.private_optimizer`)
         self.external = False
 
     @staticmethod

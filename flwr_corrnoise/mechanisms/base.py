@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from .._deprecation import renamed_keywords
 from ..accounting import GaussianRelease, replace_one_l2
 from .streaming import HistoryKernel, StreamKernel
 
@@ -127,13 +128,14 @@ class Factorization(ABC):
         _, C = self.matrices()
         return float(np.max(np.linalg.norm(C[:k], axis=0)))
 
-    def release(self, clip: float, std: float, steps: int | None = None) -> GaussianRelease:
-        """What a learner clipping each datum's gradient to ``clip`` and adding noise of
-        ``std`` has released after ``steps`` steps (all ``N`` by default), as an accountant
-        reads it: one Gaussian mechanism of ℓ2 sensitivity ``2·clip·`` the (prefix)
-        sensitivity (:mod:`flwr_corrnoise.accounting`)."""
+    @renamed_keywords(clip="clip_norm")  # the library's one spelling (docs/changes.md)
+    def release(self, clip_norm: float, std: float, steps: int | None = None) -> GaussianRelease:
+        """What a learner clipping each datum's gradient to ``clip_norm`` and adding noise
+        of ``std`` has released after ``steps`` steps (all ``N`` by default), as an
+        accountant reads it: one Gaussian mechanism of ℓ2 sensitivity ``2·clip_norm·`` the
+        (prefix) sensitivity (:mod:`flwr_corrnoise.accounting`)."""
         sens = self.sensitivity if steps is None else self.prefix_sensitivity(steps)
-        return GaussianRelease(replace_one_l2(clip, sens), std)
+        return GaussianRelease(replace_one_l2(clip_norm, sens), std)
 
     def _check_prefix(self, k: int) -> int:
         if not 0 < int(k) <= self.n:

@@ -21,7 +21,7 @@ change the math. So, as in jax_privacy's ``StreamingMatrix(init, next)``, every
 ``ops`` (:class:`ArrayOps`) is the array namespace: allocation, constants, copies. The
 kernels use only Python operators (``+=``, ``*=``, ``@``, slicing) beyond it, which NumPy
 arrays and torch tensors share, so the NumPy stream (:class:`flwr_corrnoise.streams.
-NoiseStream`) and the device-resident torch stream (:mod:`flwr_corrnoise.torch_streams`)
+NoiseStream`) and the device-resident torch stream (:mod:`flwr_corrnoise.torch.streams`)
 run the *same* code; a test feeds both the same normals and compares the increments.
 """
 

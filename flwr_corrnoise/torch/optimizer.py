@@ -323,10 +323,10 @@ class PrivateOptimizer:
         norms = sq.sqrt()
         ok = torch.isfinite(norms) & torch.isfinite(losses)
         if self.settings.private:
-            clip = float(self.settings.clip)
+            clip_norm = float(self.settings.clip_norm)
             # min(1, B_g/‖g_i‖); a zero gradient gives inf → 1
-            factor = torch.where(ok, (clip / norms).clamp(max=1.0), 0.0)
-            self._clipped += (ok & (norms > clip)).sum()
+            factor = torch.where(ok, (clip_norm / norms).clamp(max=1.0), 0.0)
+            self._clipped += (ok & (norms > clip_norm)).sum()
         else:
             factor = ok.to(norms.dtype)
         self._nonfinite += (~ok).sum()
@@ -416,10 +416,10 @@ class PrivateOptimizer:
         an unclipped finite gradient costs no pass at all; on a GPU it would sync."""
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         ok = torch.isfinite(norm) if loss is None else torch.isfinite(norm) & torch.isfinite(loss)
-        clip = self.settings.clip
+        clip_norm = self.settings.clip_norm
         if self.settings.private:
-            factor = torch.where(ok, (clip / norm).clamp(max=1.0), 0.0)
-            self._clipped += (ok & (norm > clip)).long()
+            factor = torch.where(ok, (clip_norm / norm).clamp(max=1.0), 0.0)
+            self._clipped += (ok & (norm > clip_norm)).long()
         else:
             factor = ok.to(norm.dtype)
         self._nonfinite += (~ok).long()
@@ -428,7 +428,7 @@ class PrivateOptimizer:
             return [torch.where(ok, g * factor.to(g.dtype), 0.0) for g in grads]
         if not bool(ok):
             return [torch.zeros_like(g) for g in grads]
-        if self.settings.private and bool(norm > clip):
+        if self.settings.private and bool(norm > clip_norm):
             torch._foreach_mul_(grads, float(factor))
         return grads
 
