@@ -103,7 +103,7 @@ class CNNSetup:
 
     def settings(self) -> PrivacySettings:
         return PrivacySettings(mechanism=self.mechanism, epsilon=self.epsilon,
-                               delta=self.delta, clip=self.clip, horizon=self.steps)
+                               delta=self.delta, clip_norm=self.clip, horizon=self.steps)
 
     def with_(self, **changes: Any) -> CNNSetup:
         return replace(self, **changes)
