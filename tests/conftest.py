@@ -28,26 +28,18 @@ def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session, "in_simulation", lambda: True)
 
 
-#: test modules whose slow tests start Ray (Flower's simulation engine, ``flwr run`` on a
-#: local simulation federation, a ``ray start`` cluster). Under pytest-xdist they share one
-#: worker (``--dist loadgroup``): a ``ray.init()`` on another worker could otherwise join
-#: the cluster ``tests/test_ray_cluster.py`` starts, and two Ray instances on 2 cores only
-#: slow each other down.
-RAY_MODULES = frozenset({
-    "test_adoption", "test_central_dp", "test_cli", "test_cnn", "test_dec_relay",
-    "test_experiment", "test_flower_simulation", "test_flwr_run", "test_ray_cluster",
-    "test_release_gate", "test_round_mod", "test_strategy_resume", "test_wang_relay",
-})
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put every slow test of a Ray-using module into one xdist group (a no-op without
-    pytest-xdist), and the tests that solve the N = 1024 optimized factorization into
-    another, so that the solve happens once per worker that needs it."""
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject.toml), keep the tests that
+    use the N = 1024 optimized factorization on one worker, so it is solved once.
+
+    Why Ray tests need no group: ``ray.init()`` without an address starts its own local
+    instance unless it finds ``ray_current_cluster`` in its temp dir, which only ``ray
+    start`` writes, and ``tests/test_ray_cluster.py`` starts its head with its own
+    ``--temp-dir``; so Ray tests on two workers never join each other's cluster.
+    """
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        if item.get_closest_marker("slow") and module in RAY_MODULES:
-            item.add_marker(pytest.mark.xdist_group("ray"))
-        elif module in ("test_mechanisms", "test_blt") and (
+        if module in ("test_mechanisms", "test_blt") and (
                 "1024" in item.name or "near_optimal" in item.name):
             item.add_marker(pytest.mark.xdist_group("optimized-1024"))
