@@ -43,3 +43,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if module in ("test_mechanisms", "test_blt") and (
                 "1024" in item.name or "near_optimal" in item.name):
             item.add_marker(pytest.mark.xdist_group("optimized-1024"))
+    # the slow tests first (a stable sort: file order otherwise kept), so that the workers
+    # start the long process-bound ones early instead of ending on one of them alone
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
