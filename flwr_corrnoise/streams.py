@@ -48,7 +48,6 @@ exactly — see :mod:`~flwr_corrnoise.secure_noise` for the threats and the cost
 
 from __future__ import annotations
 
-import io
 import math
 import secrets
 from collections.abc import Callable, Sequence
@@ -417,11 +416,7 @@ class NoiseStream:
     def from_bytes(cls, data: bytes) -> NoiseStream:
         """Inverse of :meth:`to_bytes` (also reads the ``.npz`` states of version 0.1)."""
         try:
-            if bytes(data[:2]) == b"PK":  # the earlier .npz format
-                with np.load(io.BytesIO(data), allow_pickle=False) as f:
-                    state = {k: f[k] for k in f.files}
-            else:
-                state = arraypack.unpack(data)
+            state = arraypack.unpack_any(data)  # also the earlier .npz format
         except (OSError, ValueError, EOFError) as err:
             raise ValueError(f"unreadable noise-stream state: {err}") from err
         return cls.from_state_dict(state)
