@@ -19,7 +19,19 @@ import numpy as np
 
 from .._deprecation import renamed_keywords
 from ..accounting import GaussianRelease, replace_one_l2
+from .participation import (
+    DENSE_LIMIT,
+    ONCE,
+    Participation,
+    Sensitivity,
+    gram_sensitivity,
+    triangle_sensitivity,
+)
 from .streaming import HistoryKernel, StreamKernel
+
+#: dense prefix sensitivities (ε spent before the horizon) are recomputed up to this N;
+#: beyond it a prefix takes min(full, triangle bound), both certified
+DENSE_PREFIX_LIMIT = 512
 
 
 def prefix_sum_matrix(n: int) -> np.ndarray:
@@ -128,13 +140,61 @@ class Factorization(ABC):
         _, C = self.matrices()
         return float(np.max(np.linalg.norm(C[:k], axis=0)))
 
+    def participation_sensitivity(
+        self, participation: Participation = ONCE, steps: int | None = None
+    ) -> Sensitivity:
+        """Sensitivity when one datum enters the stream as ``participation`` says, of what
+        is released after ``steps`` steps (all ``N`` by default); see :mod:`.participation`.
+
+        The default materializes ``C`` up to :data:`~.participation.DENSE_LIMIT` steps and
+        otherwise falls back to the triangle bound ``k·max_j‖c_j‖``; Toeplitz encoders and
+        independent noise override it with closed forms. Memoized per object.
+        """
+        if steps is not None:
+            steps = self._check_prefix(steps)
+            if steps == self.n:
+                steps = None
+        if participation.single:
+            value = self.sensitivity if steps is None else self.prefix_sensitivity(steps)
+            return Sensitivity(value, value, True, "max column norm")
+        memo = self.__dict__.setdefault("_participation_memo", {})
+        key = (participation, steps)
+        if key not in memo:
+            memo[key] = self._participation_sensitivity(participation, steps)
+        return memo[key]
+
+    def _participation_sensitivity(self, participation: Participation,
+                                   steps: int | None) -> Sensitivity:
+        n = self.n if steps is None else steps
+        single = self.sensitivity if steps is None else self.prefix_sensitivity(steps)
+        triangle = triangle_sensitivity(single, participation, n)
+        limit = DENSE_LIMIT if steps is None else DENSE_PREFIX_LIMIT
+        if self.n <= limit:
+            return gram_sensitivity(self.encoder_gram(n), participation)
+        if steps is not None:
+            full = self.participation_sensitivity(participation)
+            if full.value <= triangle.value:
+                return Sensitivity(full.value, triangle.lower, False,
+                                   "full-horizon value (a prefix releases less)")
+        return triangle
+
+    def encoder_gram(self, steps: int) -> np.ndarray:
+        """``X = CᵀC`` over the rows of ``C`` a causal stream has drawn after ``steps``
+        steps (the first ``steps`` rows of a square lower-triangular ``C``), restricted to
+        the first ``steps`` columns (later ones are zero); the tree overrides it."""
+        steps = self._check_prefix(steps)
+        _, C = self.matrices()
+        top = C[:steps, :steps]
+        return top.T @ top
+
     @renamed_keywords(clip="clip_norm")  # the library's one spelling (docs/changes.md)
-    def release(self, clip_norm: float, std: float, steps: int | None = None) -> GaussianRelease:
+    def release(self, clip_norm: float, std: float, steps: int | None = None,
+                participation: Participation = ONCE) -> GaussianRelease:
         """What a learner clipping each datum's gradient to ``clip_norm`` and adding noise
         of ``std`` has released after ``steps`` steps (all ``N`` by default), as an
         accountant reads it: one Gaussian mechanism of ℓ2 sensitivity ``2·clip_norm·`` the
-        (prefix) sensitivity (:mod:`flwr_corrnoise.accounting`)."""
-        sens = self.sensitivity if steps is None else self.prefix_sensitivity(steps)
+        (prefix) sensitivity under ``participation`` (:mod:`flwr_corrnoise.accounting`)."""
+        sens = self.participation_sensitivity(participation, steps).value
         return GaussianRelease(replace_one_l2(clip_norm, sens), std)
 
     def _check_prefix(self, k: int) -> int:

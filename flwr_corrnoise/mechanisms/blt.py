@@ -43,6 +43,7 @@ from scipy.optimize import minimize
 
 from . import cache
 from .base import Factorization
+from .participation import Participation, Sensitivity, toeplitz_sensitivity
 from .registry import Param, register
 from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel
 
@@ -280,6 +281,11 @@ class BufferedToeplitz(Factorization):
 
     def prefix_sensitivity(self, k: int) -> float:
         return float(np.sqrt(self._cum_c[self._check_prefix(k) - 1]))
+
+    def _participation_sensitivity(self, participation: Participation,
+                                   steps: int | None) -> Sensitivity:
+        # exact when Σω ≤ 1 (then c is non-increasing); a certified bound otherwise
+        return toeplitz_sensitivity(self.c, steps or self.n, participation)
 
     def row_errors(self) -> np.ndarray:
         return np.cumsum(self._b * self._b)

@@ -6,9 +6,12 @@ error grows linearly in ``k``. This is the baseline correlated noise is measured
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .base import Factorization, prefix_sum_matrix
+from .participation import Participation, Sensitivity
 from .registry import register
 from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel
 
@@ -25,6 +28,12 @@ class Independent(Factorization):
     def prefix_sensitivity(self, k: int) -> float:
         self._check_prefix(k)
         return 1.0
+
+    def _participation_sensitivity(self, participation: Participation,
+                                   steps: int | None) -> Sensitivity:
+        # X = I: k uses add k orthogonal unit columns, sens = √k whatever the pattern
+        value = math.sqrt(participation.participations(steps or self.n))
+        return Sensitivity(value, value, True, "C = I: √k")
 
     def row_errors(self) -> np.ndarray:
         return np.arange(1, self.n + 1, dtype=float)

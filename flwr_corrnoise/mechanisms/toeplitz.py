@@ -15,6 +15,7 @@ import numpy as np
 from scipy.linalg import toeplitz
 
 from .base import Factorization
+from .participation import Participation, Sensitivity, toeplitz_sensitivity
 from .registry import register
 from .streaming import HistoryKernel, StreamKernel
 
@@ -62,6 +63,11 @@ class ToeplitzSqrt(Factorization):
     def prefix_sensitivity(self, k: int) -> float:
         # rows 0..k−1 of column 0 hold h(0..k−1), the largest prefix column
         return float(np.sqrt(self._cum[self._check_prefix(k) - 1]))
+
+    def _participation_sensitivity(self, participation: Participation,
+                                   steps: int | None) -> Sensitivity:
+        # h is positive and decreasing: the closed form is exact at any N
+        return toeplitz_sensitivity(self.h, steps or self.n, participation)
 
     def row_errors(self) -> np.ndarray:
         return self._cum.copy()

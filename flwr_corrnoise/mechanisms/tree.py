@@ -110,6 +110,18 @@ class BinaryTree(Factorization):
     def prefix_sensitivity(self, k: int) -> float:
         return float(np.max(self._column_norms(self._check_prefix(k))))
 
+    def encoder_gram(self, steps: int) -> np.ndarray:
+        # X_st = the number of nodes released by ``steps`` that hold both leaves s and t:
+        # node (h, m) holds leaves [m·2^h, (m+1)·2^h) and is released once (m+1)·2^h ≤ steps
+        steps = self._check_prefix(steps)
+        j = np.arange(steps)
+        X = np.zeros((steps, steps))
+        for h in range(steps.bit_length()):
+            m = j >> h
+            done = ((m + 1) << h) <= steps
+            X += (m[:, None] == m[None, :]) & done[:, None]
+        return X
+
     def row_errors(self) -> np.ndarray:
         return np.array(
             [sum(self.level_var[h] for h in cover_levels(k + 1)) for k in range(self.n)]
