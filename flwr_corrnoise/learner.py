@@ -40,6 +40,7 @@ import numpy as np
 from . import arraypack
 from ._deprecation import renamed_fields, renamed_keywords
 from .mechanisms import MECHANISMS, FactorizationChangedError, build_factorization
+from .mechanisms.participation import ONCE, Participation, ParticipationError
 from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
 from .settings_keys import lookup, require
 from .streams import HorizonExhaustedError, NoiseStream, new_seed, restore_stream, split_flat
@@ -78,6 +79,9 @@ class PrivacySettings:
     clip_norm: float = 1.0
     horizon: int = 4000
     method: str = "exact"
+    #: how often one datum enters the ``horizon`` steps (default: once, paper 000's
+    #: stream); the noise is calibrated to the sensitivity under it
+    participation: Participation = ONCE
 
     def __post_init__(self) -> None:
         if self.mechanism != NOISELESS and self.mechanism not in MECHANISMS:
@@ -94,6 +98,9 @@ class PrivacySettings:
                     f"clip norm must be finite and > 0, got {self.clip_norm!r}")
             if self.method not in METHODS:
                 raise PrivacyConfigError(f"calibration method must be one of {METHODS}")
+        if not isinstance(self.participation, Participation):
+            raise PrivacyConfigError(
+                f"participation must be a Participation, got {self.participation!r}")
 
     @property
     def private(self) -> bool:
@@ -114,21 +121,30 @@ class PrivacySettings:
         return _epsilon_spent(self, int(steps)) if self.private else 0.0
 
     def binding(self, factorization_digest: str = "") -> dict[str, Any]:
-        """What a stored learner state was made with, compared on every restore."""
-        return {
+        """What a stored learner state was made with, compared on every restore (the
+        participation only when a datum is used more than once, so that states written
+        before participations existed still compare equal)."""
+        out: dict[str, Any] = {
             "mechanism": self.mechanism, "epsilon": float(self.epsilon),
             "delta": float(self.delta), "clip-norm": float(self.clip_norm),
             "horizon": int(self.horizon), "calibration": self.method,
             "factorization": factorization_digest,
         }
+        if not self.participation.single:
+            out["participation"] = self.participation.as_dict()
+        return out
 
     # -- Flower config (kebab-case keys, as in context.run_config / node_config) ---------
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], where: str = "config") -> PrivacySettings:
+    def from_config(cls, cfg: Mapping[str, Any], where: str = "config", *,
+                    per_round: bool = False) -> PrivacySettings:
         """Read ``mechanism``, ``epsilon``, ``delta``, ``clip-norm``, ``horizon`` (or
-        ``num-server-rounds`` × ``local-steps``) and ``calibration`` by the key table
+        ``num-server-rounds`` × ``local-steps``), ``calibration`` and the participation
+        (``data-reuse``, ``epochs``, ``min-sep``, ``max-participations``:
+        :func:`participation_from_config`) by the key table
         (:mod:`flwr_corrnoise.settings_keys`): a missing key is its default with a logged
-        warning naming it (``where`` names the config in that warning)."""
+        warning naming it (``where`` names the config in that warning). ``per_round``: the
+        horizon counts rounds (the per-round mod, central DP)."""
         try:
             horizon = lookup(cfg, "horizon", where)
             if horizon is None or horizon <= 0:
@@ -141,6 +157,8 @@ class PrivacySettings:
                 clip_norm=lookup(cfg, "clip-norm", where),
                 horizon=int(horizon),
                 method=lookup(cfg, "calibration", where),
+                participation=participation_from_config(cfg, where, int(horizon),
+                                                        per_round=per_round),
             )
         except (TypeError, ValueError) as err:
             if isinstance(err, PrivacyConfigError):
@@ -206,12 +224,60 @@ def derive_seed(run_seed: int, learner: int) -> int:
     return int(sum(int(w) << (32 * i) for i, w in enumerate(words)))
 
 
+def participation_from_config(cfg: Mapping[str, Any], where: str, horizon: int, *,
+                              per_round: bool = False) -> Participation:
+    """How often one datum enters the ``horizon`` steps (or rounds), from the keys
+    ``data-reuse``, ``epochs``, ``min-sep`` and ``max-participations``.
+
+    * ``data-reuse = "every-round"``: the app trains on its whole local dataset every
+      round. Per round (``per_round``: the mod, central DP) a datum is in every one of the
+      ``horizon`` rounds' updates; per step, it is used once per round at a step the
+      library cannot know (≤ ``num-server-rounds`` uses, any separation).
+    * ``epochs = k``: ``k`` passes over the data in one order fixed once
+      (:class:`~flwr_corrnoise.data.loader.CyclicLoader`), ``horizon / k`` steps each.
+    * ``min-sep = b`` / ``max-participations = k``: at most ``k`` uses (default: as many
+      as fit), at least ``b`` steps apart (default 1).
+    * none of them: each datum once (``data-reuse = "once"``, the default).
+    """
+    reuse = str(cfg.get("data-reuse") or "once").strip().lower()
+    if reuse not in ("once", "every-round"):
+        raise PrivacyConfigError(f"'data-reuse' in the {where} must be 'once' or "
+                                 f"'every-round', got {reuse!r}")
+    epochs = lookup(cfg, "epochs", where, warn=False)
+    min_sep = lookup(cfg, "min-sep", where, warn=False)
+    max_p = lookup(cfg, "max-participations", where, warn=False)
+    try:
+        if reuse == "every-round":
+            if per_round:
+                return Participation.every_step(horizon)
+            rounds = require(cfg, "num-server-rounds", where,
+                             "with data-reuse = 'every-round' it bounds a datum's uses")
+            return Participation.min_separation(1, int(rounds))
+        if epochs is not None and int(epochs) > 1:
+            if min_sep is not None or max_p is not None:
+                raise PrivacyConfigError("set either 'epochs' or 'min-sep'/"
+                                         "'max-participations', not both")
+            if horizon % int(epochs):
+                raise PrivacyConfigError(
+                    f"'epochs' = {epochs} must divide the horizon {horizon}: every epoch "
+                    "has the same number of steps in a fixed cyclic order")
+            return Participation.epochs(int(epochs), horizon // int(epochs))
+        if min_sep is not None or max_p is not None:
+            b = int(min_sep or 1)
+            return Participation.min_separation(b, int(max_p or -(-horizon // b)))
+    except ParticipationError as err:
+        raise PrivacyConfigError(f"participation in the {where}: {err}") from err
+    return ONCE
+
+
 @lru_cache(maxsize=256)
 def _calibration(settings: PrivacySettings) -> Calibration:
-    sens = build_factorization(settings.mechanism, settings.horizon).sensitivity
+    sens = build_factorization(settings.mechanism, settings.horizon).participation_sensitivity(
+        settings.participation)
     return calibrate(
-        settings.epsilon, settings.delta, settings.clip_norm, sens, settings.method,  # type: ignore[arg-type]
+        settings.epsilon, settings.delta, settings.clip_norm, sens.value, settings.method,  # type: ignore[arg-type]
         mechanism=settings.mechanism, steps=settings.horizon,
+        participation=settings.participation.describe(), sensitivity_exact=sens.exact,
     )
 
 
@@ -220,7 +286,7 @@ def _epsilon_spent(settings: PrivacySettings, steps: int) -> float:
     cal = _calibration(settings)
     spent = epsilon_spent(
         cal.std, settings.delta, settings.clip_norm, settings.mechanism, settings.horizon, steps,
-        settings.method,  # type: ignore[arg-type]
+        settings.method, settings.participation,  # type: ignore[arg-type]
     )
     return min(spent, float(settings.epsilon))
 

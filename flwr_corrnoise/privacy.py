@@ -45,6 +45,7 @@ from .accounting import (
 )
 from .accounting import gaussian as _gaussian
 from .accounting.gaussian import gaussian_delta, gaussian_delta_exact
+from .mechanisms.participation import ONCE, Participation
 
 Method = Literal["zcdp", "exact"]
 METHODS: tuple[str, ...] = ("zcdp", "exact")
@@ -53,6 +54,7 @@ __all__ = [
     "METHODS",
     "Calibration",
     "Method",
+    "Participation",
     "PrivacyBudgetError",
     "accountant",
     "calibrate",
@@ -120,6 +122,10 @@ class Calibration:
     method: str  # "zcdp" or "exact"
     mechanism: str = ""
     steps: int = 0
+    #: how often one datum enters the stream (``Participation.describe()``)
+    participation: str = "each datum once"
+    #: whether ``sensitivity`` is exact (a pattern reaches it) or a certified upper bound
+    sensitivity_exact: bool = True
 
     @property
     def noise_multiplier(self) -> float:
@@ -144,6 +150,8 @@ def calibrate(
     method: Method = "exact",
     mechanism: str = "",
     steps: int = 0,
+    participation: str = "each datum once",
+    sensitivity_exact: bool = True,
 ) -> Calibration:
     """The noise std ``V`` that makes one learner's whole release ``(ε, δ)``-DP when each
     datum's gradient is clipped to L2 norm ``clip_norm`` (``B_g``; Flower's DP wrappers
@@ -165,19 +173,28 @@ def calibrate(
         method=method,
         mechanism=mechanism,
         steps=steps,
+        participation=participation,
+        sensitivity_exact=sensitivity_exact,
     )
 
 
 @renamed_keywords(clip="clip_norm")
 def calibrate_mechanism(
     epsilon: float, delta: float, clip_norm: float, mechanism: str, steps: int,
-    method: Method = "exact",
+    method: Method = "exact", participation: Participation = ONCE,
 ) -> Calibration:
-    """:func:`calibrate` for a named mechanism and horizon (builds the factorization)."""
+    """:func:`calibrate` for a named mechanism and horizon (builds the factorization).
+
+    ``participation`` says how often one datum enters the ``steps`` steps (default: once,
+    paper 000's stream); the sensitivity is the factorization's under it
+    (:mod:`flwr_corrnoise.mechanisms.participation`), exact or a certified upper bound.
+    """
     from .mechanisms import build_factorization
 
-    sens = build_factorization(mechanism, steps).sensitivity
-    return calibrate(epsilon, delta, clip_norm, sens, method, mechanism=mechanism, steps=steps)
+    sens = build_factorization(mechanism, steps).participation_sensitivity(participation)
+    return calibrate(epsilon, delta, clip_norm, sens.value, method, mechanism=mechanism,
+                     steps=steps, participation=participation.describe(),
+                     sensitivity_exact=sens.exact)
 
 
 @renamed_keywords(clip="clip_norm")
@@ -205,7 +222,7 @@ def delta_for_std(
 @renamed_keywords(clip="clip_norm")
 def epsilon_spent(
     std: float, delta: float, clip_norm: float, mechanism: str, horizon: int, steps_done: int,
-    method: Method = "exact",
+    method: Method = "exact", participation: Participation = ONCE,
 ) -> float:
     """ε of what a learner has released after ``steps_done`` of its ``horizon`` steps.
 
@@ -214,7 +231,8 @@ def epsilon_spent(
     :meth:`~flwr_corrnoise.mechanisms.Factorization.prefix_sensitivity` (``k``) — never
     more than the full one, so this grows to the calibrated ε at ``k = N``. The
     factorization describes that release (:meth:`~flwr_corrnoise.mechanisms.Factorization.release`)
-    and the accountant of ``method`` computes its ε.
+    and the accountant of ``method`` computes its ε. ``participation``: how often one
+    datum enters the stream (the uses before ``steps_done`` count).
     """
     from .mechanisms import build_factorization
 
@@ -224,5 +242,5 @@ def epsilon_spent(
     _, dlt = check_budget(1.0, delta)
     acc = accountant(method)
     release = build_factorization(mechanism, horizon).release(
-        clip_norm, std, steps=min(steps_done, horizon))
+        clip_norm, std, steps=min(steps_done, horizon), participation=participation)
     return acc.epsilon(release, dlt)

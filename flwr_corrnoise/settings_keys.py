@@ -61,6 +61,17 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("horizon", int, None, (APP, RUN, NODE), "both",
         "steps (per-step) or rounds (mod) the noise is calibrated for; default "
         "`num-server-rounds` × `local-steps` (per-step) or `num-server-rounds` (mod, central)"),
+    Key("data-reuse", str, "once", (APP, RUN, NODE), "both",
+        "`every-round`: the app trains on its whole local dataset every round (the ε "
+        "accounts for a datum in every round's update: mod, central; once per round at "
+        "any step: per-step); `once`: each datum used once (paper 000's stream)"),
+    Key("epochs", int, None, (APP, RUN, NODE), "both",
+        "per-step: passes over the local data in one order fixed once (`CyclicLoader`); "
+        "`horizon / epochs` steps each"),
+    Key("min-sep", int, None, (APP, RUN, NODE), "both",
+        "fewest steps (per-step) or rounds (mod, central) between two uses of one datum"),
+    Key("max-participations", int, None, (APP, RUN, NODE), "both",
+        "most uses of one datum over the horizon (default with `min-sep`: as many as fit)"),
     Key("num-server-rounds", int, None, (APP, RUN, NODE), "both",
         "rounds of the run; required by the servers, and by a learner without `horizon`"),
     Key("local-steps", int, None, (APP, RUN, NODE), "both",

@@ -19,6 +19,7 @@ import numpy as np
 
 from ._deprecation import renamed_keywords
 from .learner import PrivacySettings, clip_by_global_norm, derive_seed
+from .mechanisms.participation import ONCE, Participation
 from .privacy import Calibration, Method, calibrate_mechanism
 from .streams import NoiseStream
 
@@ -43,12 +44,15 @@ def round_release(
 @renamed_keywords(clip="clip_norm")
 def central_calibration(
     mechanism: str, epsilon: float, delta: float, clip_norm: float, rounds: int,
-    method: Method = "exact",
+    method: Method = "exact", participation: Participation = ONCE,
 ) -> Calibration:
     """The Gaussian mechanism on the *sum* of clipped round updates over ``R`` rounds:
     one datum of one learner moves one clipped update, hence the sum, by ``≤ 2B`` — the
-    same release description as a learner's, with rounds for steps."""
-    return calibrate_mechanism(epsilon, delta, clip_norm, mechanism, rounds, method)
+    same release description as a learner's, with rounds for steps. ``participation``:
+    the rounds one datum is in (``Participation.every_step(R)`` for an app that trains on
+    its whole dataset every round)."""
+    return calibrate_mechanism(epsilon, delta, clip_norm, mechanism, rounds, method,
+                               participation)
 
 
 def central_noise_std(calibration: Calibration, min_learners: int) -> float:
@@ -92,7 +96,8 @@ def run_round_variant(
                                       derive_seed(seed, i)) for i in range(num_learners)]
     else:
         cal = central_calibration(settings.mechanism, settings.epsilon, settings.delta,
-                                  settings.clip_norm, rounds, settings.method)  # type: ignore[arg-type]
+                                  settings.clip_norm, rounds, settings.method,  # type: ignore[arg-type]
+                                  settings.participation)
         server = NoiseStream.create(settings.mechanism, rounds, shapes,
                                     central_noise_std(cal, num_learners),
                                     derive_seed(seed, 10**6))

@@ -72,6 +72,7 @@ from flwr.serverapp.strategy import Strategy
 
 from .._deprecation import deprecated_names
 from ..learner import PrivacySettings, check_update, clip_by_global_norm
+from ..mechanisms.participation import ONCE, Participation
 from ..privacy import Calibration, epsilon_spent
 from ..settings_keys import lookup, require
 from ..streams import NoiseStream
@@ -120,6 +121,7 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         seed: int | None = None,
         max_idle_rounds: int = 3,
         connect_timeout: float = 60.0,
+        participation: Participation = ONCE,
     ) -> None:
         if isinstance(min_learners, bool) or int(min_learners) < 1:
             raise ValueError(f"min_learners must be a positive integer, got {min_learners!r}")
@@ -139,8 +141,10 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         self.min_learners = int(min_learners)
         self.method = method
         # Δ of the *sum* is 2·B·sens; the average over ≥ min_learners is that / min_learners
+        self.participation = participation
         self.calibration: Calibration = central_calibration(
-            mechanism, epsilon, delta, clip_norm, self.num_rounds, method  # type: ignore[arg-type]
+            mechanism, epsilon, delta, clip_norm, self.num_rounds, method,  # type: ignore[arg-type]
+            participation=participation,
         )
         self.noise_std = central_noise_std(self.calibration, self.min_learners)
         self.seed = seed
@@ -178,9 +182,11 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         where = "run config"
         rounds = lookup(run_config, "horizon", where) or require(
             run_config, "num-server-rounds", where, "it is the central noise's horizon")
-        s = PrivacySettings.from_config({**dict(run_config), "horizon": rounds}, where)
+        s = PrivacySettings.from_config({**dict(run_config), "horizon": rounds}, where,
+                                        per_round=True)
         return cls(strategy, mechanism=s.mechanism, epsilon=s.epsilon, delta=s.delta,
                    clip_norm=s.clip_norm, num_rounds=s.horizon, method=s.method,
+                   participation=s.participation,
                    min_learners=lookup(run_config, "min-learners", where), seed=seed,
                    max_idle_rounds=lookup(run_config, "max-idle-rounds", where),
                    connect_timeout=lookup(run_config, "connect-timeout", where))
@@ -262,7 +268,8 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         arrays_out, _ = self.strategy.aggregate_train(server_round, prepared)
         spent = min(epsilon_spent(self.calibration.std, self.calibration.delta,
                                   self.calibration.clip_norm, self.mechanism, self.num_rounds,
-                                  self.released, self.method),  # type: ignore[arg-type]
+                                  self.released, self.method,  # type: ignore[arg-type]
+                                  self.participation),
                     self.calibration.epsilon)
         entry.update({"released": True, "epsilon-spent": spent})
         report = {"central-epsilon-spent": spent, "central-noise-std": self.noise_std,

@@ -73,7 +73,7 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
             if per_round and not cfg.get("horizon"):
                 cfg["horizon"] = require(cfg, "num-server-rounds", "run config",
                                          "it is the per-round noise's horizon")
-            privacy = PrivacySettings.from_config(cfg, "run config")
+            privacy = PrivacySettings.from_config(cfg, "run config", per_round=per_round)
         self.proposal = privacy.proposal() if privacy is not None and \
             privacy.mechanism != NOISELESS else {}
         self.watch = RoundWatch.from_run_config(run_config, type(self).__name__)

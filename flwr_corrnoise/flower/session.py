@@ -188,7 +188,7 @@ def round_settings(cfg: Mapping[str, Any]) -> PrivacySettings:
             "the per-round learner needs its horizon in rounds ('horizon', or "
             "'num-server-rounds' in a simulation)")
     return PrivacySettings.from_config({**dict(cfg), "horizon": int(horizon)},
-                                       where="learner's config")
+                                       where="learner's config", per_round=True)
 
 
 def _flag(value: Any) -> bool:

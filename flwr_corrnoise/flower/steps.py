@@ -47,24 +47,48 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
+from ..data.loader import CyclicLoader
 from ..learner import (
     LearnerState,
     PrivacyConfigError,
     PrivacySettings,
     StepCounts,
+    check_horizon,
     private_step,
 )
 from .session import LearnerSession, PrivateLearnerGuard, answer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PrivateSteps", "PrivateStepsGuard"]
+__all__ = ["PrivateSteps", "PrivateStepsGuard", "check_loader"]
+
+
+def check_loader(loader: CyclicLoader, settings: PrivacySettings,
+                 config: Mapping[str, Any]) -> None:
+    """Refuse settings that do not match the loop the loader describes: a horizon, a
+    participation, local steps or a round count other than the loader's would calibrate
+    the noise for another loop than the one that runs."""
+    problems = []
+    if settings.horizon != loader.horizon:
+        problems.append(f"horizon {settings.horizon} (config) vs {loader.horizon} (loader: "
+                        f"{loader.rounds} rounds × {loader.local_steps} steps)")
+    if settings.private and settings.participation != loader.participation:
+        problems.append(f"participation {settings.participation.describe()!r} (config) vs "
+                        f"{loader.participation.describe()!r} (loader)")
+    for key, mine in (("local-steps", loader.local_steps), ("num-server-rounds", loader.rounds)):
+        theirs = config.get(key)
+        if theirs is not None and int(theirs) != mine:
+            problems.append(f"{key} {theirs} (config) vs {mine} (loader)")
+    if problems:
+        raise PrivacyConfigError("the learner's config disagrees with its loader: "
+                                 + "; ".join(problems) + ". Leave 'horizon', 'local-steps' "
+                                 "and 'epochs' out of the config: the loader derives them")
 
 _lock = threading.Lock()
 #: per message (by ``id``): whether the guard is around it, the open PrivateSteps, and the
@@ -92,6 +116,7 @@ class PrivateSteps:
         release_metrics: Iterable[str] = (),
         settings: PrivacySettings | None = None,
         seed: int | str | None = "from-context",
+        loader: CyclicLoader | None = None,
     ) -> None:
         with _lock:
             guarded = id(msg) in _GUARDED
@@ -104,10 +129,20 @@ class PrivateSteps:
                 "ClientApp(mods=[PrivateSteps.guard()]); without it a failure or an "
                 "un-noised reply could leave the learner")
         self.msg = msg
+        #: the loop's batches, whose participation the noise is calibrated for
+        self.loader = loader
+        if loader is not None:
+            if settings is not None:
+                raise PrivacyConfigError("give a loader or settings, not both: the loader "
+                                         "sets the horizon and the participation")
+            config_defaults = {**dict(config_defaults or {}), **loader.config()}
         self.session = LearnerSession(context, kind="step", defaults=config_defaults,
                                       settings=settings, seed=seed,
                                       release_metrics=release_metrics)
         self.settings = self.session.settings
+        if loader is not None:
+            check_loader(loader, self.settings, self.session.config)
+        self._issued = 0
         self.config = dict(msg.content["config"]) if "config" in msg.content else {}
         record = msg.content["arrays"]
         if not isinstance(record, ArrayRecord):
@@ -142,6 +177,29 @@ class PrivateSteps:
         """Steps taken in this round."""
         return self.round.taken
 
+    def batches(self) -> Iterator[np.ndarray]:
+        """This round's batches of example indices, from the loader given at construction
+        (:class:`~flwr_corrnoise.data.loader.CyclicLoader`): ``local_steps`` of them (fewer
+        at the end of the horizon), continuing the fixed cyclic order at the learner's
+        step counter. Every :meth:`step` needs a batch drawn here first."""
+        if self.loader is None:
+            raise PrivacyConfigError("batches() needs PrivateSteps(..., loader=CyclicLoader(...))")
+        check_horizon(self.settings, self.first_step)  # nothing left: refused, data-free
+        last = min(self.first_step + self.loader.local_steps, self.loader.horizon)
+        for step in range(self.first_step, last):
+            self._issued += 1
+            yield self.loader.indices(step)
+
+    def check_batch_drawn(self) -> None:
+        """Refuse a step the loader has not handed a batch for: its data (and hence the
+        participation the noise is calibrated for) would be unknown."""
+        if self.loader is not None and self._issued <= self.steps:
+            raise PrivacyConfigError(
+                "a step without a batch from the loader: with a loader, every step's data "
+                "must come from PrivateSteps.batches() (the participation the ε accounts "
+                "for); this round has drawn "
+                f"{self._issued} batch(es) and taken {self.steps} step(s)")
+
     @property
     def counts(self) -> StepCounts:
         """This round's data-dependent counts (:class:`~flwr_corrnoise.learner.StepCounts`;
@@ -167,6 +225,7 @@ class PrivateSteps:
         if self.external:
             raise PrivacyConfigError("this round's steps belong to the device optimizer "
                                      "(private_optimizer): call its step()")
+        self.check_batch_drawn()
         value: Any = None
 
         def compute() -> Any:

@@ -26,6 +26,7 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from ..data.loader import CyclicLoader
 from ..learner import LearnerState, PrivacySettings
 from ..torch.host import ModuleGradient
 from ..torch.optimizer import PrivateOptimizer, device_local_round, refuse_secure_noise
@@ -160,6 +161,19 @@ class FlowerPrivateOptimizer(PrivateOptimizer):
 
     private: PrivateSteps
 
+    def step(self) -> None:
+        """The device step, refused unless the learner's loader handed out this step's
+        batch (:meth:`batch_sampler`), when the app gave one."""
+        self.private.check_batch_drawn()
+        super().step()
+
+    def batch_sampler(self) -> list[list[int]]:
+        """This round's batches of example indices in the loader's fixed cyclic order, for
+        ``torch.utils.data.DataLoader(dataset, batch_sampler=opt.batch_sampler())``. Drawn
+        all at once: a ``DataLoader`` with workers reads ahead, and each step only needs
+        its batch to have been handed out."""
+        return [[int(i) for i in idx] for idx in self.private.batches()]
+
     def reply(self, arrays: Any, metrics: Mapping[str, Any] | None = None) -> Message:
         """The train reply (see :meth:`PrivateSteps.reply`): ``arrays`` is the local model
         (e.g. ``ArrayRecord(model.state_dict())``) after the private steps. The steps taken
@@ -181,6 +195,7 @@ def private_optimizer(
     *,
     config_defaults: Mapping[str, Any] | None = None,
     release_metrics: Iterable[str] = (),
+    loader: CyclicLoader | None = None,
     **kwargs: Any,
 ) -> FlowerPrivateOptimizer:
     """Per-step correlated noise in the user's own PyTorch loop inside a Flower
@@ -204,9 +219,15 @@ def private_optimizer(
     parameters must be the received arrays (same order and shapes: no buffers).
     ``kwargs`` go to :class:`~flwr_corrnoise.torch.PrivateOptimizer` (``loss_fn``,
     ``noise_dtype``, ``per_example``).
+
+    With ``loader=CyclicLoader(len(trainset), batch_size, rounds=R, local_epochs=E)`` the
+    horizon, the local steps and the fixed-epoch participation come from the loop
+    (:mod:`flwr_corrnoise.data.loader`): iterate
+    ``DataLoader(trainset, batch_sampler=opt.batch_sampler())``; a step without a batch
+    from it is refused.
     """
     private = PrivateSteps(msg, context, config_defaults=config_defaults,
-                           release_metrics=release_metrics)
+                           release_metrics=release_metrics, loader=loader)
     try:
         opt = _session_optimizer(FlowerPrivateOptimizer, optimizer, model, private.settings,
                                  private.state, private.shapes, private.session.secure,
