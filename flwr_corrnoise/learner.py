@@ -39,10 +39,16 @@ import numpy as np
 
 from . import arraypack
 from ._deprecation import renamed_fields, renamed_keywords
-from .mechanisms import MECHANISMS, FactorizationChangedError, build_factorization
+from .mechanisms import (
+    MECHANISMS,
+    Factorization,
+    FactorizationChangedError,
+    build_factorization,
+    get_mechanism,
+)
 from .mechanisms.participation import ONCE, Participation, ParticipationError
 from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
-from .settings_keys import lookup, require
+from .settings_keys import lookup, require, summarized
 from .streams import HorizonExhaustedError, NoiseStream, new_seed, restore_stream, split_flat
 
 log = logging.getLogger(__name__)
@@ -73,7 +79,7 @@ class PrivacySettings:
     ``clip`` still works for one release, with a ``DeprecationWarning``.
     """
 
-    mechanism: str = "optimized"
+    mechanism: str = "blt"
     epsilon: float = 2.0
     delta: float = 1e-3
     clip_norm: float = 1.0
@@ -106,6 +112,20 @@ class PrivacySettings:
     def private(self) -> bool:
         return self.mechanism != NOISELESS
 
+    def mechanism_params(self) -> dict[str, Any]:
+        """The mechanism's build parameters these settings imply: a mechanism that can be
+        optimized for a participation (``blt``: ``min_sep``, ``max_participations``) is
+        built for this learner's, so its noise is the best for the loop that runs."""
+        names = {p.name for p in get_mechanism(self.mechanism).params}
+        if self.participation.single or not {"min_sep", "max_participations"} <= names:
+            return {}
+        return {"min_sep": self.participation.min_sep,
+                "max_participations": self.participation.participations(self.horizon)}
+
+    def factorization(self) -> Factorization:
+        """The factorization these settings calibrate and stream (memoized per process)."""
+        return build_factorization(self.mechanism, self.horizon, **self.mechanism_params())
+
     def calibration(self) -> Calibration | None:
         """The noise calibration (``None`` for the noiseless baseline; memoized)."""
         return _calibration(self) if self.private else None
@@ -136,6 +156,7 @@ class PrivacySettings:
 
     # -- Flower config (kebab-case keys, as in context.run_config / node_config) ---------
     @classmethod
+    @summarized(error=PrivacyConfigError)  # one line for the defaults; near misses refused
     def from_config(cls, cfg: Mapping[str, Any], where: str = "config", *,
                     per_round: bool = False) -> PrivacySettings:
         """Read ``mechanism``, ``epsilon``, ``delta``, ``clip-norm``, ``horizon`` (or
@@ -272,8 +293,7 @@ def participation_from_config(cfg: Mapping[str, Any], where: str, horizon: int, 
 
 @lru_cache(maxsize=256)
 def _calibration(settings: PrivacySettings) -> Calibration:
-    sens = build_factorization(settings.mechanism, settings.horizon).participation_sensitivity(
-        settings.participation)
+    sens = settings.factorization().participation_sensitivity(settings.participation)
     return calibrate(
         settings.epsilon, settings.delta, settings.clip_norm, sens.value, settings.method,  # type: ignore[arg-type]
         mechanism=settings.mechanism, steps=settings.horizon,
@@ -286,7 +306,7 @@ def _epsilon_spent(settings: PrivacySettings, steps: int) -> float:
     cal = _calibration(settings)
     spent = epsilon_spent(
         cal.std, settings.delta, settings.clip_norm, settings.mechanism, settings.horizon, steps,
-        settings.method, settings.participation,  # type: ignore[arg-type]
+        settings.method, settings.participation, settings.mechanism_params(),  # type: ignore[arg-type]
     )
     return min(spent, float(settings.epsilon))
 
@@ -347,7 +367,8 @@ class LearnerState:
         digest = ""
         if cal is not None:
             noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std,
-                                       seed, secure=secure)
+                                       seed, secure=secure,
+                                       factorization=settings.factorization())
             digest = noise.factorization.digest
         return cls(noise=noise, seed=seed, binding=settings.binding(digest),
                    learner_id=cls.new_id())
@@ -376,7 +397,7 @@ class LearnerState:
                 "new state directory)"
             )
         if self.noise is not None:
-            fresh = build_factorization(settings.mechanism, settings.horizon).digest
+            fresh = settings.factorization().digest
             if fresh != digest:
                 log.warning("the %s factorization for N = %d in this process (%s…) differs "
                             "from the one this stream was made with (%s…); the stream keeps "

@@ -30,8 +30,9 @@ returned; :func:`epsilon_for_std` returns the upper end of its bracket, the side
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ._deprecation import renamed_fields, renamed_keywords
 from .accounting import (
@@ -182,8 +183,10 @@ def calibrate(
 def calibrate_mechanism(
     epsilon: float, delta: float, clip_norm: float, mechanism: str, steps: int,
     method: Method = "exact", participation: Participation = ONCE,
+    params: Mapping[str, Any] | None = None,
 ) -> Calibration:
-    """:func:`calibrate` for a named mechanism and horizon (builds the factorization).
+    """:func:`calibrate` for a named mechanism and horizon (builds the factorization, with
+    the mechanism's ``params`` if given).
 
     ``participation`` says how often one datum enters the ``steps`` steps (default: once,
     paper 000's stream); the sensitivity is the factorization's under it
@@ -191,7 +194,8 @@ def calibrate_mechanism(
     """
     from .mechanisms import build_factorization
 
-    sens = build_factorization(mechanism, steps).participation_sensitivity(participation)
+    sens = build_factorization(mechanism, steps, **dict(params or {})) \
+        .participation_sensitivity(participation)
     return calibrate(epsilon, delta, clip_norm, sens.value, method, mechanism=mechanism,
                      steps=steps, participation=participation.describe(),
                      sensitivity_exact=sens.exact)
@@ -223,6 +227,7 @@ def delta_for_std(
 def epsilon_spent(
     std: float, delta: float, clip_norm: float, mechanism: str, horizon: int, steps_done: int,
     method: Method = "exact", participation: Participation = ONCE,
+    params: Mapping[str, Any] | None = None,
 ) -> float:
     """ε of what a learner has released after ``steps_done`` of its ``horizon`` steps.
 
@@ -241,6 +246,6 @@ def epsilon_spent(
     std = check_positive("noise std", std)
     _, dlt = check_budget(1.0, delta)
     acc = accountant(method)
-    release = build_factorization(mechanism, horizon).release(
+    release = build_factorization(mechanism, horizon, **dict(params or {})).release(
         clip_norm, std, steps=min(steps_done, horizon), participation=participation)
     return acc.epsilon(release, dlt)

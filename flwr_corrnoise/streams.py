@@ -220,8 +220,12 @@ class NoiseStream:
         std: float,
         seed: int | None = None,
         secure: bool = False,
+        factorization: Factorization | None = None,
     ) -> NoiseStream:
         """A fresh stream at step 0. ``seed=None`` draws one from OS entropy.
+        ``factorization``: the exact one to stream (a mechanism built with parameters,
+        e.g. a BLT optimized for multiple participations); default: the mechanism's
+        default for ``horizon``.
 
         ``secure=True``: ChaCha20 keyed from OS entropy and increments on a power-of-two
         grid (:mod:`~flwr_corrnoise.secure_noise`); it takes no seed, so no caller can
@@ -233,11 +237,13 @@ class NoiseStream:
                     "a secure noise stream is keyed from OS entropy only; it takes no seed"
                 )
             secure_rng = ChaCha20Gaussian.from_os_entropy()
-            return cls(mechanism, horizon, normalize_shapes(dim), std, secure_rng)  # type: ignore[arg-type]
+            return cls(mechanism, horizon, normalize_shapes(dim), std, secure_rng,  # type: ignore[arg-type]
+                       factorization=factorization)
         if seed is not None and int(seed) < 0:
             raise ValueError("the seed must be a non-negative integer")
         rng = noise_generator(None if seed is None else int(seed))  # 128-bit Philox key
-        return cls(mechanism, horizon, normalize_shapes(dim), std, rng)
+        return cls(mechanism, horizon, normalize_shapes(dim), std, rng,
+                   factorization=factorization)
 
     # -- the increments ---------------------------------------------------------------
     @property

@@ -13,7 +13,8 @@ experiment measures exactly what the Flower classes do.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,7 @@ def round_release(
 def central_calibration(
     mechanism: str, epsilon: float, delta: float, clip_norm: float, rounds: int,
     method: Method = "exact", participation: Participation = ONCE,
+    params: Mapping[str, Any] | None = None,
 ) -> Calibration:
     """The Gaussian mechanism on the *sum* of clipped round updates over ``R`` rounds:
     one datum of one learner moves one clipped update, hence the sum, by ``≤ 2B`` — the
@@ -52,7 +54,7 @@ def central_calibration(
     the rounds one datum is in (``Participation.every_step(R)`` for an app that trains on
     its whole dataset every round)."""
     return calibrate_mechanism(epsilon, delta, clip_norm, mechanism, rounds, method,
-                               participation)
+                               participation, params)
 
 
 def central_noise_std(calibration: Calibration, min_learners: int) -> float:
@@ -93,14 +95,17 @@ def run_round_variant(
     if noise_at == "round":
         std = settings.calibration().std  # type: ignore[union-attr]
         streams = [NoiseStream.create(settings.mechanism, rounds, shapes, std,
-                                      derive_seed(seed, i)) for i in range(num_learners)]
+                                      derive_seed(seed, i),
+                                      factorization=settings.factorization())
+                   for i in range(num_learners)]
     else:
         cal = central_calibration(settings.mechanism, settings.epsilon, settings.delta,
                                   settings.clip_norm, rounds, settings.method,  # type: ignore[arg-type]
-                                  settings.participation)
+                                  settings.participation, settings.mechanism_params())
         server = NoiseStream.create(settings.mechanism, rounds, shapes,
                                     central_noise_std(cal, num_learners),
-                                    derive_seed(seed, 10**6))
+                                    derive_seed(seed, 10**6),
+                                    factorization=settings.factorization())
     for r in range(rounds):
         if evaluate is not None:
             evaluate(r, unflat(x))

@@ -102,7 +102,8 @@ def test_parameters_are_checked_memoized_and_restored_by_digest() -> None:
     for bad in (0, 2.5, True, "3"):
         with pytest.raises(ValueError, match="mechanism 'blt': parameter buffers"):
             build_factorization("blt", 5, buffers=bad)
-    with pytest.raises(ValueError, match=r"takes no parameter 'bands'.*\['buffers'\]"):
+    with pytest.raises(ValueError, match=r"takes no parameter 'bands'.*\['buffers', "
+                                         r"'max_participations', 'min_sep'\]"):
         build_factorization("blt", 5, bands=2)
     with pytest.raises(ValueError, match="parameter gap must be a float > 0"):
         build_factorization("optimized", 5, gap=0.0)

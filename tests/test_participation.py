@@ -188,3 +188,27 @@ def test_bad_participations_are_refused() -> None:
         with pytest.raises(ParticipationError):
             Participation(max_participations=2, min_sep=bad)
     assert Participation(1, 7, True) == Participation.once()  # one use: nothing else matters
+
+
+def test_blt_optimized_for_participations_beats_the_single_participation_blt() -> None:
+    """Item 2: a BLT optimized for (k, b) has a lower RMSE under (k, b) than the BLT
+    optimized for one use, its sensitivity is exact (Σω ≤ 1: c non-increasing), and the
+    learner builds it from its participation (another digest, restorable by it)."""
+    from flwr_corrnoise.learner import LearnerState, PrivacySettings
+    from flwr_corrnoise.streams import NoiseStream
+
+    p = Participation.epochs(6, 20)
+    multi = build_factorization("blt", 120, min_sep=20, max_participations=6)
+    single = build_factorization("blt", 120)
+    assert multi.participation_rmse(p) < 0.97 * single.participation_rmse(p)
+    assert multi.participation_sensitivity(p).exact and np.sum(multi.omega) <= 1.0
+    assert single.participation_rmse() <= multi.participation_rmse()  # each wins its own case
+    assert multi.digest != single.digest
+    settings = PrivacySettings(mechanism="blt", horizon=120, participation=p)
+    assert settings.factorization() is multi
+    state = LearnerState.create(settings, [(3,)], seed=1)
+    assert state.noise.factorization.digest == multi.digest
+    state.noise.next()
+    again = NoiseStream.from_bytes(state.noise.to_bytes())
+    assert again.factorization.digest == multi.digest
+    np.testing.assert_array_equal(again.next(), state.noise.next())

@@ -142,9 +142,13 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         self.method = method
         # Δ of the *sum* is 2·B·sens; the average over ≥ min_learners is that / min_learners
         self.participation = participation
+        #: the server's stream factorization: a BLT optimized for the participation
+        self.settings = PrivacySettings(mechanism=mechanism, epsilon=epsilon, delta=delta,
+                                        clip_norm=clip_norm, horizon=self.num_rounds,
+                                        method=method, participation=participation)
         self.calibration: Calibration = central_calibration(
             mechanism, epsilon, delta, clip_norm, self.num_rounds, method,  # type: ignore[arg-type]
-            participation=participation,
+            participation=participation, params=self.settings.mechanism_params(),
         )
         self.noise_std = central_noise_std(self.calibration, self.min_learners)
         self.seed = seed
@@ -251,7 +255,8 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         if self.stream is None:
             self.stream = NoiseStream.create(self.mechanism, self.num_rounds,
                                              [np.shape(p) for p in x], self.noise_std,
-                                             self.seed)
+                                             self.seed,
+                                             factorization=self.settings.factorization())
         flat = np.concatenate([p.ravel() for p in x]) + total / len(replies) + self.stream.next()
         self.released += 1
         arrays, offset = {}, 0
@@ -269,7 +274,7 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         spent = min(epsilon_spent(self.calibration.std, self.calibration.delta,
                                   self.calibration.clip_norm, self.mechanism, self.num_rounds,
                                   self.released, self.method,  # type: ignore[arg-type]
-                                  self.participation),
+                                  self.participation, self.settings.mechanism_params()),
                     self.calibration.epsilon)
         entry.update({"released": True, "epsilon-spent": spent})
         report = {"central-epsilon-spent": spent, "central-noise-std": self.noise_std,

@@ -222,6 +222,12 @@ class Factorization(ABC):
         """
         return float(self.sensitivity * np.sqrt(np.mean(self.row_errors())))
 
+    def participation_rmse(self, participation: Participation = ONCE) -> float:
+        """:attr:`rmse` with the sensitivity under ``participation``: the figure of merit
+        when one datum is used more than once (what ``blt`` optimizes for a given ``(k, b)``)."""
+        sens = self.participation_sensitivity(participation).value
+        return float(sens * np.sqrt(np.mean(self.row_errors())))
+
     @property
     def max_error(self) -> float:
         """Largest per-query noise std at unit sensitivity: ``sensitivity · max_k ‖b_k‖``."""

@@ -43,7 +43,7 @@ from scipy.optimize import minimize
 
 from . import cache
 from .base import Factorization
-from .participation import Participation, Sensitivity, toeplitz_sensitivity
+from .participation import ONCE, Participation, Sensitivity, spaced_norm2, toeplitz_sensitivity
 from .registry import Param, register
 from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel
 
@@ -155,9 +155,24 @@ class BLTParams:
         return float(value.real) if np.isfinite(value) else math.inf
 
 
-def rmse_squared(params: BLTParams, n: int) -> float:
-    """``sens² · ‖B‖_F² / N``: the squared RMSE at unit sensitivity (the objective)."""
-    return params.sensitivity_squared(n) * params.total_error(n) / n
+def participation_sensitivity_squared(params: BLTParams, n: int,
+                                      participation: Participation) -> float:
+    """``sens²`` under ``participation`` for the BLT encoder over ``n`` steps: the Toeplitz
+    closed form on the non-increasing non-negative majorant of ``c`` (exact when
+    ``Σω ≤ 1``, an upper bound otherwise: :func:`.participation.toeplitz_sensitivity`), so
+    the optimizer can never score a BLT below its certified sensitivity. O(N·buffers)."""
+    if participation.single:
+        return params.sensitivity_squared(n)
+    c = params.encoder_coefficients(n)
+    majorant = np.maximum.accumulate(np.abs(c)[::-1])[::-1]
+    return spaced_norm2(majorant, n, participation.min_sep, participation.participations(n))
+
+
+def rmse_squared(params: BLTParams, n: int, participation: Participation = ONCE) -> float:
+    """``sens² · ‖B‖_F² / N``: the squared RMSE at unit sensitivity (the objective), with
+    the sensitivity under ``participation``."""
+    return participation_sensitivity_squared(params, n, participation) * \
+        params.total_error(n) / n
 
 
 def _unpack(z: np.ndarray, k: int) -> BLTParams:
@@ -166,16 +181,19 @@ def _unpack(z: np.ndarray, k: int) -> BLTParams:
     return BLTParams(theta, np.exp(np.clip(z[k:], -700, 700)))
 
 
-def _objective(z: np.ndarray, n: int, k: int) -> float:
+def _objective(z: np.ndarray, n: int, k: int, participation: Participation = ONCE) -> float:
     try:
-        value = rmse_squared(_unpack(z, k), n)
+        value = rmse_squared(_unpack(z, k), n, participation)
     except (ValueError, np.linalg.LinAlgError):
         return 1e300
     return value if math.isfinite(value) else 1e300
 
 
-def optimize_blt(n: int, buffers: int = DEFAULT_BUFFERS, starts: int = 4) -> tuple[BLTParams, dict]:
-    """BLT parameters minimizing the RMSE at unit sensitivity for horizon ``n``.
+def optimize_blt(n: int, buffers: int = DEFAULT_BUFFERS, starts: int = 4,
+                 participation: Participation = ONCE) -> tuple[BLTParams, dict]:
+    """BLT parameters minimizing the RMSE at unit sensitivity for horizon ``n``, with the
+    sensitivity under ``participation`` (one datum used up to ``k`` times, ``b`` apart: the
+    ``(k, b)`` of jax_privacy's ``buffered_toeplitz.optimize``).
 
     Why multi-start: the objective is smooth but not convex in ``(θ, ω)``; starts spread
     the decays geometrically between ``1/2`` and ``1 − 1/N`` (the time scales a prefix
@@ -191,14 +209,15 @@ def optimize_blt(n: int, buffers: int = DEFAULT_BUFFERS, starts: int = 4) -> tup
         theta0 = np.clip(1.0 - gaps, 1e-3, 1 - 1e-9)
         omega0 = np.full(buffers, 0.5 / buffers)
         z0 = np.concatenate((np.log(theta0 / (1 - theta0)), np.log(omega0)))
-        res = minimize(_objective, z0, args=(n, buffers), method="L-BFGS-B",
+        res = minimize(_objective, z0, args=(n, buffers, participation), method="L-BFGS-B",
                        options={"maxiter": 2000})
         if res.fun < best_val:
             best_z, best_val = res.x, float(res.fun)
     assert best_z is not None
     params = _unpack(best_z, buffers)
     report = {"rmse": math.sqrt(best_val), "seconds": time.perf_counter() - start,
-              "buffers": buffers, "starts": starts}
+              "buffers": buffers, "starts": starts,
+              "participation": participation.describe()}
     return params, report
 
 
@@ -207,6 +226,9 @@ class BufferedToeplitz(Factorization):
 
     ``report`` holds the optimizer's ``rmse``, ``seconds`` (0 when loaded from the cache)
     and ``buffers``. Pass ``params`` to use given parameters instead of optimizing.
+    ``min_sep``/``max_participations`` (``b``, ``k``): optimize for a datum used up to
+    ``k`` times at least ``b`` steps apart (the learner passes its participation); the
+    defaults (once) give the single-participation BLT.
     """
 
     name = "blt"
@@ -218,10 +240,15 @@ class BufferedToeplitz(Factorization):
         buffers: int = DEFAULT_BUFFERS,
         params: BLTParams | None = None,
         use_cache: bool = True,
+        min_sep: int = 1,
+        max_participations: int = 1,
     ) -> None:
         super().__init__(n)
+        self.target = Participation.min_separation(min_sep, max_participations)
         if params is None:
             key = f"blt-v{CACHE_VERSION}-k{buffers}-N{self.n}"
+            if not self.target.single:
+                key += f"-b{self.target.min_sep}-p{self.target.participations(self.n)}"
             stored = cache.load(key, ("theta", "omega")) if use_cache else None
             if stored is not None:
                 try:
@@ -230,7 +257,8 @@ class BufferedToeplitz(Factorization):
                 except ValueError:
                     params = None
             if params is None:
-                params, self.report = optimize_blt(self.n, buffers)
+                params, self.report = optimize_blt(self.n, buffers,
+                                                   participation=self.target)
                 if use_cache:
                     cache.store(key, theta=params.theta, omega=params.omega)
         else:
@@ -387,9 +415,16 @@ register(
     "blt",
     "buffered linear Toeplitz, optimized per horizon (Dvijotham et al. 2024); "
     "near-optimal, O(buffers·d) stream state at any N",
-    build=lambda n, buffers: BufferedToeplitz(n, buffers=buffers),
+    build=lambda n, buffers, min_sep, max_participations: BufferedToeplitz(
+        n, buffers=buffers, min_sep=min_sep, max_participations=max_participations),
     params=[Param("buffers", int, DEFAULT_BUFFERS,
                   "number of buffers: stream state buffers·d floats (4 is within 0.1 % of "
-                  "5 or 6 at N ≤ 10⁵)", valid=lambda k: k >= 1, constraint="≥ 1")],
+                  "5 or 6 at N ≤ 10⁵)", valid=lambda k: k >= 1, constraint="≥ 1"),
+            Param("min_sep", int, 1, "optimize for uses of one datum ≥ this many steps "
+                  "apart (with max_participations)", valid=lambda b: b >= 1,
+                  constraint="≥ 1"),
+            Param("max_participations", int, 1, "optimize for up to this many uses of one "
+                  "datum (1: the paper's one-pass stream)", valid=lambda k: k >= 1,
+                  constraint="≥ 1")],
     restore=_restore,
 )

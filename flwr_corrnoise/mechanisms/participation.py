@@ -270,8 +270,8 @@ def toeplitz_sensitivity(coef: np.ndarray, n: int, participation: Participation)
     c[:m] = np.asarray(coef, dtype=float)[:m]
     k = participation.participations(n)
     b = participation.min_sep
-    upper2 = _spaced_norm2(np.maximum.accumulate(np.abs(c)[::-1])[::-1], n, b, k)
-    lower2 = _spaced_norm2(c, n, b, k)
+    upper2 = spaced_norm2(np.maximum.accumulate(np.abs(c)[::-1])[::-1], n, b, k)
+    lower2 = spaced_norm2(c, n, b, k)
     monotone = bool(np.all(c >= 0) and np.all(np.diff(c) <= 0))
     if monotone:
         return Sensitivity(math.sqrt(upper2), math.sqrt(upper2), True,
@@ -279,7 +279,7 @@ def toeplitz_sensitivity(coef: np.ndarray, n: int, participation: Participation)
     return _achieved(upper2, lower2, "Toeplitz majorant (non-increasing |c|)")
 
 
-def _spaced_norm2(c: np.ndarray, n: int, b: int, k: int) -> float:
+def spaced_norm2(c: np.ndarray, n: int, b: int, k: int) -> float:
     """``‖Σ_{e<k} shift_{e·b}(c)‖²`` over ``n`` entries, in O(n)."""
     pad = (-n) % b
     blocks = np.concatenate((c[:n], np.zeros(pad))).reshape(-1, b)

@@ -76,8 +76,8 @@ def device_stream(state: LearnerState, settings: PrivacySettings,
                 "released noise; it cannot continue on the device (another generator): "
                 "keep using the host path, or start a new learner")
         noise = TorchNoiseStream.create(settings.mechanism, settings.horizon, list(shapes),
-                                        noise.std, state.seed, device=device,
-                                        dtype=dtype or params[0].dtype)
+                                        noise.std, state.seed, noise.factorization,
+                                        device=device, dtype=dtype or params[0].dtype)
     elif noise is not None and noise.device != device:
         noise = TorchNoiseStream.from_bytes(noise.to_bytes(), device)
     return noise
@@ -359,7 +359,7 @@ class PrivateOptimizer:
             cal = settings.calibration()
             noise = None if cal is None else TorchNoiseStream.create(
                 settings.mechanism, settings.horizon, self.shapes, cal.std, seed,
-                device=self.device, dtype=dtype)
+                settings.factorization(), device=self.device, dtype=dtype)
             learner = LearnerState(
                 noise=noise, seed=None if noise is None else seed,
                 binding=settings.binding("" if noise is None else noise.factorization.digest))

@@ -128,6 +128,7 @@ class TorchNoiseStream(NoiseStream):
         std: float,
         seed: int | None = None,
         secure: bool = False,
+        factorization: Factorization | None = None,
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
@@ -140,7 +141,7 @@ class TorchNoiseStream(NoiseStream):
             raise ValueError("the seed must be a non-negative integer")
         gen = noise_generator(None if seed is None else int(seed))  # 128-bit Philox key
         return cls(mechanism, horizon, normalize_shapes(dim), std, gen, device=device,
-                   dtype=dtype)
+                   dtype=dtype, factorization=factorization)
 
     def _as_row(self, row: np.ndarray) -> torch.Tensor:  # type: ignore[override]
         arr = np.asarray(row)
