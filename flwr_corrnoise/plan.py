@@ -1,0 +1,204 @@
+"""A plan before the run: will these settings leave any signal?
+
+Everything a user chooses (model size ``d``, examples per learner, batch size ``b``,
+epochs, learners averaged per round ``m``, mechanism, ``(ε, δ)``, clip norm ``B_g``) fixes
+the noise before a single gradient is computed, so the library can say *before* the run
+whether the noise will drown the signal. The figures, for the per-step front ends
+(:class:`~flwr_corrnoise.torch.PrivateOptimizer`: per-example clipping, the clipped sum plus
+the increment divided by ``b``):
+
+* ``N = epochs × ⌈examples / b⌉`` steps, the fixed-epoch participation of a cyclic loader
+  (:class:`~flwr_corrnoise.data.loader.CyclicLoader`), and the calibrated std ``V``
+  (:meth:`~flwr_corrnoise.learner.PrivacySettings.calibration`);
+* the **noise** in the model after ``k`` steps, per unit learning rate: the prefix-sum noise
+  ``V·‖b_k‖/b`` per coordinate (``b_k`` the row of ``B``), ``√d`` times that in norm, and
+  ``1/√m`` of it once ``m`` learners' independent noises are averaged;
+* the **signal** after ``k`` steps, per unit learning rate: at most ``k·B_g`` — every
+  example's clipped gradient at the clip norm and all pointing the same way. This is an
+  *upper bound* on the signal (real gradients disagree), so the ratio below is optimistic:
+  when it says "noise dominates", it does. ``signal`` (the measured ratio of the mean
+  clipped gradient's norm to ``B_g``, ``≤ 1``) scales it down to a realistic figure.
+* the **noise-to-signal ratio** ``NSR(k) = V·‖b_k‖·√d / (b·√m·k·B_g)`` at the end of the
+  first round and at the end of the run. ``B_g`` cancels (``V ∝ B_g``).
+
+The verdict reads the end-of-run NSR: ``< 0.5`` signal dominates, ``< 2`` noisy, ``< 20``
+noise dominates early (expect slow learning), else no learning. The levers (double the
+batch, the learners or ε; halve the epochs; another mechanism) are ranked by the NSR each
+would give, recomputed by the same code. ``safe_learning_rate`` is the step size at which
+the model's accumulated noise has per-coordinate std ``0.1`` at its largest (a scale at
+which weights of a usual network are already swamped): a larger step size blows the
+model up, which is what the per-step helpers warn about.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .learner import PrivacySettings
+from .mechanisms.participation import Participation
+
+#: model-noise per-coordinate std above which training is swamped (safe_learning_rate)
+SAFE_MODEL_NOISE = 0.1
+VERDICTS = ((0.5, "signal dominates: expect learning close to the noiseless run"),
+            (2.0, "noisy: expect slower learning than without noise"),
+            (20.0, "noise dominates early: expect slow learning, tune the levers below"),
+            (math.inf, "noise dominates: expect no learning"))
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """What the user chooses (``epochs``: passes over each learner's data in the whole
+    run, i.e. rounds × local epochs; ``learners``: replies averaged per round)."""
+
+    model_size: int
+    examples: int
+    batch_size: int
+    epochs: int
+    learners: int = 1
+    mechanism: str = "blt"
+    epsilon: float = 2.0
+    delta: float = 1e-5
+    clip_norm: float = 1.0
+    method: str = "exact"
+    rounds: int = 1
+    learning_rate: float | None = None
+    #: ‖mean clipped gradient‖ / clip norm, in (0, 1]: 1 (the default) counts every
+    #: gradient at the clip norm, all aligned — an upper bound; measure it on a noiseless
+    #: step of your model for a realistic figure
+    signal: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < float(self.signal) <= 1.0:
+            raise ValueError(f"plan: signal must be in (0, 1], got {self.signal!r}")
+        for name in ("model_size", "examples", "batch_size", "epochs", "learners", "rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"plan: {name} must be a positive integer, got {value!r}")
+        if self.batch_size > self.examples:
+            raise ValueError(f"plan: batch size {self.batch_size} exceeds the "
+                             f"{self.examples} examples")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.examples // self.batch_size)
+
+    @property
+    def horizon(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def settings(self) -> PrivacySettings:
+        participation = (Participation.epochs(self.epochs, self.steps_per_epoch)
+                         if self.epochs > 1 else Participation.once())
+        return PrivacySettings(mechanism=self.mechanism, epsilon=self.epsilon,
+                               delta=self.delta, clip_norm=self.clip_norm,
+                               horizon=self.horizon, method=self.method,
+                               participation=participation)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The figures of :func:`make_plan` (see the module docstring)."""
+
+    inputs: PlanInput
+    horizon: int
+    participation: str
+    sensitivity: float
+    sensitivity_exact: bool
+    std: float
+    noise_multiplier: float
+    nsr_first_round: float
+    nsr_final: float
+    safe_learning_rate: float
+    verdict: str
+    levers: list[tuple[str, float]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["inputs"] = asdict(self.inputs)
+        return out
+
+
+def noise_to_signal(inputs: PlanInput) -> tuple[PrivacySettings, float, float, float]:
+    """``(settings, NSR after the first round, NSR at the end, safe learning rate)``."""
+    settings = inputs.settings()
+    cal = settings.calibration()
+    assert cal is not None
+    rows = np.sqrt(settings.factorization().row_errors())  # ‖b_k‖, k = 1..N
+    n = settings.horizon
+    first = max(1, min(n, n // inputs.rounds))
+    scale = cal.std * math.sqrt(inputs.model_size) / (
+        inputs.batch_size * math.sqrt(inputs.learners) * inputs.clip_norm * inputs.signal)
+    nsr_first = scale * rows[first - 1] / first
+    nsr_final = scale * rows[n - 1] / n
+    safe_lr = SAFE_MODEL_NOISE * inputs.batch_size * math.sqrt(inputs.learners) / (
+        cal.std * float(np.max(rows)))
+    return settings, float(nsr_first), float(nsr_final), float(safe_lr)
+
+
+def verdict(nsr: float) -> str:
+    return next(text for limit, text in VERDICTS if nsr < limit)
+
+
+def make_plan(inputs: PlanInput, *, levers: bool = True) -> Plan:
+    """The plan for ``inputs``; with ``levers``, the alternatives ranked by end-of-run NSR."""
+    settings, nsr_first, nsr_final, safe_lr = noise_to_signal(inputs)
+    cal = settings.calibration()
+    assert cal is not None
+    ranked: list[tuple[str, float]] = []
+    if levers:
+        options: list[tuple[str, PlanInput]] = []
+        if inputs.batch_size * 2 <= inputs.examples:
+            options.append((f"batch size {inputs.batch_size} → {inputs.batch_size * 2}",
+                            replace(inputs, batch_size=inputs.batch_size * 2)))
+        options.append((f"learners per round {inputs.learners} → {inputs.learners * 2}",
+                        replace(inputs, learners=inputs.learners * 2)))
+        options.append((f"ε {inputs.epsilon:g} → {inputs.epsilon * 2:g}",
+                        replace(inputs, epsilon=inputs.epsilon * 2)))
+        if inputs.epochs >= 2:
+            options.append((f"epochs {inputs.epochs} → {inputs.epochs // 2}",
+                            replace(inputs, epochs=inputs.epochs // 2)))
+        for other in ("blt", "independent", "toeplitz"):
+            if other != inputs.mechanism:
+                options.append((f"mechanism {inputs.mechanism} → {other}",
+                                replace(inputs, mechanism=other)))
+        for label, alt in options:
+            ranked.append((label, noise_to_signal(alt)[2]))
+        ranked.sort(key=lambda item: item[1])
+    return Plan(inputs=inputs, horizon=settings.horizon,
+                participation=settings.participation.describe(),
+                sensitivity=cal.sensitivity, sensitivity_exact=cal.sensitivity_exact,
+                std=cal.std, noise_multiplier=cal.noise_multiplier,
+                nsr_first_round=nsr_first, nsr_final=nsr_final, safe_learning_rate=safe_lr,
+                verdict=verdict(nsr_final), levers=ranked)
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as the CLI prints it (and the learner logs it)."""
+    i = plan.inputs
+    lines = [
+        f"plan: {i.mechanism}, ε = {i.epsilon:g}, δ = {i.delta:g}, clip norm {i.clip_norm:g}; "
+        f"d = {i.model_size}, {i.examples} examples per learner, batch {i.batch_size}, "
+        f"{i.epochs} epoch(s), {i.learners} learner(s) averaged per round",
+        f"  horizon: {plan.horizon} steps ({i.epochs} × {i.steps_per_epoch}); participation: "
+        f"{plan.participation}",
+        f"  sensitivity {plan.sensitivity:.4g} "
+        f"({'exact' if plan.sensitivity_exact else 'certified bound'}), "
+        f"noise std V = {plan.std:.4g} (noise multiplier {plan.noise_multiplier:.3g})",
+        f"  noise-to-signal of the averaged update: {plan.nsr_first_round:.3g} after the first "
+        f"round, {plan.nsr_final:.3g} at the end (signal "
+        + ("counted at its upper bound)" if i.signal == 1.0 else f"fraction {i.signal:g})"),
+        f"  verdict: {plan.verdict}",
+        f"  safe learning rate ≤ {plan.safe_learning_rate:.3g} (model noise std ≤ "
+        f"{SAFE_MODEL_NOISE:g} per coordinate)",
+    ]
+    if i.learning_rate is not None and i.learning_rate > plan.safe_learning_rate:
+        lines.append(f"  WARNING: learning rate {i.learning_rate:g} exceeds it: the noise "
+                     "will blow the model up")
+    if plan.levers:
+        lines.append("  levers, best first (end-of-run noise-to-signal):")
+        lines += [f"    {label}: {nsr:.3g}" for label, nsr in plan.levers]
+    return "\n".join(lines)
