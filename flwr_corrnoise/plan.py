@@ -134,9 +134,18 @@ def noise_to_signal(inputs: PlanInput) -> tuple[PrivacySettings, float, float, f
         inputs.batch_size * math.sqrt(inputs.learners) * inputs.clip_norm * inputs.signal)
     nsr_first = scale * rows[first - 1] / first
     nsr_final = scale * rows[n - 1] / n
-    safe_lr = SAFE_MODEL_NOISE * inputs.batch_size * math.sqrt(inputs.learners) / (
-        cal.std * float(np.max(rows)))
+    safe_lr = safe_learning_rate(settings, inputs.batch_size, inputs.learners)
     return settings, float(nsr_first), float(nsr_final), float(safe_lr)
+
+
+def safe_learning_rate(settings: PrivacySettings, batch_size: int, learners: int = 1) -> float:
+    """The step size at which the model's accumulated noise peaks at per-coordinate std
+    :data:`SAFE_MODEL_NOISE` (``∞`` without noise): what the per-step helpers warn above."""
+    cal = settings.calibration()
+    if cal is None:
+        return math.inf
+    peak = float(np.sqrt(np.max(settings.factorization().row_errors())))
+    return SAFE_MODEL_NOISE * batch_size * math.sqrt(learners) / (cal.std * peak)
 
 
 def verdict(nsr: float) -> str:

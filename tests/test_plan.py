@@ -74,3 +74,29 @@ def test_verdicts_follow_the_noise() -> None:
         PlanInput(model_size=10, examples=5, batch_size=6, epochs=1)
     with pytest.raises(ValueError, match="signal"):
         PlanInput(model_size=10, examples=5, batch_size=1, epochs=1, signal=0.0)
+
+
+@pytest.mark.parametrize("lr, warned", [(50.0, True), (1e-4, False)])
+def test_the_device_step_warns_when_the_step_size_would_blow_the_model_up(
+        caplog: pytest.LogCaptureFixture, lr: float, warned: bool) -> None:
+    import logging
+
+    import torch
+
+    from flwr_corrnoise.learner import PrivacySettings
+    from flwr_corrnoise.plan import safe_learning_rate
+    from flwr_corrnoise.torch import PrivateOptimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    settings = PrivacySettings(mechanism="toeplitz", horizon=8)
+    opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=lr), model, settings, seed=3)
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 1])
+    with caplog.at_level(logging.WARNING, logger="flwr_corrnoise"):
+        for _ in range(2):
+            opt.zero_grad()
+            opt.backward(x, y)
+            opt.step()
+    hits = [r for r in caplog.records if "exceeds the safe" in r.getMessage()]
+    assert len(hits) == (1 if warned else 0)  # once, not every step
+    assert (lr > safe_learning_rate(settings, 5)) == warned

@@ -21,6 +21,7 @@ that sum and the step uses ``(sum + e)/b``, post-processing of the calibrated re
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -43,6 +44,8 @@ from ..streams import split_flat
 from .grad_sample import PerExampleGradients
 from .params import BatchStream, LossFn, check_parameters
 from .streams import TorchNoiseStream
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "PRIVATE_STATE_FORMAT",
@@ -76,8 +79,9 @@ def device_stream(state: LearnerState, settings: PrivacySettings,
                 "released noise; it cannot continue on the device (another generator): "
                 "keep using the host path, or start a new learner")
         noise = TorchNoiseStream.create(settings.mechanism, settings.horizon, list(shapes),
-                                        noise.std, state.seed, noise.factorization,
-                                        device=device, dtype=dtype or params[0].dtype)
+                                        noise.std, state.seed,
+                                        factorization=noise.factorization, device=device,
+                                        dtype=dtype or params[0].dtype)
     elif noise is not None and noise.device != device:
         noise = TorchNoiseStream.from_bytes(noise.to_bytes(), device)
     return noise
@@ -225,6 +229,7 @@ class PrivateOptimizer:
         self._failed = 0
         #: the last batch size seen, the divisor of a step whose batch could not be loaded
         self._last_batch = 1
+        self._step_size_checked = False
 
     # -- the loop ----------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -359,7 +364,7 @@ class PrivateOptimizer:
             cal = settings.calibration()
             noise = None if cal is None else TorchNoiseStream.create(
                 settings.mechanism, settings.horizon, self.shapes, cal.std, seed,
-                settings.factorization(), device=self.device, dtype=dtype)
+                factorization=settings.factorization(), device=self.device, dtype=dtype)
             learner = LearnerState(
                 noise=noise, seed=None if noise is None else seed,
                 binding=settings.binding("" if noise is None else noise.factorization.digest))
@@ -397,6 +402,9 @@ class PrivateOptimizer:
             torch._foreach_add_(grads, views)
         if divisor != 1:
             torch._foreach_div_(grads, divisor)
+        if not self._step_size_checked:
+            self._step_size_checked = True
+            self._check_step_size(divisor)
         for p, g in zip(self.params, grads, strict=True):
             p.grad = g
         if self._round_sum is None:
@@ -408,6 +416,23 @@ class PrivateOptimizer:
         self.state.advance()
         self._batch = None
         self.optimizer.step()
+
+    def _check_step_size(self, batch: int) -> None:
+        """Warn (once) when the step size would let the noise blow the model up: above
+        :func:`~flwr_corrnoise.plan.safe_learning_rate` the model's accumulated noise has a
+        per-coordinate std above 0.1. A function of the settings, the batch size and the
+        optimizer's step size only (no data)."""
+        from ..plan import safe_learning_rate
+
+        lr = float(self.optimizer.param_groups[0].get("lr", 0.0) or 0.0)
+        safe = safe_learning_rate(self.settings, batch)
+        if lr > safe:
+            log.warning(
+                "flwr-corrnoise: learning rate %g with batch %d exceeds the safe %.3g for "
+                "this noise (std %.3g over %d steps): the model's noise would swamp its "
+                "weights. Lower the learning rate, raise the batch size or ε, or run "
+                "`flwr-corrnoise plan` for the levers", lr, batch, safe,
+                self.settings.calibration().std, self.settings.horizon)  # type: ignore[union-attr]
 
     def _clip_whole(self, grads: list[torch.Tensor], loss: torch.Tensor | None
                     ) -> list[torch.Tensor]:
