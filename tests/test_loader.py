@@ -116,11 +116,14 @@ def test_the_loader_sets_horizon_and_participation_and_the_pld_confirms_the_epsi
     assert cal.participation == "6 epochs of 3 steps (fixed cyclic order)"
     # independent: the worst example's uses, as the loader handed them out, summed on the
     # materialized encoder (BLT's X ≥ 0: every use in the same direction is the worst case)
-    _, C = build_factorization("blt", loader().horizon).matrices()
+    # (the BLT the learner streams is the one optimized for this participation)
+    fact = settings.factorization()
+    assert fact is build_factorization("blt", 18, min_sep=3, max_participations=6)
+    _, C = fact.matrices()
     ld = loader()
     sens = max(np.linalg.norm(C[:, ld.uses(i)].sum(axis=1)) for i in range(N_EX))
     assert cal.sensitivity == pytest.approx(sens, rel=1e-12)
-    assert sens > 2 * build_factorization("blt", ld.horizon).sensitivity  # reuse costs
+    assert sens > 2 * fact.sensitivity  # reusing data costs
     acc = PLDAccountant(value_discretization_interval=1e-4)
     acc.compose(GaussianDpEvent(noise_multiplier=cal.std / (2 * 1.0 * sens)))
     pld_eps = acc.get_epsilon(1e-5)
@@ -151,3 +154,13 @@ def test_the_horizon_ends_with_the_loader(simulated: None) -> None:
         assert not app()(message(x, r), ctx).has_error()
     reply = app()(message(x, ROUNDS + 1), ctx)
     assert reply.has_error()  # the accounted participation is used up
+
+
+def test_the_first_round_logs_the_plan(simulated: None, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="flwr_corrnoise"):
+        assert not app()(message(np.zeros(DIM), 1), context()).has_error()
+    text = caplog.text
+    assert "participation: 6 epochs of 3 steps (fixed cyclic order)" in text
+    assert "noise-to-signal" in text and "verdict:" in text

@@ -387,6 +387,21 @@ class LearnerSession:
         locked`)."""
         return self.storage.locked()
 
+    def log_start(self) -> None:
+        """One start-up line with what the noise is calibrated to (a fresh learner): the
+        budget, the horizon, the participation, the sensitivity and whether it is exact,
+        and the noise std — the figures of ``flwr-corrnoise plan`` that need no data."""
+        cal = self.settings.calibration()
+        if cal is None:
+            log.info("flwr-corrnoise learner: noiseless baseline (no clipping, no noise)")
+            return
+        log.info("flwr-corrnoise learner: %s, ε = %g, δ = %g over %d steps; participation: "
+                 "%s; sensitivity %.4g (%s); noise std %.4g (noise multiplier %.3g)",
+                 self.settings.mechanism, cal.epsilon, cal.delta, self.settings.horizon,
+                 cal.participation, cal.sensitivity,
+                 "exact" if cal.sensitivity_exact else "certified bound", cal.std,
+                 cal.noise_multiplier)
+
     def load(self, shapes: list[tuple[int, ...]]) -> LearnerState:
         """The stored state, checked against the current settings, or a fresh one on the
         learner's first round; a lost or corrupt state is an error, never a fresh start.
@@ -399,6 +414,7 @@ class LearnerSession:
         """
         state = self.storage.read()
         if state is None:
+            self.log_start()
             return LearnerState.create(self.settings, shapes, self.seed, secure=self.secure)
         where = self.storage.where
         state.check_binding(self.settings)

@@ -69,6 +69,20 @@ log = logging.getLogger(__name__)
 __all__ = ["PrivateSteps", "PrivateStepsGuard", "check_loader"]
 
 
+def log_plan(loader: CyclicLoader, settings: PrivacySettings, size: int) -> None:
+    """The plan of this learner's loop (:mod:`flwr_corrnoise.plan`), logged on its first
+    round: the noise-to-signal of its own update at the loader's batch size (one learner;
+    the server's average over ``m`` divides it by ``√m``)."""
+    from ..plan import PlanInput, format_plan, make_plan
+
+    plan = make_plan(PlanInput(
+        model_size=size, examples=loader.num_examples, batch_size=loader.batch_size,
+        epochs=loader.epochs, mechanism=settings.mechanism, epsilon=settings.epsilon,
+        delta=settings.delta, clip_norm=settings.clip_norm, method=settings.method,
+        rounds=loader.rounds), levers=False)
+    log.info("flwr-corrnoise learner %s", format_plan(plan))
+
+
 def check_loader(loader: CyclicLoader, settings: PrivacySettings,
                  config: Mapping[str, Any]) -> None:
     """Refuse settings that do not match the loop the loader describes: a horizon, a
@@ -157,6 +171,8 @@ class PrivateSteps:
         with _lock:  # from here on the guard closes the round if the train function fails
             _OPEN[id(msg)] = self
         self.first_step, self.first_position = self.round.first_step, self.round.position
+        if loader is not None and self.first_step == 0 and self.settings.private:
+            log_plan(loader, self.settings, self.size)
         #: what step() returns: a single array or a list, with these shapes and dtypes —
         #: the last good gradient's structure this round, else the model's
         self._template: tuple[bool, list[tuple[tuple[int, ...], np.dtype]]] = (
