@@ -5,8 +5,10 @@ The core (mechanisms, noise streams, calibration) needs only NumPy and SciPy; th
 layer builds on it. See ``docs/`` and ``README.md``.
 """
 
+from .data.loader import CyclicLoader
 from .learner import PrivacyConfigError, PrivacySettings
 from .mechanisms import MECHANISMS, Factorization, build_factorization
+from .mechanisms.participation import Participation
 from .privacy import (
     Calibration,
     PrivacyBudgetError,
@@ -22,9 +24,11 @@ __version__ = "0.1.0"
 __all__ = [
     "MECHANISMS",
     "Calibration",
+    "CyclicLoader",
     "Factorization",
     "HorizonExhaustedError",
     "NoiseStream",
+    "Participation",
     "PrivacyBudgetError",
     "PrivacyConfigError",
     "PrivacySettings",

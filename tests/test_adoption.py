@@ -23,7 +23,9 @@ from .adoption import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 #: changed lines (added + removed) each variant may take (issue 13)
-BUDGET = {"per-step": 10, "per-round": 5, "central": 5, "per-step-torch": 10}
+BUDGET = {"per-step": 10, "per-round": 5, "central": 5, "per-step-torch": 10,
+          # issue 21: the quickstart-pytorch-style app (a loader, per-example clipping)
+          "quickstart-per-step": 17, "quickstart-per-round": 5, "quickstart-central": 3}
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -31,13 +33,13 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 def test_docs_show_the_tested_diffs_and_app_verbatim() -> None:
     doc = (ROOT / "docs" / "adopt.md").read_text()
-    for variant in harness.VARIANTS:
+    for variant in harness.VARIANTS + harness.QUICKSTART_VARIANTS:
         assert harness.diff_path(variant).read_text() in doc, variant
-    for plain in (harness.PLAIN, harness.PLAIN_TORCH):  # the apps the diffs patch
+    for plain in (harness.PLAIN, harness.PLAIN_TORCH, harness.QUICKSTART):  # the patched apps
         assert (plain / "plain_app.py").read_text() in doc, plain
 
 
-@pytest.mark.parametrize("variant", harness.VARIANTS)
+@pytest.mark.parametrize("variant", harness.VARIANTS + harness.QUICKSTART_VARIANTS)
 def test_changed_line_budget(variant: str) -> None:
     added, removed = harness.changed_lines(harness.diff_path(variant).read_text())
     assert added >= 1
@@ -95,8 +97,8 @@ def test_adopted_app_trains_privately_and_reports_privacy(variant: str, tmp_path
 @pytest.mark.parametrize(("edit", "why"), [
     # docs' old server example: a horizon of 4000 while the learners' noise covers 12 steps
     ("context.run_config)", "horizon 4000 exceeds"),
-    # the learners' keys left out: they default to 'optimized', the server proposes 'blt'
-    ("{**context.run_config, 'mechanism': 'blt'})", "switch to 'blt'"),
+    # the learners' keys left out: they default to 'blt', the server proposes 'toeplitz'
+    ("{**context.run_config, 'mechanism': 'toeplitz'})", "switch to 'toeplitz'"),
 ])
 def test_a_server_proposal_every_learner_refuses_fails_the_run(edit: str, why: str,
                                                                tmp_path: Path) -> None:
@@ -125,3 +127,46 @@ def test_central_dp_with_fewer_supernodes_than_min_learners_fails(tmp_path: Path
     with pytest.raises(RunFailedError, match=r"only 2 SuperNode\(s\).*min-learners = 3"):
         harness.simulate(app, module, num_supernodes=2)
     assert not module.RESULTS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", harness.QUICKSTART_VARIANTS)
+def test_quickstart_style_app_reports_the_epsilon_of_its_data_reuse(
+        variant: str, tmp_path: Path) -> None:
+    """Issue 21 item 5: the app of Flower's quickstart-pytorch shape (a CNN, a fixed
+    partition of 64 examples, 2 local epochs of batches of 16 per round, 3 rounds) adopted
+    three ways. Each reports the ε of the multi-participation accounting: per step, the
+    loader's 6 epochs of 4 steps (fixed cyclic order); per round and central, the
+    ``data-reuse = "every-round"`` key (a datum in every round's update). The ε spent after
+    each round is that accounting's prefix ε, not the one-pass stream's."""
+    pytest.importorskip("torch")
+    from flwr_corrnoise import CyclicLoader, Participation, PrivacySettings
+
+    keys = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-5, "clip-norm": 1.0}
+    per_step = variant.endswith("per-step")
+    if not per_step:
+        keys["data-reuse"] = "every-round"
+    app = harness.adopt(variant, tmp_path / variant, run_config=keys)
+    module = harness.load(app, f"adopted_{variant.replace('-', '_')}")
+    harness.simulate(app, module)
+    result = module.RESULTS[-1]
+    if per_step:
+        loader = CyclicLoader(64, 16, rounds=3, local_epochs=2)
+        horizon, unit, participation = loader.horizon, loader.local_steps, loader.participation
+        assert participation == Participation.epochs(6, 4)
+    else:
+        horizon, unit, participation = 3, 1, Participation.every_step(3)
+    common = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-5, "clip_norm": 1.0,
+              "horizon": horizon}
+    reused = PrivacySettings(**common, participation=participation)
+    once = PrivacySettings(**common)
+    for r in (1, 2, 3):
+        metrics = dict(result.train_metrics_clientapp[r])
+        spent = [v for k, v in metrics.items() if k.startswith("epsilon-spent.")]
+        assert len(spent) == 2, metrics
+        want = reused.epsilon_spent(r * unit)
+        assert spent == pytest.approx([want] * 2, rel=1e-9)
+        if r < 3:  # the one-pass accounting would report another (smaller) ε
+            assert abs(once.epsilon_spent(r * unit) - want) > 1e-3
+    assert reused.calibration().std > 1.5 * once.calibration().std
+    assert set(result.evaluate_metrics_serverapp) == {0, 1, 2, 3}

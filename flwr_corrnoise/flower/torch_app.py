@@ -18,7 +18,7 @@ of these names is asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -153,6 +153,28 @@ def _session_optimizer(
     return cls(optimizer, model, settings, state=state, **kwargs)
 
 
+class EpochBatches:
+    """A torch ``batch_sampler`` over a round's batches, one epoch per iteration: each
+    ``iter()`` (a ``DataLoader`` calls it once per pass) hands out the next
+    ``steps_per_epoch`` batches of :meth:`PrivateSteps.batches`, so the loader's record of
+    what was handed out stays step-exact; a pass after the round's last is empty."""
+
+    def __init__(self, private: PrivateSteps) -> None:
+        assert private.loader is not None
+        self.per_epoch = private.loader.steps_per_epoch
+        self._batches = private.batches()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.per_epoch):
+            idx = next(self._batches, None)
+            if idx is None:
+                return
+            yield [int(i) for i in idx]
+
+    def __len__(self) -> int:
+        return self.per_epoch
+
+
 class FlowerPrivateOptimizer(PrivateOptimizer):
     """:class:`~flwr_corrnoise.torch.PrivateOptimizer` inside a Flower ``ClientApp``, built
     by :func:`private_optimizer`: its noise stream and counters are the learner's state that
@@ -167,12 +189,12 @@ class FlowerPrivateOptimizer(PrivateOptimizer):
         self.private.check_batch_drawn()
         super().step()
 
-    def batch_sampler(self) -> list[list[int]]:
+    def batch_sampler(self) -> EpochBatches:
         """This round's batches of example indices in the loader's fixed cyclic order, for
-        ``torch.utils.data.DataLoader(dataset, batch_sampler=opt.batch_sampler())``. Drawn
-        all at once: a ``DataLoader`` with workers reads ahead, and each step only needs
-        its batch to have been handed out."""
-        return [[int(i) for i in idx] for idx in self.private.batches()]
+        ``torch.utils.data.DataLoader(dataset, batch_sampler=opt.batch_sampler())``: each
+        pass over the ``DataLoader`` is the next epoch of the round, so a quickstart-style
+        ``for epoch in range(E): for x, y in trainloader:`` loop runs unchanged."""
+        return EpochBatches(self.private)
 
     def reply(self, arrays: Any, metrics: Mapping[str, Any] | None = None) -> Message:
         """The train reply (see :meth:`PrivateSteps.reply`): ``arrays`` is the local model

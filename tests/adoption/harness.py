@@ -25,11 +25,16 @@ from flwr.simulation.run_simulation import EventType, _run_simulation
 HERE = Path(__file__).resolve().parent
 PLAIN = HERE / "plain_app"
 PLAIN_TORCH = HERE / "plain_torch_app"  # the same app in PyTorch (torch.optim.SGD)
+#: an app written as Flower's quickstart-pytorch is (CNN, fixed partition, local epochs)
+QUICKSTART = HERE / "quickstart_app"
 VARIANTS = ("per-step", "per-round", "central", "per-step-torch")
+QUICKSTART_VARIANTS = ("quickstart-per-step", "quickstart-per-round", "quickstart-central")
 
 
 def plain_dir(variant: str | None) -> Path:
-    """The plain app a variant's diff patches (both keep their code in ``plain_app.py``)."""
+    """The plain app a variant's diff patches (all keep their code in ``plain_app.py``)."""
+    if variant is not None and variant.startswith("quickstart"):
+        return QUICKSTART
     return PLAIN_TORCH if variant is not None and variant.endswith("-torch") else PLAIN
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
