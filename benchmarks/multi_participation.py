@@ -6,8 +6,10 @@ Two parts, one run:
 1. **RMSE vs (k, b)** (fixed-epoch: ``N = k·b``): ``participation_rmse`` — the
    sensitivity under the participation (:mod:`flwr_corrnoise.mechanisms.participation`)
    times ``√(mean_k ‖b_k‖²)`` — of every registered mechanism, with ``blt`` built twice:
-   optimized for one use (``blt``) and for the run's (k, b) (``blt-kb``). Ratios are to
-   ``blt-kb``.
+   optimized for one use (``blt``) and for the run's (k, b) (``blt-kb``), and the dense
+   reference ``toeplitz-opt``: the best Toeplitz encoder with all ``N`` coefficients free
+   (:func:`~flwr_corrnoise.mechanisms.toeplitz.optimize_toeplitz`, N ≤ 2000). Ratios are
+   to ``blt-kb``.
 2. **Ours vs jax_privacy** (``--jax-python``: the interpreter of a venv with
    ``jax-privacy`` installed; it is not a dependency): for each (n, b, k), jax_privacy's
    ``buffered_toeplitz.optimize(n=n, min_sep=b, max_participations=k, error="mean")`` runs
@@ -39,7 +41,8 @@ from pathlib import Path
 
 from flwr_corrnoise.mechanisms import BLTParams, build_factorization, mechanism_names
 from flwr_corrnoise.mechanisms.blt import optimize_blt, participation_sensitivity_squared
-from flwr_corrnoise.mechanisms.participation import Participation
+from flwr_corrnoise.mechanisms.participation import Participation, toeplitz_sensitivity
+from flwr_corrnoise.mechanisms.toeplitz import optimize_toeplitz, toeplitz_rmse_squared
 
 
 def machine_load() -> str:
@@ -74,6 +77,10 @@ def rmse_table(n: int, epochs: list[int]) -> list[dict[str, object]]:
         kb = build_factorization("blt", n, min_sep=b, max_participations=k)
         best = kb.participation_rmse(p)
         entries = {"blt-kb": (best, kb.participation_sensitivity(p))}
+        if n <= 2000:  # the dense reference: every Toeplitz coefficient free, O(N²) a step
+            c = optimize_toeplitz(n, p, init=kb.c)
+            entries["toeplitz-opt"] = (math.sqrt(toeplitz_rmse_squared(c, n, p)),
+                                       toeplitz_sensitivity(c, n, p))
         for name in mechanism_names():
             if name == "optimized" and n > 2048:
                 continue  # the dense solve is minutes beyond this

@@ -212,3 +212,33 @@ def test_blt_optimized_for_participations_beats_the_single_participation_blt() -
     again = NoiseStream.from_bytes(state.noise.to_bytes())
     assert again.factorization.digest == multi.digest
     np.testing.assert_array_equal(again.next(), state.noise.next())
+
+
+def test_the_dense_toeplitz_reference_bounds_the_blt_from_below() -> None:
+    """The best Toeplitz encoder with all N coefficients free (non-increasing, so its
+    sensitivity is exact): its analytic gradient against finite differences, its inverse
+    against the dense inverse, and its RMSE at or below the (k, b)-BLT it starts from."""
+    from scipy.linalg import toeplitz
+
+    from flwr_corrnoise.mechanisms.toeplitz import (
+        _objective_and_gradient,
+        optimize_toeplitz,
+        toeplitz_inverse_coefficients,
+        toeplitz_rmse_squared,
+    )
+
+    n, p = 24, Participation.min_separation(5, 4)
+    c = np.sort(np.random.default_rng(0).random(n))[::-1] + 0.1
+    np.testing.assert_allclose(toeplitz_inverse_coefficients(c, n),
+                               np.linalg.inv(np.tril(toeplitz(c)))[:, 0], atol=1e-12)
+    z = np.random.default_rng(1).normal(size=n)
+    _, grad = _objective_and_gradient(z, n, p)
+    h = 1e-6
+    numeric = [(_objective_and_gradient(z + h * e, n, p)[0]
+                - _objective_and_gradient(z - h * e, n, p)[0]) / (2 * h) for e in np.eye(n)]
+    np.testing.assert_allclose(grad, numeric, atol=1e-7)
+    p = Participation.epochs(4, 15)
+    blt = build_factorization("blt", 60, min_sep=15, max_participations=4)
+    best = optimize_toeplitz(60, p, init=blt.c)
+    assert np.all(np.diff(best) <= 0) and np.all(best > 0)
+    assert math.sqrt(toeplitz_rmse_squared(best, 60, p)) <= blt.participation_rmse(p) + 1e-9
