@@ -188,6 +188,14 @@ def make_client_app(
     wrong-size gradient) is no refusal: that step's gradient counts as zero
     (:func:`~flwr_corrnoise.learner.local_round`), so the reply does not depend on it.
 
+    **Each datum once, enforced.** The oracle is addressed by the learner's stream position,
+    which moves on by one datum per step and is stored with the noise stream, so no datum
+    is used twice: this strict mode is the paper's one-pass stream and needs no
+    participation setting. What it cannot know is what the oracle returns for a position;
+    an oracle that maps two positions to one example (a fixed dataset read in epochs)
+    breaks the guarantee — use :class:`~flwr_corrnoise.flower.PrivateSteps` with a
+    :class:`~flwr_corrnoise.data.loader.CyclicLoader` for such data.
+
     ``evaluate`` is only ever called if the learner opts in (``allow_evaluation=True`` or
     node config ``client-evaluation = true``): its answer depends on the learner's data and
     is **not** covered by the privacy budget. ``release_metrics`` names metrics the app

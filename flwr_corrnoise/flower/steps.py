@@ -34,8 +34,14 @@ update), and refuses evaluate and query messages unless the learner opts in.
 What the user promises (as with Opacus, the loop is theirs): the model they release is a
 function of the received model and the gradients :meth:`PrivateSteps.step` returned only
 (plain SGD, momentum, a fixed step-size schedule), and the **number of steps does not
-depend on the data** (it is released, as ``steps``). Each datum is used in one step
-(online learning); the strict mode enforces that, this mode trusts it. A datum whose
+depend on the data** (it is released, as ``steps``). How often each datum is used is
+what the settings declare: once by default (online learning; the strict mode enforces
+that, this mode trusts it), or the participation of ``data-reuse``/``epochs``/
+``min-sep``/``max-participations``. With ``loader=CyclicLoader(...)`` the library knows it
+instead of trusting it: the loader sets the horizon and the fixed-epoch participation, every
+step needs a batch drawn from :meth:`PrivateSteps.batches`, and a config that disagrees with
+the loader is refused. The library cannot see which data a step touches; with a loader,
+feed each step exactly the loader's batch. A datum whose
 gradient cannot be computed must not stop the loop: a non-finite or wrong-size gradient
 passed to :meth:`PrivateSteps.step` counts as zero, and so does an exception raised
 inside a callable passed to it; an exception raised in the user's code *outside* it turns
