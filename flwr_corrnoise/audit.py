@@ -82,7 +82,8 @@ from .learner import (
     derive_seed,
     local_round,
 )
-from .mechanisms import build_factorization, check_mechanism
+from .mechanisms import Factorization, check_mechanism
+from .mechanisms.participation import Participation
 from .privacy import METHODS, check_budget
 from .streams import NoiseStream, new_seed
 from .variants import central_calibration, central_noise_std, round_release
@@ -113,7 +114,7 @@ class AuditResult:
     method: str
     runs: int  # executions on each of D and D' (independent noise keys)
     alpha: float  # the lower bound holds with probability >= 1 - alpha
-    canary_step: int  # the step (round) whose datum differs
+    canary_step: int  # the (first) step (round) whose datum differs
     noise_std: float  # σ the calibration sets for the noise on the released quantity
     noise_std_run: float  # σ of the noise streams that ran (smallest over the executions)
     noise_scale: float  # 1 unless a fault was injected on purpose
@@ -129,6 +130,8 @@ class AuditResult:
     score_std: float  # the scores' spread: 1 under the claimed noise
     epsilon_gaussian_fit: float  # exact Gaussian ε of mu_empirical (an estimate)
     seconds: float
+    #: passes over the data: the canary is used at canary_step + e·(steps/epochs), e < epochs
+    epochs: int = 1
 
     @property
     def falsified(self) -> bool:
@@ -208,31 +211,41 @@ def _choose_threshold(pos: np.ndarray, neg: np.ndarray, delta: float, alpha: flo
 class _Plan:
     rounds: int
     tau: int
-    canary: int  # step (round) index of the differing datum
+    canary: int  # step (round) index of the differing datum's first use
+    uses: frozenset[int]  # every step (round) at which the differing datum is used
     footprint: np.ndarray  # a: the canary's unit change of each release, length R
     weights: np.ndarray  # Σ⁻¹a, Σ the releases' noise covariance at unit std
     info: float  # aᵀΣ⁻¹a
 
 
-def _plan(mechanism: str, steps: int, tau: int, canary_step: int | None) -> _Plan:
+def _plan(fact: Factorization, steps: int, tau: int, canary_step: int | None,
+          epochs: int = 1) -> _Plan:
     """Whitening for ``R = steps/τ`` releases, each the mean of ``τ`` noisy steps.
 
     The covariance comes from the factorization's ``B`` (``noising_matrix() = A⁻¹B``), the
-    auditor's public knowledge of the mechanism; the default canary step maximizes the
-    release's information about one step, ``diag(PᵀΣ⁻¹P)``."""
-    fact = build_factorization(mechanism, steps)
+    auditor's public knowledge of the mechanism. With ``epochs > 1`` the canary is used at
+    ``j, j + b, …`` (``b = steps/epochs``, one fixed cyclic order) and moves every one of
+    those steps the same way; its footprint is the sum of theirs. The default first use
+    ``j`` maximizes the release's information about the canary, ``aᵀΣ⁻¹a``."""
     rounds = steps // tau
     inc = fact.noising_matrix()  # N × W: the per-step increments at unit std
     avg = np.kron(np.eye(rounds), np.full((1, tau), 1.0 / tau))  # R × N
     cov = avg @ inc @ inc.T @ avg.T
-    per_step = np.einsum("ij,ij->j", avg, np.linalg.solve(cov, avg))
-    if canary_step is None:
-        canary_step = int(np.argmax(per_step))
-    if not 0 <= canary_step < steps:
-        raise ValueError(f"canary step must be in [0, {steps}), got {canary_step}")
-    footprint = avg[:, canary_step].copy()
-    weights = np.linalg.solve(cov, footprint)
-    return _Plan(rounds, tau, canary_step, footprint, weights, float(footprint @ weights))
+    sep = steps // epochs
+    starts = range(sep) if canary_step is None else [canary_step]
+    if canary_step is not None and not 0 <= canary_step < sep:
+        raise ValueError(f"canary step must be in [0, {sep}), got {canary_step}")
+    best: tuple[float, int, np.ndarray, np.ndarray] | None = None
+    for j in starts:
+        footprint = avg[:, j::sep][:, :epochs].sum(axis=1)
+        weights = np.linalg.solve(cov, footprint)
+        info = float(footprint @ weights)
+        if best is None or info > best[0]:
+            best = (info, j, footprint, weights)
+    assert best is not None
+    info, j, footprint, weights = best
+    uses = frozenset(range(j, steps, sep)) if epochs > 1 else frozenset({j})
+    return _Plan(rounds, tau, j, uses, footprint, weights, info)
 
 
 # -- executions of the real private step -----------------------------------------------------
@@ -264,13 +277,14 @@ def _step_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray, eta: 
         canary = sign * CANARY_NORM * clip_norm * u
 
         def gradient(params: list[np.ndarray], position: int) -> list[np.ndarray]:
-            return [canary if position == plan.canary else zero]
+            return [canary if position in plan.uses else zero]
 
         state = LearnerState.create(settings, [(dim,)], seed, secure=secure)
         if noise_scale != 1.0:  # the deliberate fault: a stream with the wrong std
             cal = settings.calibration()
             state.noise = NoiseStream.create(settings.mechanism, settings.horizon, [(dim,)],
-                                             cal.std * noise_scale, state.seed, secure=secure)
+                                             cal.std * noise_scale, state.seed, secure=secure,
+                                             factorization=settings.factorization())
         x = [np.zeros(dim)]
         out = np.empty(plan.rounds)
         for r in range(plan.rounds):
@@ -294,10 +308,10 @@ def _round_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray,
         if noise_scale != 1.0:
             noise = NoiseStream.create(settings.mechanism, settings.horizon, [(dim,)],
                                        settings.calibration().std * noise_scale, state.seed,
-                                       secure=secure)
+                                       secure=secure, factorization=settings.factorization())
         out = np.empty(plan.rounds)
         for r in range(plan.rounds):
-            noisy, _ = round_release(canary if r == plan.canary else zero, clip_norm, noise)
+            noisy, _ = round_release(canary if r in plan.uses else zero, clip_norm, noise)
             state.step += 1
             out[r] = noisy @ u
         return out, noise.std  # type: ignore[union-attr]
@@ -312,13 +326,14 @@ def _central_execution(settings: PrivacySettings, plan: _Plan, u: np.ndarray,
 
     def execute(sign: int, seed: int | None) -> tuple[np.ndarray, float]:
         canary = sign * CANARY_NORM * clip_norm * u
-        stream = NoiseStream.create(settings.mechanism, plan.rounds, [(dim,)], std, seed)
+        stream = NoiseStream.create(settings.mechanism, plan.rounds, [(dim,)], std, seed,
+                                    factorization=settings.factorization())
         x = np.zeros(dim)
         out = np.empty(plan.rounds)
         for r in range(plan.rounds):
             total = np.zeros(dim)
             for i in range(learners):  # learner 0 holds the canary, the others send zero
-                delta = canary if (i == 0 and r == plan.canary) else zero
+                delta = canary if (i == 0 and r in plan.uses) else zero
                 total += clip_by_global_norm(delta, clip_norm)[0]
             released = x + total / learners + stream.next()
             out[r] = (released - x) @ u
@@ -350,6 +365,7 @@ def audit(
     eta: float = 0.1,
     noise_scale: float = 1.0,
     reuse_seed: bool = False,
+    epochs: int = 1,
 ) -> AuditResult:
     """Audit one configuration: ``runs`` executions on each of ``D`` and ``D'``.
 
@@ -359,6 +375,12 @@ def audit(
     execution's key is derived from it); ``None`` keys every execution from OS entropy.
     ``secure`` audits the learner's opt-in secure noise (step and round variants).
     ``clip_norm`` is the clip norm ``B`` (``clip=`` is its deprecated spelling).
+
+    ``epochs`` (> 1): the data are reused — the canary is one datum used once per epoch in
+    a fixed cyclic order (``steps/epochs`` steps, or rounds, apart), the learner's
+    participation is that fixed-epoch one and the noise is calibrated for it
+    (:mod:`flwr_corrnoise.mechanisms.participation`). ``epsilon_analytic`` then checks the
+    multi-participation sensitivity from ``B`` and the canary's footprint, a second method.
 
     ``noise_scale`` (≠ 1) and ``reuse_seed`` inject faults on purpose — noise of the wrong
     std, or one noise key for every execution — to show that the auditor catches them.
@@ -371,7 +393,8 @@ def audit(
     if method not in METHODS:
         raise ValueError(f"calibration method must be one of {METHODS}, got {method!r}")
     for name, value, low in (("steps", steps, 1), ("tau", tau, 1), ("dim", dim, 1),
-                             ("learners", learners, 1), ("runs", runs, 20)):
+                             ("learners", learners, 1), ("runs", runs, 20),
+                             ("epochs", epochs, 1)):
         if isinstance(value, bool) or int(value) != value or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     if variant != "step" and tau != 1:
@@ -386,14 +409,20 @@ def audit(
         raise ValueError("secure noise is the learners' (step and round variants) and is "
                          "keyed from OS entropy only: no seed, no reused seed")
 
+    if steps % epochs:
+        raise ValueError(f"epochs ({epochs}) must divide steps ({steps})")
+    participation = (Participation.epochs(int(epochs), int(steps) // int(epochs))
+                     if epochs > 1 else Participation.once())
     settings = PrivacySettings(mechanism=mechanism, epsilon=epsilon, delta=delta,
-                               clip_norm=clip_norm, horizon=int(steps), method=method)
-    plan = _plan(mechanism, int(steps), int(tau), canary_step)
+                               clip_norm=clip_norm, horizon=int(steps), method=method,
+                               participation=participation)
+    plan = _plan(settings.factorization(), int(steps), int(tau), canary_step, int(epochs))
     u = np.full(int(dim), 1.0 / math.sqrt(dim))  # every coordinate carries the canary
     # σ the calibration claims for the released quantity, and h, the canary's clipped
     # change of one step's (round's) contribution: ±h in D and D'
     if variant == "central":
-        cal = central_calibration(mechanism, epsilon, delta, clip_norm, int(steps), method)  # type: ignore[arg-type]
+        cal = central_calibration(mechanism, epsilon, delta, clip_norm, int(steps), method,  # type: ignore[arg-type]
+                                  participation, settings.mechanism_params())
         claimed_std = central_noise_std(cal, learners)
         shift = clip_norm / learners  # one learner's clipped update, in the average of n
         execute = _central_execution(settings, plan, u, learners, claimed_std * noise_scale)
@@ -437,6 +466,6 @@ def audit(
         false_positives=false_pos, false_negatives=false_neg,
         evaluation_runs=int(pos_eval.size), mu_empirical=mu_hat, score_std=spread,
         epsilon_gaussian_fit=gaussian_epsilon(mu_hat, delta),
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - started, epochs=int(epochs),
     )
 
