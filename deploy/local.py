@@ -28,6 +28,7 @@ Everything lives under ``--workdir``: ``flwr-home/`` (the ``flwr`` CLI's configu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import signal
@@ -317,9 +318,20 @@ class LocalDeployment:
         return proc
 
     def close(self) -> None:
-        """Stop every process this deployment started, newest first (the SuperLink last)."""
-        for proc in reversed(self.started):
-            self.kill(proc, signal.SIGTERM)
+        """Stop every process this deployment started: SIGTERM to each one's session,
+        newest first (the SuperLink last), then wait for them all together — a Flower
+        process takes a second or two to shut down, so waiting for each in turn added
+        seconds per process."""
+        live = [p for p in reversed(self.started) if p.poll() is None]
+        for proc in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for proc in live:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill(proc, signal.SIGKILL)
         if self.registry is not None:
             self.registry.close()
             self.registry = None

@@ -6,9 +6,15 @@ sensitivity, RMSE and max error at unit sensitivity and the seconds it took to b
 --steps 4000 --json`` prints the noise std for that budget; ``flwr-corrnoise report
 RESULTS_DIR`` prints the privacy each learner spent and plots it with the accuracy;
 ``flwr-corrnoise audit --mechanism blt --steps 16 --runs 2000`` runs the empirical privacy
-auditor (:mod:`flwr_corrnoise.audit`) and exits 4 if it falsifies the claimed ε. A run
-that stopped with :class:`~flwr_corrnoise.flower.RunFailedError` (nothing released) exits 3
-with its reason.
+auditor (:mod:`flwr_corrnoise.audit`) and exits 4 if it falsifies the claimed ε.
+
+Exit status (:data:`EXIT`), so that a script or CI step notices a failure: 0 success; 2 a
+usage or configuration error (a bad option, an impossible budget, a missing results
+directory: one line on stderr); 3 a run that stopped with
+:class:`~flwr_corrnoise.flower.RunFailedError` (nothing released; its reason on stderr);
+4 ``audit`` falsified the claimed ε; 1 any other failure (with its traceback: a bug to
+report); 130 interrupted. One function per subcommand (``_mechanism``, ``_calibrate``, …),
+each registered in :func:`build_parser`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from types import ModuleType
 from .mechanisms import (
     MECHANISMS,
     BufferedToeplitz,
+    Factorization,
     Optimized,
     Param,
     build_factorization,
@@ -34,16 +41,27 @@ from .mechanisms import (
 )
 from .privacy import METHODS, PrivacyBudgetError, calibrate
 
+#: exit status by outcome (module docstring)
+EXIT = {"ok": 0, "failed": 1, "usage": 2, "run-failed": 3, "falsified": 4, "interrupted": 130}
 
-def _mechanism(args: argparse.Namespace) -> dict[str, object]:
-    mechanism = get_mechanism(args.name)
-    # the registered parameters this mechanism takes; the others keep their defaults
-    params = {p.name: getattr(args, p.name) for p in mechanism.params
-              if getattr(args, p.name) is not None}
+
+def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorization, float]:
+    """The factorization ``name`` at horizon ``steps`` with the build options given on
+    the command line (``--gap``, ``--buffers``, …: the registered parameters ``name``
+    takes; the others keep their defaults), showing a solver's progress, and the seconds
+    it took. ``mechanism`` and ``calibrate`` build through it, so they take the same
+    options."""
+    mechanism = get_mechanism(name)
+    given = {p.name: getattr(args, p.name, None) for p in mechanism.params}
+    params = {k: v for k, v in given.items() if v is not None}
     _show_solver_progress()  # a solve can take minutes at N in the thousands
     start = time.perf_counter()
-    fact = build_factorization(args.name, args.steps, **params)
-    built = time.perf_counter() - start
+    fact = build_factorization(name, steps, **params)
+    return fact, time.perf_counter() - start
+
+
+def _mechanism(args: argparse.Namespace) -> dict[str, object]:
+    fact, built = _build(args.name, args.steps, args)
     out: dict[str, object] = dict(fact.summary())
     out["build_seconds"] = built
     out["description"] = MECHANISMS[args.name]
@@ -62,8 +80,9 @@ def _mechanism(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _show_solver_progress() -> None:
-    """The solvers log each iteration at INFO (``flwr_corrnoise.mechanisms``): show them
-    on stderr, as ``  optimized: iteration 3, …``."""
+    """The solvers log each iteration at INFO and, for a long solve, a line with the time
+    left at WARNING (``flwr_corrnoise.mechanisms``): show them on stderr, as
+    ``  optimized: iteration 3, …``."""
     import logging
 
     logger = logging.getLogger("flwr_corrnoise.mechanisms")
@@ -92,7 +111,7 @@ def _add_mechanism_parameters(parser: argparse.ArgumentParser) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> dict[str, object]:
-    fact = build_factorization(args.mechanism, args.steps)
+    fact, _ = _build(args.mechanism, args.steps, args)
     cal = calibrate(
         args.epsilon,
         args.delta,
@@ -148,21 +167,33 @@ def _experiments_module(name: str, command: str) -> ModuleType:
 
 
 def _simulate(args: argparse.Namespace) -> dict[str, object]:
+    """The demo (``experiments/demo.py``): every method on ``--seeds`` seeds in process,
+    one of them (``--flower``) on Flower's simulation engine too; the figure."""
     import importlib.util
 
     missing = [m for m in ("ray", "matplotlib") if importlib.util.find_spec(m) is None]
     if missing:  # Ray (Flower's simulation engine) and matplotlib are extras
         raise ValueError(f"`simulate` needs {' and '.join(missing)}: from the repository's "
                          f"root, pip install -e \".[plot]\"")
-    run_demo = _experiments_module("demo", "simulate").run_demo
+    demo = _experiments_module("demo", "simulate")
+    changes = {k: v for k, v in (("rounds", args.rounds), ("num_learners", args.learners),
+                                 ("tau", args.local_steps), ("epsilon", args.epsilon),
+                                 ("delta", args.delta)) if v is not None}
     out = Path(args.out)
-    dirs = run_demo(out, rounds=args.rounds, methods=tuple(args.methods),
-                    epsilon=args.epsilon, delta=args.delta, learners=args.learners)
+    flower = None if args.flower == "off" else args.flower
+    if flower is not None and flower not in args.methods:
+        raise ValueError(f"--flower {flower} must be one of --methods {args.methods} (or off)")
+    res = demo.run_demo(out, methods=tuple(args.methods), seeds=args.seeds, flower=flower,
+                        base=demo.DEMO.with_(**changes))
     result: dict[str, object] = {}
-    for d in dirs:
-        summary = json.loads((d / "summary.json").read_text())
-        result[d.name] = (f"final accuracy {summary['final_accuracy']:.3f}, avg online loss "
-                          f"{summary['avg_online_loss']:.3f} -> {d.resolve()}")
+    for method in res.curves:
+        accs = res.final_accuracies(method)
+        result[demo.label(method)] = (f"final accuracy {accs.mean():.3f} (min {accs.min():.3f}, "
+                                      f"max {accs.max():.3f}, {len(accs)} seeds)")
+    if res.flower_dir is not None:
+        result["flower run"] = (f"{res.flower_method}, seed {res.flower_seed}: same final model "
+                                f"as in process to {res.flower_difference:.1e} -> "
+                                f"{res.flower_dir.resolve()}")
     result["plot"] = str((out / "accuracy.png").resolve())
     return result
 
@@ -307,18 +338,25 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--mechanism", required=True, choices=sorted(MECHANISMS))
     cal.add_argument("--steps", required=True, type=int, help="horizon N = R·τ")
     cal.add_argument("--method", default="exact", choices=METHODS)
+    _add_mechanism_parameters(cal)  # the build options of `mechanism` (--gap, --buffers, …)
     cal.add_argument("--json", action="store_true", help="print JSON")
     cal.set_defaults(func=_calibrate)
 
     sim = sub.add_parser(
-        "simulate", help="small Flower (Ray) simulation of paper 000's experiment"
-    )
-    sim.add_argument("--rounds", type=int, default=60)
-    sim.add_argument("--learners", type=int, default=20)
-    sim.add_argument("--methods", nargs="+", default=["none", "independent", "optimized"],
+        "simulate", help="the demo: no noise, independent and correlated noise at one "
+                         "(ε, δ), several seeds in process and one run on Flower's "
+                         "simulation engine (Ray); a figure")
+    sim.add_argument("--seeds", type=int, default=5, help="seeds per method (bands)")
+    sim.add_argument("--methods", nargs="+", default=["none", "independent", "blt"],
                      choices=["none", *sorted(MECHANISMS)])
-    sim.add_argument("--epsilon", type=float, default=2.0)
-    sim.add_argument("--delta", type=float, default=1e-3)
+    sim.add_argument("--flower", default="blt", choices=["off", "none", *sorted(MECHANISMS)],
+                     help="the method whose first seed also runs on Flower's simulation "
+                          "engine (default blt; off: in process only)")
+    sim.add_argument("--rounds", type=int, default=None, help="default 20")
+    sim.add_argument("--learners", type=int, default=None, help="default 10")
+    sim.add_argument("--local-steps", type=int, default=None, help="τ, default 50")
+    sim.add_argument("--epsilon", type=float, default=None, help="default 2")
+    sim.add_argument("--delta", type=float, default=None, help="default 1e-3")
     sim.add_argument("--out", default="results/demo")
     sim.add_argument("--json", action="store_true", help="print JSON")
     sim.set_defaults(func=_simulate)
@@ -397,20 +435,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; the exit status is :data:`EXIT`'s (never 0 after an error)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a usage error exits 2 (argparse)
     try:
         result = args.func(args)
-    except (PrivacyBudgetError, ValueError) as err:
-        print(f"flwr-corrnoise: error: {err}", file=sys.stderr)
-        return 2
-    except RuntimeError as err:
-        from .flower.monitor import RunFailedError  # flwr only when a run failed
-
-        if not isinstance(err, RunFailedError):
-            raise
-        print(f"flwr-corrnoise: run failed: {err}", file=sys.stderr)  # released nothing
-        return 3
+    except KeyboardInterrupt:
+        print("flwr-corrnoise: interrupted", file=sys.stderr)
+        return EXIT["interrupted"]
+    except Exception as err:  # every failure exits non-zero
+        return _failure(err)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -419,6 +453,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             shown = f"{value:.6g}" if isinstance(value, float) else value
             print(f"{key:<{width}}  {shown}")
     return int(getattr(args, "exit_status", 0))  # audit: 4 when the claim is falsified
+
+
+def _failure(err: BaseException) -> int:
+    """The exit status of a failed subcommand, and its message on stderr: one line for
+    what the user can fix (a configuration, a budget, a failed run), the traceback for
+    anything else (a bug)."""
+    import traceback
+
+    failed = _run_failed(err)
+    if failed is not None:  # released nothing
+        print(f"flwr-corrnoise: run failed: {failed}", file=sys.stderr)
+        return EXIT["run-failed"]
+    if isinstance(err, PrivacyBudgetError | ValueError | OSError):
+        text = " ".join(str(err).split())
+        print(f"flwr-corrnoise: error: {text}", file=sys.stderr)
+        return EXIT["usage"]
+    traceback.print_exception(err, file=sys.stderr)
+    print(f"flwr-corrnoise: failed: {type(err).__name__}: {err}", file=sys.stderr)
+    return EXIT["failed"]
+
+
+def _run_failed(err: BaseException) -> BaseException | None:
+    """The :class:`~flwr_corrnoise.flower.RunFailedError` in ``err``'s chain (Flower may
+    wrap a ServerApp's exception), or ``None``."""
+    if "flwr" not in sys.modules:  # no Flower run in this process: nothing to look for
+        return None
+    from .flower.monitor import RunFailedError
+
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, RunFailedError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 if __name__ == "__main__":  # pragma: no cover

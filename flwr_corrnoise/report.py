@@ -28,6 +28,8 @@ class RunReport:
     accuracy: list[tuple[int, float]] = field(default_factory=list)
     #: learner → [(round, ε spent after it)]
     epsilon: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    #: the mechanism (``"none"``: a noiseless run), which picks the colour
+    method: str = ""
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -41,15 +43,37 @@ def find_runs(root: Path) -> list[Path]:
     return runs
 
 
+#: one colour per mechanism, shared by every plot of runs (this report, the demo's
+#: accuracy figure), so that a method looks the same in both
+COLOURS = {
+    "noiseless": "black", "none": "black", "independent": "tab:red", "blt": "tab:blue",
+    "optimized": "tab:green", "toeplitz": "tab:purple", "tree": "tab:orange",
+    "efficient-tree": "tab:brown",
+}
+_SPARE = ("tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+
+
+def colour(method: str) -> str:
+    """The colour of a mechanism (``"none"``/``"noiseless"``: black) in every plot; a
+    name not in :data:`COLOURS` gets a fixed spare colour (by a stable hash)."""
+    if method in COLOURS:
+        return COLOURS[method]
+    return _SPARE[sum(method.encode()) % len(_SPARE)]
+
+
 def load_run(path: Path) -> RunReport:
     summary = json.loads((path / "summary.json").read_text())
     setup = summary.get("setup", {})
     label = path.name
-    if setup:
-        label = f"{path.name}: {setup.get('mechanism', '?')} (ε={setup.get('epsilon', '?')})"
+    run_method = str(setup.get("mechanism", path.name)) if setup else path.name
+    if setup and run_method == "none":
+        label = f"{path.name}: no noise (not private)"
+    elif setup:
+        label = (f"{path.name}: {run_method} (ε={setup.get('epsilon', '?')}, "
+                 f"δ={setup.get('delta', '?')})")
     learners = {str(k): {m: float(v) for m, v in rec.items()}
                 for k, rec in summary.get("learners", {}).items()}
-    run = RunReport(path=path, label=label, learners=learners)
+    run = RunReport(path=path, label=label, learners=learners, method=run_method)
     history = path / "history.csv"
     if history.exists():
         with open(history, newline="") as fh:
@@ -69,7 +93,10 @@ def summarize(run: RunReport) -> dict[str, Any]:
     """What the command prints for one run."""
     out: dict[str, Any] = {}
     for who, rec in sorted(run.learners.items(), key=lambda kv: _order(kv[0])):
-        text = f"ε spent {rec.get('epsilon-spent', float('nan')):.4g}"
+        if "epsilon-spent" not in rec:  # a noiseless learner releases no ε: it has none
+            text = "no noise: not private (no ε)"
+        else:
+            text = f"ε spent {rec['epsilon-spent']:.4g}"
         if "epsilon" in rec:
             text += f" of {rec['epsilon']:g} (δ = {rec.get('delta', float('nan')):g})"
         if "steps" in rec and "horizon" in rec:
@@ -96,24 +123,42 @@ def plot(runs: list[RunReport], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, (ax_eps, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for run in runs:
-        for who, points in sorted(run.epsilon.items(), key=lambda kv: _order(kv[0])):
-            rounds, eps = zip(*points, strict=True)
-            ax_eps.plot(rounds, eps, marker=".", label=f"{run.path.name} {who}")
-        if run.accuracy:
-            rounds, acc = zip(*run.accuracy, strict=True)
-            ax_acc.plot(rounds, acc, label=run.label)
-    ax_eps.set(xlabel="round", ylabel="ε spent", title="privacy spent per learner")
-    ax_acc.set(xlabel="round", ylabel="test accuracy", title="accuracy")
-    for ax in (ax_eps, ax_acc):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
-    fig.tight_layout()
+    fig = draw(runs)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def draw(runs: list[RunReport]) -> Any:
+    """The report's figure (a matplotlib ``Figure``): ε of every learner, one colour and
+    one legend entry per run; the accuracy of each run in the same colour."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_eps, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for run in runs:
+        c = colour(run.method or run.path.name)
+        # one legend entry per run, however many learners: each learner is a thin line
+        # in the run's colour (they overlap when every learner takes every round)
+        learners = sorted(run.epsilon.items(), key=lambda kv: _order(kv[0]))
+        for i, (_, points) in enumerate(learners):
+            rounds, eps = zip(*points, strict=True)
+            ax_eps.plot(rounds, eps, color=c, lw=1, alpha=0.6,
+                        label=f"{run.path.name} ({len(learners)} learners)" if i == 0 else None)
+        if run.accuracy:
+            rounds, acc = zip(*run.accuracy, strict=True)
+            ax_acc.plot(rounds, acc, color=c, label=run.label)
+    if not any(run.epsilon for run in runs):
+        ax_eps.text(0.5, 0.5, "no ε: noiseless runs only", ha="center", va="center",
+                    transform=ax_eps.transAxes)
+    ax_eps.set(xlabel="round", ylabel="ε spent", title="privacy spent, every learner")
+    ax_acc.set(xlabel="round", ylabel="test accuracy", title="accuracy")
+    for ax in (ax_eps, ax_acc):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", loc="best")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def report(root: Path, png: Path | None = None) -> dict[str, Any]:

@@ -137,3 +137,73 @@ def test_a_failed_run_exits_3_with_its_reason(monkeypatch, capsys) -> None:
     monkeypatch.setattr(cli, "_report", failed)
     assert main(["report", "anywhere"]) == 3
     assert "run failed: nothing was released" in capsys.readouterr().err
+
+
+def test_calibrate_takes_the_build_options_of_mechanism(capsys, tmp_path, monkeypatch) -> None:
+    """`calibrate --buffers 2` calibrates the 2-buffer BLT (not the default 4), as
+    `mechanism --buffers 2` builds it: the std is the one for that factorization's
+    sensitivity."""
+    from flwr_corrnoise.mechanisms.blt import BufferedToeplitz
+
+    monkeypatch.setenv("FLWR_CORRNOISE_CACHE", str(tmp_path))
+    args = ["calibrate", "--epsilon", "2", "--delta", "1e-3", "--clip-norm", "1",
+            "--mechanism", "blt", "--steps", "300", "--json"]
+    assert main([*args, "--buffers", "2"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    four = json.loads(capsys.readouterr().out)
+    for out, k in ((two, 2), (four, 4)):
+        fact = BufferedToeplitz(300, buffers=k, use_cache=False)
+        assert out["std"] == pytest.approx(calibrate(2, 1e-3, 1, fact.sensitivity).std,
+                                           rel=1e-6)
+    assert two["std"] != pytest.approx(four["std"], rel=1e-6)
+    assert main([*args[:-4], "optimized", "--steps", "200", "--gap", "0.02", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["std"] == pytest.approx(
+        calibrate(2, 1e-3, 1, 1.0).std)  # the optimized C has unit sensitivity
+
+
+@pytest.mark.parametrize(("raised", "code", "says"), [
+    (None, 0, ""),
+    (ValueError("no summary.json in x"), 2, "flwr-corrnoise: error: no summary.json in x"),
+    (FileNotFoundError(2, "No such file or directory", "x/summary.json"), 2,
+     "flwr-corrnoise: error: [Errno 2] No such file or directory: 'x/summary.json'"),
+    ("run-failed", 3, "flwr-corrnoise: run failed: nothing was released"),
+    ("wrapped-run-failed", 3, "flwr-corrnoise: run failed: nothing was released"),
+    (KeyError("a bug"), 1, "flwr-corrnoise: failed: KeyError: 'a bug'"),
+    (KeyboardInterrupt(), 130, "flwr-corrnoise: interrupted"),
+])
+def test_every_error_exits_non_zero(monkeypatch, capsys, raised, code, says) -> None:
+    """0 only on success: a configuration error 2 (one line), a failed run 3 — also when
+    Flower wraps it (`run_simulation`'s "An error was encountered") —, a bug 1 (with its
+    traceback), an interrupt 130."""
+    from flwr_corrnoise import cli
+    from flwr_corrnoise.flower import RunFailedError
+
+    def report(args):
+        if raised is None:
+            return {"plot": "p.png"}
+        if raised == "run-failed":
+            raise RunFailedError("nothing was released for 3 consecutive round(s)")
+        if raised == "wrapped-run-failed":
+            try:
+                raise RunFailedError("nothing was released at all")
+            except RunFailedError as err:
+                raise RuntimeError("An error was encountered. Ending simulation.") from err
+        raise raised
+
+    monkeypatch.setattr(cli, "_report", report)
+    assert main(["report", "anywhere"]) == code
+    err = capsys.readouterr().err
+    assert says in err
+    if code == 2:
+        assert err.count("\n") == 1  # one line, no traceback
+    if code == 1:
+        assert "Traceback" in err
+
+
+def test_usage_errors_exit_2() -> None:
+    assert run_cli().returncode == 2  # no subcommand
+    proc = run_cli("calibrate", "--epsilon", "2")  # required options missing
+    assert proc.returncode == 2 and "required" in proc.stderr
+    proc = run_cli("report", "/nonexistent/results")
+    assert proc.returncode == 2 and proc.stderr.startswith("flwr-corrnoise: error: no summary")

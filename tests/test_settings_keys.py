@@ -43,9 +43,97 @@ def test_a_missing_key_is_its_default_with_a_warning_once(caplog) -> None:
         assert lookup({}, "epsilon", "test config") == 2.0
         assert lookup({"epsilon": "0.5"}, "epsilon", "test config") == 0.5
     warned = [r.getMessage() for r in caplog.records]
-    assert warned == ["flwr-corrnoise: no 'epsilon' in the test config; using the default 2.0"]
+    assert warned == ["flwr-corrnoise: not set in the test config, using the defaults: "
+                      "epsilon=2.0 (docs/flower.md#configuration-keys)"]
     with pytest.raises(ConfigKeyError, match="'epsilon' in the x is not a float"):
         lookup({"epsilon": "much"}, "epsilon", "x")
+
+
+def _default_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "using the defaults" in r.getMessage()]
+
+
+def test_the_defaults_are_one_start_up_line_per_reader(caplog, simulated: None) -> None:
+    """A learner that sets none of the privacy keys, and a server whose run config sets
+    none of them: one line each naming every default (not one warning per key), and not
+    again for the next message of the same process."""
+    from flwr.app import Context, RecordDict
+    from flwr.serverapp.strategy import FedAvg
+
+    settings_keys._warned.clear()
+    run = {"num-server-rounds": 5, "local-steps": 2, "learning-rate": 0.1}
+    with caplog.at_level(logging.WARNING, logger="flwr_corrnoise"):
+        for node in (1, 2):  # two messages in one process: the line once
+            LearnerSession(Context(run_id=1, node_id=node, node_config={"partition-id": 0},
+                                   state=RecordDict(), run_config=run))
+        learner = _default_lines(caplog)
+        caplog.clear()
+        CorrNoiseFedAvg.from_run_config(run)
+        server = _default_lines(caplog)
+        caplog.clear()
+        CorrNoiseLocalDPStrategy(FedAvg(), run)
+        local = _default_lines(caplog)
+    assert len(learner) == 1, learner
+    for key, value in (("mechanism", "'blt'"), ("epsilon", "2.0"), ("delta", "0.001"),
+                       ("clip-norm", "1.0"), ("calibration", "'exact'")):
+        assert f"{key}={value}" in learner[0]
+    assert "learner's config" in learner[0]
+    # the server's line holds its own keys too (server-learning-rate, min-learners, …)
+    assert len(server) == 1 and "epsilon=2.0" in server[0]
+    assert "server-learning-rate=1.0" in server[0] and "max-idle-rounds=3" in server[0]
+    assert local == []  # the same run config's defaults were announced already
+    # every default named in the line is the one the code used
+    assert CorrNoiseFedAvg.from_run_config(run).proposal == PrivacySettings(
+        horizon=10).proposal()
+
+
+@pytest.mark.parametrize(("typo", "meant"), [
+    ("epsilom", "epsilon"), ("clip_norm", "clip-norm"), ("Mechanism", "mechanism"),
+    ("mechanisms", "mechanism"), ("epsilno", "epsilon"), ("learningrate", "learning-rate"),
+])
+def test_a_near_miss_key_is_an_error_that_says_what_was_meant(typo: str, meant: str,
+                                                              simulated: None) -> None:
+    """`epsilom = 0.5` must not run at the default ε = 2: the learner, the servers and the
+    reference app refuse it, naming the key that was meant."""
+    from flwr.app import Context, RecordDict
+    from flwr.serverapp.strategy import FedAvg
+
+    run = {"num-server-rounds": 5, "local-steps": 2, "learning-rate": 0.1, typo: 0.5}
+    if meant == "learning-rate":
+        del run["learning-rate"]
+    want = f"{typo!r} in the run config is not a flwr-corrnoise key: did you mean {meant!r}"
+    with pytest.raises(ConfigKeyError, match=re.escape(want)):
+        CorrNoiseFedAvg.from_run_config(run)
+    with pytest.raises(ConfigKeyError, match=re.escape(want)):
+        CorrNoiseCentralDPStrategy.from_run_config(FedAvg(), run)
+    with pytest.raises(PrivacyConfigError, match=re.escape(want)):
+        CorrNoiseLocalDPStrategy(FedAvg(), run)
+    # the learner: a PrivacyConfigError, so its error reply (code 4101) carries the text
+    with pytest.raises(PrivacyConfigError, match=re.escape(f"did you mean {meant!r}")):
+        LearnerSession(Context(run_id=1, node_id=1, node_config={"partition-id": 0},
+                               state=RecordDict(), run_config=run))
+    node = {"partition-id": 0, typo: 0.5, "horizon": 10}
+    with pytest.raises(PrivacyConfigError, match="in the learner's config is not a"):
+        LearnerSession(Context(run_id=1, node_id=1, node_config=node, state=RecordDict(),
+                               run_config={}))
+
+
+def test_an_apps_own_keys_are_not_taken_for_typos() -> None:
+    """The reference app's keys, Flower's quickstarts' and the decentralized ones pass:
+    only keys within one edit (two for long keys) of ours, or ours up to `_`/case, fail."""
+    from flwr_corrnoise.apps.logreg_task import LogRegSetup
+
+    own = [*LogRegSetup().to_run_config(), "results-dir", "round-timeout", "checkpoint-dir",
+           "local-epochs", "fraction-evaluate", "fraction-train", "lr", "batch-size",
+           "num-partitions", "noise-scale", "num-nodes", "data-path", "noise-std",
+           "server-device", "use-wandb", "penalty", "local-iterations", "max-iter"]
+    settings_keys.check_keys(dict.fromkeys(own, 1), "run config")  # no error
+    assert {k: settings_keys.suggest(k) for k in ("beta", "num-learners", "data-seed")} == \
+        dict.fromkeys(("beta", "num-learners", "data-seed"))
+    # the rule itself, against a hand count of edits
+    assert settings_keys._distance("epsilon", "epsilno") == 1  # a transposition
+    assert settings_keys._distance("beta", "delta") == 2
+    assert settings_keys._distance("num-learners", "min-learners") == 3
 
 
 def test_no_silent_horizon_of_one() -> None:

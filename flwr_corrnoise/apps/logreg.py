@@ -44,7 +44,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..flower import CorrNoiseFedAvg, make_client_app
 from ..flower.checkpoint import ServerCheckpoint, fingerprint
-from ..settings_keys import lookup
+from ..settings_keys import lookup, reading
 from .logreg_task import LogRegEvaluator, LogRegSetup, initial_parameters, logistic_gradient
 
 log = logging.getLogger(__name__)
@@ -106,15 +106,19 @@ def write_results(
 
 
 def logreg_apps(
-    setup: LogRegSetup | None = None, results_dir: str | None = None, progress: bool = True
+    setup: LogRegSetup | None = None, results_dir: str | None = None, progress: bool = True,
+    regret: bool = True,
 ) -> tuple[ServerApp, ClientApp]:
     """A (ServerApp, ClientApp) pair for the experiment; ``setup`` overrides defaults and
-    is itself overridden by ``context.run_config``."""
+    is itself overridden by ``context.run_config``. ``regret=False``: the server's
+    evaluator skips the per-round optimum (the dynamic regret is then NaN)."""
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        s = _setup(setup, context.run_config)
+        with reading(context.run_config, "run config"):  # a near-miss key is an error
+            s = _setup(setup, context.run_config)
+            max_idle = lookup(context.run_config, "max-idle-rounds", "run config")
         out = Path(str(context.run_config.get("results-dir", results_dir or DEFAULT_RESULTS)))
         wait_for_nodes(grid, s.num_learners)
         ckpt_dir = str(context.run_config.get("checkpoint-dir", ""))
@@ -130,9 +134,10 @@ def logreg_apps(
             min_available_nodes=int(context.run_config.get("min-learners", 1)),
             checkpoint=ServerCheckpoint(ckpt_dir, key) if ckpt_dir else None,
             # a run whose learners all refuse fails instead of ending with x^0
-            max_idle_rounds=lookup(context.run_config, "max-idle-rounds", "run config"),
+            max_idle_rounds=max_idle,
         )
-        evaluator = LogRegEvaluator(s, progress=progress, label=f"flower {s.label}")
+        evaluator = LogRegEvaluator(s, progress=progress, label=f"flower {s.label}",
+                                    regret=regret)
 
         def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
             row = evaluator(server_round, arrays.to_numpy_ndarrays())

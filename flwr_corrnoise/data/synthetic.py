@@ -102,6 +102,11 @@ class SyntheticConfig:
             shared by all learners; 0 gives FedProx's independent models.
         centered: label with ``w_iᵀ(x − v_i) + b_i`` (True, balanced labels) or with
             FedProx's ``w_iᵀx + b_i`` (False, nearly constant labels per learner).
+        mean_spread: standard deviation of the entries of ``v_i`` around ``B_i`` (FedProx:
+            1). Why a knob: the spread of ``v_i`` is a learner-specific offset no single
+            linear model can absorb (it caps the centred task near 0.83); 0 leaves the
+            learners' feature means at ``B_i·1``, a task a global model learns well (the
+            demo's, ``experiments/demo.py``). The draws are the same for any value.
     """
 
     num_learners: int = 20
@@ -113,13 +118,14 @@ class SyntheticConfig:
     seed: int = 0
     shared_scale: float = 2.0
     centered: bool = True
+    mean_spread: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("num_learners", "dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("alpha", "beta", "shared_scale"):
+        for name in ("alpha", "beta", "shared_scale", "mean_spread"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -187,7 +193,7 @@ class SyntheticFederation:
             self._shift[i] = b_shift
             self._models[i] = shared + u_i + rng.standard_normal(d)
             self._biases[i] = u_i + rng.standard_normal()
-            self._means[i] = b_shift + rng.standard_normal(d)
+            self._means[i] = b_shift + cfg.mean_spread * rng.standard_normal(d)
         if cfg.drift != 0.0:
             # Drawn after the shared component from the same generator, and only when
             # needed (a QR of d×d): the static data do not depend on it.

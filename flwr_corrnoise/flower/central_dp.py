@@ -74,7 +74,7 @@ from .._deprecation import deprecated_names
 from ..learner import PrivacySettings, check_update, clip_by_global_norm
 from ..mechanisms.participation import ONCE, Participation
 from ..privacy import Calibration, epsilon_spent
-from ..settings_keys import lookup, require
+from ..settings_keys import lookup, reading, require
 from ..streams import NoiseStream
 from ..variants import central_calibration, central_noise_std
 from .monitor import (
@@ -184,16 +184,17 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         ``calibration``, ``horizon`` (rounds; else the required ``num-server-rounds``),
         ``min-learners``, ``max-idle-rounds``, ``connect-timeout``."""
         where = "run config"
-        rounds = lookup(run_config, "horizon", where) or require(
-            run_config, "num-server-rounds", where, "it is the central noise's horizon")
-        s = PrivacySettings.from_config({**dict(run_config), "horizon": rounds}, where,
-                                        per_round=True)
+        with reading(run_config, where):  # near-miss keys refused; one line of defaults
+            rounds = lookup(run_config, "horizon", where) or require(
+                run_config, "num-server-rounds", where, "it is the central noise's horizon")
+            s = PrivacySettings.from_config({**dict(run_config), "horizon": rounds}, where,
+                                            per_round=True)
+            server = {"min_learners": lookup(run_config, "min-learners", where),
+                      "max_idle_rounds": lookup(run_config, "max-idle-rounds", where),
+                      "connect_timeout": lookup(run_config, "connect-timeout", where)}
         return cls(strategy, mechanism=s.mechanism, epsilon=s.epsilon, delta=s.delta,
                    clip_norm=s.clip_norm, num_rounds=s.horizon, method=s.method,
-                   participation=s.participation,
-                   min_learners=lookup(run_config, "min-learners", where), seed=seed,
-                   max_idle_rounds=lookup(run_config, "max-idle-rounds", where),
-                   connect_timeout=lookup(run_config, "connect-timeout", where))
+                   participation=s.participation, seed=seed, **server)
 
     # -- training --------------------------------------------------------------------------
     def configure_train(

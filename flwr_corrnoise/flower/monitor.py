@@ -12,6 +12,11 @@ What that exception does: an exception raised in a ServerApp's ``main`` makes Fl
 the run ``finished:failed`` with the exception's text as its details (``flwr ls``), and
 ``flwr.simulation.run_simulation`` re-raises it. ``flwr run`` itself exits 0 once the run
 is submitted (and after ``--stream`` ends), whatever its status: check ``flwr ls``.
+Flower logs that exception with its traceback; for :data:`ONE_LINE_FAILURES` (a
+configuration the library refused, a run that released nothing) the traceback says
+nothing the one-line reason does not, so :class:`OneLineFailures`, a filter this module
+puts on Flower's ``flwr`` logger, logs them as one line: ``ServerApp raised an exception:
+PrivacyConfigError: …``. Other exceptions keep their traceback.
 
 What the monitor may say about a round depends on who replied. A private learner's error
 reply is built by the release gate (fixed code and reason, functions of its settings and
@@ -40,12 +45,19 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from ..settings_keys import lookup
+from ..accounting import PrivacyBudgetError
+from ..learner import PrivacyConfigError
+from ..settings_keys import ConfigKeyError, lookup
+from .session import ERROR_CODES, QueryRefusedError
 
 log = logging.getLogger(__name__)
 
 #: released privacy metadata the server reports per learner
 REPORTED = ("epsilon-spent", "epsilon", "delta", "steps", "horizon", "noise-std")
+
+#: the code of a learner's refusal to answer an evaluate (or query) message it did not opt
+#: in to (:class:`~flwr_corrnoise.flower.session.QueryRefusedError`)
+EVALUATE_REFUSED = ERROR_CODES[QueryRefusedError]
 
 #: Flower's error codes for a ClientApp that could not be loaded or installed: the app never
 #: ran, so no data decided them (unlike CLIENT_APP_RAISED_EXCEPTION, which a datum may cause)
@@ -56,6 +68,43 @@ APP_NOT_LOADED_CODES = frozenset({int(ErrorCode.LOAD_CLIENT_APP_EXCEPTION),
 class RunFailedError(RuntimeError):
     """The run released nothing for too long: raised from the ServerApp so that Flower
     marks the run failed (and ``run_simulation`` raises) instead of ending "completed"."""
+
+
+#: failures whose reason is the whole story: a configuration the library refused (a
+#: near-miss key, an impossible budget, an unknown mechanism) and a run that released
+#: nothing. Flower logs them without a traceback (:class:`OneLineFailures`)
+ONE_LINE_FAILURES: tuple[type[BaseException], ...] = (
+    RunFailedError, ConfigKeyError, PrivacyConfigError, PrivacyBudgetError)
+
+
+class OneLineFailures(logging.Filter):
+    """On Flower's ``flwr`` logger: a record that carries one of
+    :data:`ONE_LINE_FAILURES` (Flower's "ServerApp raised an exception", with
+    ``exc_info``) becomes one line, the exception's kind and text, without the traceback.
+
+    Why a filter on Flower's logger: the exception leaves the user's ServerApp ``main``
+    and Flower's runner logs it; nothing between the two can drop the traceback, and the
+    run must still fail (``flwr ls``: ``finished:failed`` with the same reason)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, ONE_LINE_FAILURES):
+            text = " ".join(str(exc).split())  # one line, whatever the text holds
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {text}"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def install_one_line_failures() -> None:
+    """Put :class:`OneLineFailures` on Flower's ``flwr`` logger (once)."""
+    flwr_logger = logging.getLogger("flwr")
+    if not any(isinstance(f, OneLineFailures) for f in flwr_logger.filters):
+        flwr_logger.addFilter(OneLineFailures())
+
+
+install_one_line_failures()
 
 
 def learner_key(metrics: Mapping[str, Any], node: int) -> str:
@@ -110,8 +159,9 @@ class RoundWatch:
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any] | None, what: str) -> RoundWatch:
-        return cls(lookup(run_config or {}, "max-idle-rounds", "run config",
-                          warn=run_config is not None), what)
+        """``max-idle-rounds`` from the run config. Its default is not announced on a line
+        of its own: every strategy's start-up summary (:func:`log_summary`) states it."""
+        return cls(lookup(run_config or {}, "max-idle-rounds", "run config", warn=False), what)
 
     @staticmethod
     def describe(server_round: int, replies: list[Message], released: int, *,
@@ -126,7 +176,7 @@ class RoundWatch:
                 if content_free and code not in APP_NOT_LOADED_CODES:
                     continue
                 codes[code] += 1
-                reasons.setdefault(code, str(msg.error.reason)[:300])
+                reasons.setdefault(code, " ".join(str(msg.error.reason).split())[:300])
         text = (f"round {server_round}: {len(replies)} learner(s) replied, {released} "
                 f"update(s) released")
         if codes and content_free:
@@ -221,12 +271,41 @@ class WrappedStrategy:
             self.watch.check_end()
         return result
 
+    #: set when every learner refused client-side evaluation (code 4106): from then on no
+    #: evaluate messages are sent
+    evaluation_refused: bool = False
+
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """The wrapped strategy's evaluate messages, until the learners have refused them
+        all once: a learner refuses unless it opted in, and will go on refusing."""
+        if self.evaluation_refused:
+            return []
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        """The wrapped strategy's aggregate of the answers. Refusals (code 4106: the
+        learner did not opt in to unaccounted client-side evaluation) are logged once, not
+        every round; when every learner refused, client-side evaluation is turned off."""
+        replies = list(replies)
+        refused = [m for m in replies if m.has_error() and int(m.error.code) == EVALUATE_REFUSED]
+        if refused and not getattr(self, "_refusal_logged", False):
+            self._refusal_logged = True
+            every = len(refused) == len(replies)
+            log.warning(
+                "flwr-corrnoise: %d of %d learner(s) refuse client-side evaluation (code %d: "
+                "a loss on their data is not covered by their ε; a learner answers only if it "
+                "opted in with client-evaluation = true)%s. Evaluate the global model on the "
+                "server instead: strategy.start(..., evaluate_fn=...) (docs/adopt.md, "
+                "\"Evaluation\")", len(refused), len(replies), EVALUATE_REFUSED,
+                "; client-side evaluation is off for the rest of the run" if every else
+                "; their refusals are left out from now on")
+        if refused and len(refused) == len(replies):
+            self.evaluation_refused = True
+            return None
+        return self.strategy.aggregate_evaluate(
+            server_round, [m for m in replies if not (
+                m.has_error() and int(m.error.code) == EVALUATE_REFUSED)])

@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from ..learner import NOISELESS, PrivacySettings, aggregate, check_update
-from ..settings_keys import lookup, require
+from ..settings_keys import lookup, reading, require
 from .checkpoint import ServerCheckpoint, ServerProgress
 from .monitor import RoundWatch, learner_key, log_summary, privacy_report, start_config
 
@@ -108,17 +108,18 @@ class CorrNoiseFedAvg(FedAvg):
         make the proposal (defaults logged); ``server-learning-rate``, ``min-learners``
         (``min_available_nodes``) and ``max-idle-rounds``. ``kwargs`` override."""
         where = "run config"
-        tau = require(run_config, "local-steps", where, "τ is sent to the learners")
-        eta = require(run_config, "learning-rate", where, "η is sent to the learners")
-        require(run_config, "num-server-rounds", where, "it sets the horizon")
-        privacy = PrivacySettings.from_config(run_config, where)
-        args: dict[str, Any] = {
-            "local_steps": tau, "learning_rate": eta,
-            "server_learning_rate": lookup(run_config, "server-learning-rate", where),
-            "privacy": privacy if privacy.mechanism != NOISELESS else None,
-            "min_available_nodes": lookup(run_config, "min-learners", where),
-            "max_idle_rounds": lookup(run_config, "max-idle-rounds", where),
-        }
+        with reading(run_config, where):  # near-miss keys refused; one line of defaults
+            tau = require(run_config, "local-steps", where, "τ is sent to the learners")
+            eta = require(run_config, "learning-rate", where, "η is sent to the learners")
+            require(run_config, "num-server-rounds", where, "it sets the horizon")
+            privacy = PrivacySettings.from_config(run_config, where)
+            args: dict[str, Any] = {
+                "local_steps": tau, "learning_rate": eta,
+                "server_learning_rate": lookup(run_config, "server-learning-rate", where),
+                "privacy": privacy if privacy.mechanism != NOISELESS else None,
+                "min_available_nodes": lookup(run_config, "min-learners", where),
+                "max_idle_rounds": lookup(run_config, "max-idle-rounds", where),
+            }
         return cls(**{**args, **kwargs})
 
     def summary(self) -> None:

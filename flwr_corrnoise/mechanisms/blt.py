@@ -34,6 +34,7 @@ optimized factorization.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -49,6 +50,9 @@ from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel
 
 #: default number of buffers: 4 is within 0.1 % of 5 or 6 at N ≤ 10⁵ (docs/benchmarks.md)
 DEFAULT_BUFFERS = 4
+#: from this horizon on, building the coefficients takes seconds: a line says so
+LARGE_N = 2_000_000
+log = logging.getLogger(__name__)
 CACHE_VERSION = 1
 
 
@@ -270,6 +274,9 @@ class BufferedToeplitz(Factorization):
         if np.max(np.abs(params.inverse()[0])) >= 1.0:
             # the noise e = C⁻¹ξ would grow without bound over the horizon
             raise ValueError("these BLT parameters have an unstable inverse (C⁻¹ diverges)")
+        if self.n >= LARGE_N:  # O(N) coefficients: seconds at N = 10⁷, never silent
+            log.warning("flwr-corrnoise: blt N = %d: computing its %d coefficients "
+                        "(≈ %.0f s at 2·10⁶ per second)", self.n, 2 * self.n, self.n / 2e6)
         self.c = params.encoder_coefficients(self.n)
         self.g = params.noising_coefficients(self.n)
         self._b = np.cumsum(self.g)
