@@ -6,7 +6,14 @@ sensitivity, RMSE and max error at unit sensitivity and the seconds it took to b
 --steps 4000 --json`` prints the noise std for that budget; ``flwr-corrnoise report
 RESULTS_DIR`` prints the privacy each learner spent and plots it with the accuracy;
 ``flwr-corrnoise audit --mechanism blt --steps 16 --runs 2000`` runs the empirical privacy
-auditor (:mod:`flwr_corrnoise.audit`) and exits 4 if it falsifies the claimed ε.
+auditor (:mod:`flwr_corrnoise.audit`) and exits 4 if it falsifies the claimed ε;
+``flwr-corrnoise plan --model-size 200000 --examples 6000 --batch-size 32 --epochs 3
+--learners 10`` says before a run whether the noise leaves any signal (:mod:`flwr_corrnoise.plan`).
+
+Data used more than once: ``mechanism`` and ``calibrate`` take the participation —
+``--epochs K`` (K passes in one fixed cyclic order, ``steps/K`` steps each),
+``--min-sep B`` / ``--max-participations K`` (≤ K uses, ≥ B steps apart) — and report the
+sensitivity under it (exact or a certified bound); ``blt`` is then built optimized for it.
 
 Exit status (:data:`EXIT`), so that a script or CI step notices a failure: 0 success; 2 a
 usage or configuration error (a bad option, an impossible budget, a missing results
@@ -29,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from .learner import PrivacySettings
 from .mechanisms import (
     MECHANISMS,
     BufferedToeplitz,
@@ -39,10 +47,45 @@ from .mechanisms import (
     get_mechanism,
     rmse_lower_bound,
 )
+from .mechanisms.participation import Participation
 from .privacy import METHODS, PrivacyBudgetError, calibrate
 
 #: exit status by outcome (module docstring)
 EXIT = {"ok": 0, "failed": 1, "usage": 2, "run-failed": 3, "falsified": 4, "interrupted": 130}
+
+
+#: mechanism parameters the participation options set (not options of their own)
+PARTICIPATION_PARAMS = ("min_sep", "max_participations")
+
+
+def _participation(args: argparse.Namespace, steps: int) -> Participation:
+    """``--epochs`` / ``--min-sep`` / ``--max-participations`` as a participation over
+    ``steps`` steps (none of them: each datum once)."""
+    epochs = getattr(args, "epochs", None)
+    min_sep = getattr(args, "min_sep", None)
+    max_p = getattr(args, "max_participations", None)
+    if epochs is not None and (min_sep is not None or max_p is not None):
+        raise PrivacyBudgetError("give --epochs or --min-sep/--max-participations, not both")
+    if epochs is not None and epochs > 1:
+        if steps % epochs:
+            raise PrivacyBudgetError(f"--epochs {epochs} must divide --steps {steps}")
+        return Participation.epochs(epochs, steps // epochs)
+    if min_sep is not None or max_p is not None:
+        b = int(min_sep or 1)
+        return Participation.min_separation(b, int(max_p or -(-steps // b)))
+    return Participation.once()
+
+
+def _add_participation(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "data used more than once (docs/privacy.md, multiple participations)")
+    group.add_argument("--epochs", type=int, default=None,
+                       help="K passes over the data in one fixed cyclic order (steps/K "
+                            "steps each)")
+    group.add_argument("--min-sep", dest="min_sep", type=int, default=None,
+                       help="fewest steps between two uses of one datum")
+    group.add_argument("--max-participations", dest="max_participations", type=int,
+                       default=None, help="most uses of one datum (default: as many as fit)")
 
 
 def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorization, float]:
@@ -50,10 +93,15 @@ def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorizati
     the command line (``--gap``, ``--buffers``, …: the registered parameters ``name``
     takes; the others keep their defaults), showing a solver's progress, and the seconds
     it took. ``mechanism`` and ``calibrate`` build through it, so they take the same
-    options."""
+    options; a mechanism that can be optimized for the participation (``blt``) is built
+    for it, as a learner builds it (:meth:`PrivacySettings.mechanism_params`)."""
     mechanism = get_mechanism(name)
-    given = {p.name: getattr(args, p.name, None) for p in mechanism.params}
+    given = {p.name: getattr(args, p.name, None) for p in mechanism.params
+             if p.name not in PARTICIPATION_PARAMS}
     params = {k: v for k, v in given.items() if v is not None}
+    params.update(PrivacySettings(mechanism=name, horizon=steps,
+                                  participation=_participation(args, steps)
+                                  ).mechanism_params())
     _show_solver_progress()  # a solve can take minutes at N in the thousands
     start = time.perf_counter()
     fact = build_factorization(name, steps, **params)
@@ -63,6 +111,13 @@ def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorizati
 def _mechanism(args: argparse.Namespace) -> dict[str, object]:
     fact, built = _build(args.name, args.steps, args)
     out: dict[str, object] = dict(fact.summary())
+    participation = _participation(args, args.steps)
+    if not participation.single:
+        sens = fact.participation_sensitivity(participation)
+        out.update({"participation": participation.describe(),
+                    "participation_sensitivity": sens.value,
+                    "participation_sensitivity_exact": sens.exact,
+                    "participation_rmse": fact.participation_rmse(participation)})
     out["build_seconds"] = built
     out["description"] = MECHANISMS[args.name]
     out["lower_bound_rmse"] = rmse_lower_bound(args.steps)
@@ -103,6 +158,8 @@ def _add_mechanism_parameters(parser: argparse.ArgumentParser) -> None:
             owners.setdefault(p.name, []).append(name)
             declared.setdefault(p.name, p)
     for pname, p in declared.items():
+        if pname in PARTICIPATION_PARAMS:  # set by --epochs/--min-sep/--max-participations
+            continue
         doc = p.doc.replace("%", "%%")  # argparse formats help with %
         kind = ({"action": argparse.BooleanOptionalAction} if p.kind is bool
                 else {"type": p.kind})
@@ -112,16 +169,38 @@ def _add_mechanism_parameters(parser: argparse.ArgumentParser) -> None:
 
 def _calibrate(args: argparse.Namespace) -> dict[str, object]:
     fact, _ = _build(args.mechanism, args.steps, args)
+    participation = _participation(args, args.steps)
+    sens = fact.participation_sensitivity(participation)
     cal = calibrate(
         args.epsilon,
         args.delta,
         args.clip_norm,
-        fact.sensitivity,
+        sens.value,
         method=args.method,
         mechanism=args.mechanism,
         steps=args.steps,
+        participation=participation.describe(),
+        sensitivity_exact=sens.exact,
     )
     return dict(cal.as_dict())
+
+
+def _plan(args: argparse.Namespace) -> dict[str, object]:
+    """The plan before a run (:mod:`flwr_corrnoise.plan`): noise std, noise-to-signal of
+    the averaged update, a verdict and the levers ranked."""
+    from .plan import PlanInput, format_plan, make_plan
+
+    _show_solver_progress()
+    plan = make_plan(PlanInput(
+        model_size=args.model_size, examples=args.examples, batch_size=args.batch_size,
+        epochs=args.epochs, learners=args.learners, mechanism=args.mechanism,
+        epsilon=args.epsilon, delta=args.delta, clip_norm=args.clip_norm, method=args.method,
+        rounds=args.rounds, learning_rate=args.learning_rate, signal=args.signal),
+        levers=not args.no_levers)
+    if not args.json:
+        print(format_plan(plan))
+        return {}
+    return plan.as_dict()
 
 
 def _checkout_root() -> Path | None:
@@ -264,7 +343,7 @@ def _audit(args: argparse.Namespace) -> dict[str, object]:
                 method=args.method, runs=args.runs, alpha=args.alpha,
                 learners=args.learners, canary_step=args.canary_step, seed=args.seed,
                 secure=args.secure, noise_scale=args.noise_scale,
-                reuse_seed=args.reuse_seed)
+                reuse_seed=args.reuse_seed, epochs=args.epochs)
     if res.falsified:
         args.exit_status = FALSIFIED_EXIT
     verdict = (f"FALSIFIED: the runs prove epsilon >= {res.epsilon_lower_bound:.3f} > the "
@@ -327,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     mech.add_argument("--name", required=True, choices=sorted(MECHANISMS))
     mech.add_argument("--steps", required=True, type=int, help="horizon N = R·τ")
     _add_mechanism_parameters(mech)
+    _add_participation(mech)
     mech.add_argument("--json", action="store_true", help="print JSON")
     mech.set_defaults(func=_mechanism)
 
@@ -339,8 +419,34 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--steps", required=True, type=int, help="horizon N = R·τ")
     cal.add_argument("--method", default="exact", choices=METHODS)
     _add_mechanism_parameters(cal)  # the build options of `mechanism` (--gap, --buffers, …)
+    _add_participation(cal)
     cal.add_argument("--json", action="store_true", help="print JSON")
     cal.set_defaults(func=_calibrate)
+
+    pln = sub.add_parser(
+        "plan", help="before a run: noise std, noise-to-signal of the averaged update, a "
+                     "verdict and the levers ranked (per-step, per-example clipping)")
+    pln.add_argument("--model-size", type=int, required=True, help="parameters d")
+    pln.add_argument("--examples", type=int, required=True, help="examples per learner")
+    pln.add_argument("--batch-size", type=int, required=True)
+    pln.add_argument("--epochs", type=int, default=1,
+                     help="passes over each learner's data in the whole run "
+                          "(rounds × local epochs)")
+    pln.add_argument("--rounds", type=int, default=1, help="rounds (for the first round's "
+                     "noise-to-signal)")
+    pln.add_argument("--learners", type=int, default=1, help="learners averaged per round")
+    pln.add_argument("--mechanism", default="blt", choices=sorted(MECHANISMS))
+    pln.add_argument("--epsilon", type=float, default=2.0)
+    pln.add_argument("--delta", type=float, default=1e-5)
+    _add_clip_norm(pln, "clip norm B_g (default 1)", default=1.0)
+    pln.add_argument("--method", default="exact", choices=METHODS)
+    pln.add_argument("--learning-rate", type=float, default=None,
+                     help="warn if the noise would blow the model up at this step size")
+    pln.add_argument("--signal", type=float, default=1.0,
+                     help="‖mean clipped gradient‖ / clip norm (default 1: its upper bound)")
+    pln.add_argument("--no-levers", action="store_true", help="skip the alternatives")
+    pln.add_argument("--json", action="store_true", help="print JSON")
+    pln.set_defaults(func=_plan)
 
     sim = sub.add_parser(
         "simulate", help="the demo: no noise, independent and correlated noise at one "
@@ -406,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the bound holds with probability >= 1 - alpha")
     aud.add_argument("--dim", type=int, default=2, help="model size d")
     aud.add_argument("--learners", type=int, default=2, help="central: min-learners")
+    aud.add_argument("--epochs", type=int, default=1,
+                     help="reused data: the canary is used once per epoch (steps/epochs "
+                          "apart) and the learner calibrates for that participation")
     aud.add_argument("--canary-step", type=int, default=None,
                      help="the step (round) whose datum differs (default: the most exposed)")
     aud.add_argument("--seed", type=int, default=None,
@@ -447,7 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _failure(err)
     if args.json:
         print(json.dumps(result, indent=2))
-    else:
+    elif result:  # (a subcommand that printed its own text returns nothing more)
         width = max(len(k) for k in result)
         for key, value in result.items():
             shown = f"{value:.6g}" if isinstance(value, float) else value
