@@ -1,5 +1,7 @@
 """Shared test set-up: a private cache directory so tests never depend on (or pollute)
-the user's cache of optimized factorizations; it is removed when the session ends."""
+the user's cache of optimized factorizations; it is removed when the session ends. Every
+factorization is solved at most once per session: the cache is shared by all xdist
+workers (see :func:`pytest_collection_modifyitems`)."""
 
 from __future__ import annotations
 
@@ -28,15 +30,25 @@ def simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session, "in_simulation", lambda: True)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop this process's Ray head (tests/flower_helpers.py), if a test started one."""
+    import sys
+
+    helpers = sys.modules.get("tests.flower_helpers")
+    if helpers is not None:
+        helpers.stop_ray_head()
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, pyproject.toml), keep the tests that
-    use the N = 1024 optimized factorization on one worker, so it is solved once.
+    """Under pytest-xdist (``-n 4 --dist loadgroup``, pyproject.toml), keep the tests that
+    use the N = 1024 optimized factorization on one worker, so it is solved once (the
+    cache directory above is shared: the workers inherit ``FLWR_CORRNOISE_CACHE`` from
+    the controller, which loads this file first).
 
-    Why Ray tests need no group: ``ray.init()`` without an address starts its own local
-    instance unless it finds ``ray_current_cluster`` in its temp dir, which only ``ray
-    start`` writes, and ``tests/test_ray_cluster.py`` starts its head with its own
-    ``--temp-dir``; so Ray tests on two workers never join each other's cluster.
+    Why Ray tests need no group: each worker runs its simulations on its own Ray head
+    (``tests/flower_helpers.py``: free ports, its own ``--temp-dir``, named by address),
+    and a plain ``ray.init()`` looks for ``ray_current_cluster`` only in Ray's default
+    temp dir; so Ray tests on two workers never join each other's cluster.
     """
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""

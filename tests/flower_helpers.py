@@ -1,10 +1,29 @@
-"""Helpers for tests that run Flower's real simulation engine (Ray)."""
+"""Helpers for tests that run Flower's real simulation engine (Ray).
+
+Why a Ray head per test process: ``run_simulation`` on a fresh local Ray starts and stops a
+whole Ray instance (GCS, raylet, agents) every run — about 10 s of start-up on 2 cores, more
+than the toy run itself. :func:`simulate` instead points Flower's Ray backend at one head
+node per test process (``ray start --head --block``, started on first use and stopped by its
+process group when the session ends), as a user does with ``init_args = {"address": ...}``
+(docs/flower.md). Each simulation is still its own Ray job with fresh actors (Flower's
+``ray.shutdown()`` ends the job and its workers, not the cluster), so nothing is carried from
+one test to the next; ``tests/test_ray_cluster.py`` checks that a run really executes on the
+head it names.
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +36,118 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 from flwr.simulation import run_simulation
 
-BACKEND: dict[str, Any] = {
+#: a fresh local Ray per run (``ray.init`` without an address): where no ``ray`` CLI is
+#: installed beside ``sys.executable``
+LOCAL_BACKEND: dict[str, Any] = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
     "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False},
 }
+
+#: this environment's ``ray`` CLI, not whatever ``PATH`` finds
+RAY = Path(sys.executable).parent / "ray"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RayHead:
+    """A real Ray head node (``ray start --head --block``) in its own session, so that
+    :meth:`stop` ends exactly the processes it started (``os.killpg`` on its pid).
+
+    No fixed port: ``ray start`` hands its workers and drivers ports counted up from
+    10002, and two clusters on one machine then give the same port to two processes (a
+    driver that cannot bind its port aborts its whole process — a crashed xdist worker);
+    ``--min-worker-port 0`` lets the OS choose, as ``ray.init()`` does, and the client
+    server and dashboard agent get free ports instead of 10001 and 52365. Its sockets and
+    logs live in its own short ``--temp-dir``, so heads of concurrent test workers do not
+    find each other (a plain ``ray.init()`` looks for ``ray_current_cluster`` only in Ray's
+    default temp dir). Where ``setpriv`` exists the head also gets SIGTERM when the process
+    that started it dies, so a crashed test worker leaves no cluster behind."""
+
+    def __init__(self, num_cpus: int = 2) -> None:
+        from ray._private.services import get_node_ip_address
+
+        self.port = free_port()
+        self.address = f"{get_node_ip_address()}:{self.port}"
+        # Ray's unix sockets live under the temp dir: keep its path short (108-byte limit)
+        self.temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+        command = [str(RAY), "start", "--head", "--block", "--port", str(self.port),
+                   "--num-cpus", str(num_cpus), "--include-dashboard=false",
+                   "--disable-usage-stats", "--temp-dir", self.temp,
+                   "--min-worker-port", "0", "--max-worker-port", "0",
+                   "--ray-client-server-port", str(free_port()),
+                   "--dashboard-agent-listen-port", str(free_port())]
+        if setpriv := shutil.which("setpriv"):
+            command = [setpriv, "--pdeathsig", "TERM", *command]
+        self.proc = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"},
+            start_new_session=True,
+        )
+        try:
+            self._wait_for_port(timeout=120)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_for_port(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited with {self.proc.returncode}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"Ray head did not open port {self.port} in {timeout} s")
+
+    def stop(self) -> None:
+        """SIGTERM to the head's process group (``ray start --block`` then stops the node
+        it runs), SIGKILL if it lingers; then its temp dir is removed."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=60)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+_HEAD: RayHead | None = None
+
+
+def ray_head() -> RayHead:
+    """This test process's Ray head, started on first use (stopped by
+    :func:`stop_ray_head` at the end of the session, or at exit)."""
+    global _HEAD
+    if _HEAD is None or _HEAD.proc.poll() is not None:
+        _HEAD = RayHead()
+        atexit.register(stop_ray_head)
+    return _HEAD
+
+
+def stop_ray_head() -> None:
+    global _HEAD
+    if _HEAD is not None:
+        head, _HEAD = _HEAD, None
+        head.stop()
+
+
+def backend_config() -> dict[str, Any]:
+    """Flower's Ray backend on this process's head (2 CPUs, one per virtual SuperNode
+    actor, as :data:`LOCAL_BACKEND`), or a fresh local Ray without the ``ray`` CLI."""
+    if not RAY.exists():
+        return LOCAL_BACKEND
+    return {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"address": ray_head().address, "logging_level": "ERROR",
+                          "log_to_driver": False}}
 
 
 def simulate(
@@ -34,7 +161,7 @@ def simulate(
         server_app=server_app,
         client_app=client_app,
         num_supernodes=num_supernodes,
-        backend_config=backend or BACKEND,
+        backend_config=backend or backend_config(),
     )
 
 
