@@ -16,6 +16,13 @@ if "FLWR_CORRNOISE_CACHE" not in os.environ:
     os.environ["FLWR_CORRNOISE_CACHE"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# One BLAS thread per process: four xdist workers share 2 cores, and a multi-threaded
+# eigh/solve on an oversubscribed machine is 10–40× slower in wall time (solve_dual(400):
+# 46 s with default threads, 1.2 s with one). Set before NumPy is imported in this process;
+# workers and the Ray head inherit it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import pytest
 

@@ -22,6 +22,8 @@ from flwr.app import Context, RecordDict
 from flwr.common.config import get_fused_config_from_dir
 from flwr.simulation.run_simulation import EventType, _run_simulation
 
+from ..flower_helpers import backend_config  # the worker's shared Ray head
+
 HERE = Path(__file__).resolve().parent
 PLAIN = HERE / "plain_app"
 PLAIN_TORCH = HERE / "plain_torch_app"  # the same app in PyTorch (torch.optim.SGD)
@@ -36,10 +38,6 @@ def plain_dir(variant: str | None) -> Path:
     if variant is not None and variant.startswith("quickstart"):
         return QUICKSTART
     return PLAIN_TORCH if variant is not None and variant.endswith("-torch") else PLAIN
-BACKEND = {
-    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-    "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False},
-}
 
 
 def diff_path(variant: str) -> Path:
@@ -99,5 +97,5 @@ def simulate(app_dir: Path, module: ModuleType, num_supernodes: int = 2) -> None
     _run_simulation(num_supernodes=num_supernodes,
                     exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
                     client_app=module.client_app, server_app=module.server_app,
-                    backend_name="ray", backend_config=BACKEND,  # type: ignore[arg-type]
+                    backend_name="ray", backend_config=backend_config(),  # type: ignore[arg-type]
                     app_dir=str(app_dir), is_app=True, server_app_context=context)
