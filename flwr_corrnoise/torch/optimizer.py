@@ -46,6 +46,9 @@ from .params import BatchStream, LossFn, check_parameters
 from .streams import TorchNoiseStream
 
 log = logging.getLogger(__name__)
+#: (settings, batch, step size) already warned about: a ClientApp builds a new optimizer
+#: every round, and one warning per configuration is enough
+_WARNED_STEP_SIZES: set[tuple[object, int, float]] = set()
 
 __all__ = [
     "PRIVATE_STATE_FORMAT",
@@ -426,7 +429,9 @@ class PrivateOptimizer:
 
         lr = float(self.optimizer.param_groups[0].get("lr", 0.0) or 0.0)
         safe = safe_learning_rate(self.settings, batch)
-        if lr > safe:
+        key = (self.settings, batch, lr)
+        if lr > safe and key not in _WARNED_STEP_SIZES:  # once per process, not per round
+            _WARNED_STEP_SIZES.add(key)
             log.warning(
                 "flwr-corrnoise: learning rate %g with batch %d exceeds the safe %.3g for "
                 "this noise (std %.3g over %d steps): the model's noise would swamp its "

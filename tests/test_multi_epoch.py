@@ -1,0 +1,158 @@
+"""The multi-epoch experiment (simulations/multi_epoch.py) at toy size, on IDX files the
+test makes: its outputs, and every private method's ε checked against a second accountant
+at the sensitivity a brute force over the participation patterns gives."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("opacus")
+dpa = pytest.importorskip("dp_accounting")
+
+from dp_accounting.pld.pld_privacy_accountant import PLDAccountant  # noqa: E402
+
+from flwr_corrnoise.data.idx import FILES, write_idx  # noqa: E402
+from flwr_corrnoise.data.loader import CyclicLoader  # noqa: E402
+from flwr_corrnoise.learner import PrivacySettings  # noqa: E402
+from flwr_corrnoise.mechanisms.participation import Participation  # noqa: E402
+from simulations import multi_epoch  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+COLUMNS = ["dataset", "method", "epsilon", "delta", "seed", "final_accuracy", "eta",
+           "rounds", "local_epochs", "examples", "batch_size", "learners", "steps",
+           "clip_norm", "accountant", "relation", "epsilon_reported", "epsilon_replace_one",
+           "noise_std", "noise_multiplier", "sensitivity", "noise_rmse"]
+EPSILON = 2.0
+
+
+def learnable_idx_dir(directory: Path, n_train: int = 300, n_test: int = 200) -> None:
+    """MNIST-shaped images a CNN can learn in a few steps: class ``c`` is a bright 5×5
+    square in cell ``c`` of a 2×5 grid, on a dim noisy background."""
+    g = np.random.default_rng(3)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def images(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = (np.arange(n) % 10).astype(np.uint8)
+        x = g.integers(0, 60, size=(n, 28, 28)).astype(np.uint8)
+        for i, c in enumerate(y):
+            r, k = 4 + 14 * (c // 5), 1 + 5 * (c % 5) + int(g.integers(0, 2))
+            x[i, r:r + 5, k:k + 5] = 255
+        return x, y
+
+    (tx, ty), (ex, ey) = images(n_train), images(n_test)
+    for key, arr in (("train_x", tx), ("train_y", ty), ("test_x", ex), ("test_y", ey)):
+        write_idx(directory / (FILES[key] + ".gz"), arr)
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> tuple[Path, list[dict[str, str]], list[dict[str, str]]]:
+    root = tmp_path_factory.mktemp("idx")
+    learnable_idx_dir(root)
+    out = tmp_path_factory.mktemp("out")
+    assert multi_epoch.main(["--quick", "--data-root", str(root), "--dataset", "mnist",
+                             "--epsilons", str(EPSILON), "--etas", "0.3", "--out", str(out)]) == 0
+    with open(out / "runs.csv") as fh:
+        runs = list(csv.DictReader(fh))
+    with open(out / "rounds.csv") as fh:
+        rounds = list(csv.DictReader(fh))
+    return out, runs, rounds
+
+
+def by_method(runs: list[dict[str, str]]) -> dict[str, dict[str, str]]:
+    return {r["method"]: r for r in runs}
+
+
+def test_outputs(outputs) -> None:
+    out, runs, rounds = outputs
+    assert set(COLUMNS) <= set(runs[0])
+    assert sorted(by_method(runs)) == sorted(
+        ["none", "blt", "independent", "opacus", "opacus-replace-one"])
+    for r in runs:  # every run evaluated after every round, r = 0 … R
+        got = sorted(int(c["round"]) for c in rounds if c["method"] == r["method"])
+        assert got == list(range(int(r["rounds"]) + 1))
+        assert 0.0 <= float(r["final_accuracy"]) <= 1.0
+    assert (out / "multi_epoch.png").stat().st_size > 10_000
+    assert "| noiseless |" in (out / "tables.md").read_text()
+
+
+def test_noiseless_learns(outputs) -> None:
+    none = by_method(outputs[1])["none"]
+    assert float(none["final_accuracy"]) > 0.5  # chance is 0.1
+
+
+def brute_force_sensitivity(settings: PrivacySettings, steps_per_epoch: int,
+                            epochs: int) -> float:
+    """``max`` over the fixed-epoch patterns ``{i, i+b, …}`` of ``‖Σ_{t∈π} c_t‖`` from the
+    materialized encoder ``C`` (exact when ``CᵀC ≥ 0`` on the pattern, asserted)."""
+    _, C = settings.factorization().matrices()
+    X = C.T @ C
+    n = X.shape[0]
+    best = 0.0
+    for i in range(steps_per_epoch):
+        idx = np.arange(i, n, steps_per_epoch)[:epochs]
+        sub = X[np.ix_(idx, idx)]
+        assert np.all(sub >= -1e-12)
+        best = max(best, float(sub.sum()))
+    return math.sqrt(best)
+
+
+@pytest.mark.parametrize("method", ["blt", "independent"])
+def test_ours_epsilon_at_the_brute_force_sensitivity(outputs, method: str) -> None:
+    r = by_method(outputs[1])[method]
+    examples, batch = int(r["examples"]), int(r["batch_size"])
+    rounds, local = int(r["rounds"]), int(r["local_epochs"])
+    b, k = -(-examples // batch), rounds * local
+    loader = CyclicLoader(examples, batch, rounds=rounds, local_epochs=local)
+    assert loader.participation == Participation.epochs(k, b)
+    assert int(r["steps"]) == loader.horizon == k * b
+    settings = PrivacySettings(method, EPSILON, float(r["delta"]), float(r["clip_norm"]),
+                               loader.horizon, participation=loader.participation)
+    sens = brute_force_sensitivity(settings, b, k)
+    assert float(r["sensitivity"]) == pytest.approx(sens, rel=1e-6)
+    assert sens > 1.0  # reused data: more than a one-pass stream's unit sensitivity
+    # the whole release is one Gaussian of L2 sensitivity 2·B_g·sens (replace-one)
+    acc = PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dpa.GaussianDpEvent(float(r["noise_std"]) / (2 * float(r["clip_norm"]) * sens)))
+    eps = acc.get_epsilon(float(r["delta"]))
+    assert eps == pytest.approx(EPSILON, abs=2e-3)
+    assert float(r["epsilon_reported"]) == pytest.approx(EPSILON, abs=1e-9)
+    assert float(r["epsilon_replace_one"]) == pytest.approx(EPSILON, abs=2e-3)
+
+
+def test_opacus_epsilon(outputs) -> None:
+    from opacus.accountants import PRVAccountant
+
+    r = by_method(outputs[1])["opacus"]
+    q = int(r["batch_size"]) / int(r["examples"])
+    steps, sigma, delta = int(r["steps"]), float(r["noise_multiplier"]), float(r["delta"])
+    assert steps == int(r["rounds"]) * int(r["local_epochs"]) * round(1 / q)
+    prv = PRVAccountant()
+    prv.history = [(sigma, q, steps)]
+    eps = prv.get_epsilon(delta)
+    # Opacus' calibration stops within 0.01 below the target; the run took those steps
+    assert EPSILON - 0.02 <= eps <= EPSILON
+    assert float(r["epsilon_reported"]) == pytest.approx(eps, abs=1e-6)
+    # a second accountant (PLD) for the same add/remove Poisson-subsampled Gaussian
+    pld = PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE, 1e-4)
+    pld.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+    assert pld.get_epsilon(delta) == pytest.approx(EPSILON, abs=0.05)
+    # under replace-one (the relation ours use) the same noise gives a larger ε
+    assert float(r["epsilon_replace_one"]) > EPSILON
+
+
+def test_opacus_replace_one_epsilon(outputs) -> None:
+    r = by_method(outputs[1])["opacus-replace-one"]
+    q = int(r["batch_size"]) / int(r["examples"])
+    steps, sigma, delta = int(r["steps"]), float(r["noise_multiplier"]), float(r["delta"])
+    pld = PLDAccountant(dpa.NeighboringRelation.REPLACE_ONE, 1e-4)
+    pld.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+    eps = pld.get_epsilon(delta)
+    assert EPSILON - 0.05 <= eps <= EPSILON + 1e-3
+    assert sigma > float(by_method(outputs[1])["opacus"]["noise_multiplier"])
