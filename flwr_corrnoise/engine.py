@@ -8,12 +8,19 @@ layer calls (:func:`~flwr_corrnoise.learner.local_round`, whose every step is th
 :func:`~flwr_corrnoise.learner.aggregate`, with noise seeds from
 :func:`~flwr_corrnoise.learner.derive_seed`), so for the same seeds it produces the same
 global models as the Flower simulation (``tests/test_flower_simulation.py`` checks 1e-10).
+
+:func:`run_vectorized` is the same run with every learner of a round as one ``L×d`` array:
+the gradients of a local step in one call, the learners' rounds in lockstep through
+:func:`~flwr_corrnoise.learner.local_rounds` (whose ``L = 1`` case is ``local_round``), so
+each learner's step is still the one ``private_step`` and the results equal
+:func:`run_inprocess`'s to 1e-12 (``tests/test_vectorized_engine.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +31,7 @@ from .learner import (
     aggregate,
     derive_seed,
     local_round,
+    local_rounds,
 )
 
 
@@ -51,6 +59,7 @@ def run_inprocess(
     evaluate: Callable[[int, list[np.ndarray]], object] | None = None,
     keep_models: bool = False,
     schedule: Sequence[Sequence[int]] | None = None,
+    batch_gradient: Callable[[np.ndarray, list[int], list[int]], np.ndarray] | None = None,
 ) -> InProcessResult:
     """Run Algorithm 1 for ``rounds`` rounds with ``len(gradients)`` learners.
 
@@ -59,41 +68,104 @@ def run_inprocess(
     each round samples that fraction of learners (at least one) with a generator seeded by
     ``seed``; absent learners take no steps and keep their noise streams where they were.
     ``schedule[r]`` (if given) lists the learners of round ``r`` explicitly, e.g. to replay
-    the participation of a Flower run.
+    the participation of a Flower run. ``batch_gradient``: the vectorized engine
+    (:func:`run_vectorized`); without it, one learner's round after the other.
     """
-    n = len(gradients)
-    per_learner = (
-        [settings] * n if isinstance(settings, PrivacySettings) else list(settings)
-    )
-    shapes = [tuple(np.shape(p)) for p in initial]
-    states = [
-        LearnerState.create(s, shapes, None if seed is None else derive_seed(seed, i))
-        for i, s in enumerate(per_learner)
-    ]
-    x = [np.array(p, dtype=np.float64, copy=True) for p in initial]
-    sampler = np.random.default_rng(None if seed is None else [seed, 0xFED])
-    result = InProcessResult(params=x, states=states)
+    run = _Run(initial, len(gradients), settings, seed, fraction_train, schedule)
 
     def one_round(r: int, x: list[np.ndarray]) -> list[np.ndarray]:
-        if schedule is not None:
-            chosen = sorted(int(i) for i in schedule[r])
-        elif fraction_train >= 1.0:
-            chosen = list(range(n))
-        else:
-            k = max(1, int(n * fraction_train))
-            chosen = sorted(sampler.choice(n, size=k, replace=False).tolist())
-        result.participation.append(chosen)
+        if batch_gradient is not None:
+            return lockstep_round(r, x)
         updates = []
-        for i in chosen:
-            out = local_round(x, gradients[i], states[i], per_learner[i], tau, eta)
-            states[i] = out.state
+        for i in run.choose(r):
+            out = local_round(x, gradients[i], run.states[i], run.settings[i], tau, eta)
+            run.states[i] = out.state
             updates.append(out.update)
         return aggregate(x, updates, eta, eta_g, tau)
 
-    result.params = run_rounds(x, rounds, one_round, evaluate,
-                               result.models if keep_models else None)
-    result.states = states
-    return result
+    def lockstep_round(r: int, x: list[np.ndarray]) -> list[np.ndarray]:
+        assert batch_gradient is not None
+        chosen = run.choose(r)
+        groups: dict[PrivacySettings, list[int]] = {}
+        for i in chosen:
+            groups.setdefault(run.settings[i], []).append(i)
+        by_learner = {}
+        for group_settings, members in groups.items():
+            def batch(z: np.ndarray, positions: list[int], members=members) -> np.ndarray:
+                return batch_gradient(z, members, positions)
+
+            outs = local_rounds(x, [gradients[i] for i in members],
+                                [run.states[i] for i in members], group_settings, tau, eta,
+                                batch=batch)
+            for i, out in zip(members, outs, strict=True):
+                run.states[i] = out.state
+                by_learner[i] = out.update
+        return aggregate(x, [by_learner[i] for i in chosen], eta, eta_g, tau)
+
+    return run.finish(run_rounds(run.x, rounds, one_round, evaluate,
+                                 run.result.models if keep_models else None))
+
+
+def run_vectorized(
+    *,
+    batch_gradient: Callable[[np.ndarray, list[int], list[int]], np.ndarray],
+    **kwargs: Any,
+) -> InProcessResult:
+    """:func:`run_inprocess` (the same keyword arguments) with every learner of a round as
+    one ``L×d`` array: ``run_inprocess(..., batch_gradient=batch_gradient)``.
+
+    ``batch_gradient(Z, learners, positions)`` returns the ``L×d`` gradients of learners
+    ``learners`` (their flat models are the rows of ``Z``) on their data at ``positions``:
+    one vectorized call per local step instead of ``L``. The round is
+    :func:`~flwr_corrnoise.learner.local_rounds` (the learners' steps in lockstep), so every
+    learner still takes the one :func:`~flwr_corrnoise.learner.private_step` — its own
+    clipping, noise stream and counters — and the results equal :func:`run_inprocess`'s on
+    the same seeds (``tests/test_vectorized_engine.py``: 1e-12). ``gradients`` (per learner)
+    is what a learner falls back to when the batch fails (a datum that cannot be
+    computed), so one datum never changes another learner's step. Learners with different
+    settings are stepped in one group per settings.
+    """
+    return run_inprocess(batch_gradient=batch_gradient, **kwargs)
+
+
+class _Run:
+    """What both in-process engines share: one :class:`LearnerState` per learner (noise
+    seeds from :func:`~flwr_corrnoise.learner.derive_seed`), the global model, the
+    round's learners (all, a sampled fraction, or ``schedule[r]``) and the result."""
+
+    def __init__(self, initial: Sequence[np.ndarray], n: int,
+                 settings: PrivacySettings | Sequence[PrivacySettings], seed: int | None,
+                 fraction_train: float, schedule: Sequence[Sequence[int]] | None) -> None:
+        self.n = n
+        self.settings = ([settings] * n if isinstance(settings, PrivacySettings)
+                         else list(settings))
+        shapes = [tuple(np.shape(p)) for p in initial]
+        self.states = [
+            LearnerState.create(s, shapes, None if seed is None else derive_seed(seed, i))
+            for i, s in enumerate(self.settings)
+        ]
+        self.x = [np.array(p, dtype=np.float64, copy=True) for p in initial]
+        self.sampler = np.random.default_rng(None if seed is None else [seed, 0xFED])
+        self.fraction_train = fraction_train
+        self.schedule = schedule
+        self.result = InProcessResult(params=self.x, states=self.states)
+
+    def choose(self, r: int) -> list[int]:
+        """The learners of round ``r``, sorted; recorded in the result."""
+        if self.schedule is not None:
+            chosen = sorted(int(i) for i in self.schedule[r])
+        elif self.fraction_train >= 1.0:
+            chosen = list(range(self.n))
+        else:
+            k = max(1, int(self.n * self.fraction_train))
+            chosen = sorted(self.sampler.choice(self.n, size=k, replace=False).tolist())
+        self.result.participation.append(chosen)
+        return chosen
+
+    def finish(self, params: list[np.ndarray]) -> InProcessResult:
+        self.result.params = params
+        self.result.states = self.states
+        return self.result
 
 
 def run_rounds(

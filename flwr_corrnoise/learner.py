@@ -738,35 +738,85 @@ def local_round(
     :attr:`RoundResult.diagnostics` (``nonfinite-steps``, ``failed-steps``), which never
     leaves the learner.
     """
+    return local_rounds(params, [gradient], [state], settings, tau, eta)[0]
+
+
+#: gradients of L learners' data at once: ``batch(Z, positions)`` with ``Z`` the ``L×d``
+#: flat models and ``positions`` their data positions → an ``L×d`` array
+BatchGradientFn = Callable[[np.ndarray, list[int]], np.ndarray]
+
+
+def local_rounds(
+    params: Sequence[np.ndarray],
+    gradients: Sequence[GradientFn],
+    states: Sequence[LearnerState],
+    settings: PrivacySettings,
+    tau: int,
+    eta: float,
+    batch: BatchGradientFn | None = None,
+) -> list[RoundResult]:
+    """:func:`local_round` for ``L`` learners from the same ``params``, their steps in
+    lockstep (``L = 1`` *is* :func:`local_round`). Why: the vectorized engine
+    (:func:`flwr_corrnoise.engine.run_vectorized`) keeps the ``L`` local models as one
+    ``L×d`` array and may compute their ``L`` gradients in one ``batch`` call; every
+    learner's step is still the one :func:`private_step` (its own horizon, datum rule,
+    clipping, noise stream and counters), and the round's rule is this one function.
+
+    A ``batch`` that raises or returns another shape computes nothing: each learner's
+    datum then goes through its own ``gradients[i]`` (so one learner's datum can never
+    zero another's gradient). On any error every learner of the call is rolled back.
+    """
     if isinstance(tau, bool) or int(tau) != tau or tau < 1:
         raise PrivacyConfigError(f"local steps τ must be a positive integer, got {tau!r}")
     if not (math.isfinite(eta) and eta > 0):
         raise PrivacyConfigError(f"step size η must be finite and > 0, got {eta!r}")
     shapes = [tuple(np.shape(p)) for p in params]
-    check_round(state, settings, sum(math.prod(s) for s in shapes), int(tau))
+    size = sum(math.prod(s) for s in shapes)
+    for state in states:
+        check_round(state, settings, size, int(tau))
     x = _flatten(params)
     if not np.all(np.isfinite(x)):
         raise NonFiniteError("the global model received from the server is not finite")
-    # Work on `state` in place and undo everything on failure: a failed round released
-    # nothing, so rolling the noise stream back reuses no released noise.
-    token = state.checkpoint()
-    counts = StepCounts()
+    # Work on the states in place and undo everything on failure: a failed round released
+    # nothing, so rolling the noise streams back reuses no released noise.
+    tokens = [state.checkpoint() for state in states]
+    counts = [StepCounts() for _ in states]
     try:
-        z = x.copy()
-        total = np.zeros_like(x)
+        z = np.tile(x, (len(states), 1))
+        total = np.zeros_like(z)
         for _ in range(int(tau)):
-            g = private_step(state, settings,
-                             partial(gradient, split_flat(z, shapes), state.position),
-                             x.size, counts)
-            z -= eta * g
-            total += g
-        state.rounds += 1
+            rows = _batch_rows(batch, z, [state.position for state in states])
+            for i, state in enumerate(states):
+                compute = (partial(rows.__getitem__, i) if rows is not None else
+                           partial(gradients[i], split_flat(z[i], shapes), state.position))
+                g = private_step(state, settings, compute, x.size, counts[i])
+                z[i] -= eta * g
+                total[i] += g
+        for state in states:
+            state.rounds += 1
     except BaseException:
-        state.rollback(token)
+        for state, token in zip(states, tokens, strict=True):
+            state.rollback(token)
         raise
-    return RoundResult(update=split_flat(total / tau, shapes), state=state,
-                       metrics=privacy_metrics(settings, state.step),
-                       diagnostics=counts.diagnostics(int(tau)))
+    return [RoundResult(update=split_flat(total[i] / tau, shapes), state=state,
+                        metrics=privacy_metrics(settings, state.step),
+                        diagnostics=counts[i].diagnostics(int(tau)))
+            for i, state in enumerate(states)]
+
+
+def _batch_rows(batch: BatchGradientFn | None, z: np.ndarray,
+                positions: list[int]) -> np.ndarray | None:
+    """``batch(z, positions)`` as an ``L×d`` float64 array, or ``None`` (no batch, or it
+    failed: the learners then compute their data one at a time)."""
+    if batch is None:
+        return None
+    try:
+        rows = np.asarray(batch(z.copy(), positions), dtype=np.float64)
+    except _NOT_DATA_ERRORS:
+        raise
+    except Exception:  # a datum's failure: each learner's own rule decides (above)
+        return None
+    return rows if rows.shape == z.shape else None
 
 
 def aggregate(

@@ -25,6 +25,9 @@ dense          k·d (grows to N·d)                       ``C⁻¹`` of the opti
                                                         factorization is dense
 blt            buffers·d (constant; 4·d by default)     ``e = ξ − Σ ω_i r_i``,
                                                         ``r_i ← θ_i r_i + e``
+regenerated    0 (a generator position: 12 words)       ``e[k] = Σ_{i<w} m(i)·ξ_{k−i}``; the
+                                                        older rows are drawn again
+                                                        (:class:`RowCursor`)
 ============== ======================================== =================================
 
 The recurrences live with the mechanisms, not here: every factorization supplies a
@@ -64,7 +67,14 @@ from .mechanisms import (
     factorization_by_digest,
 )
 from .mechanisms.streaming import NUMPY_OPS, ArrayOps
-from .noise_keys import KEY_BITS, noise_generator, pack_generator, unpack_generator
+from .noise_keys import (
+    KEY_BITS,
+    PHILOX_TAG,
+    noise_generator,
+    pack_generator,
+    unpack_generator,
+)
+from .secure_noise import STATE_TAG as SECURE_TAG
 from .secure_noise import ChaCha20Gaussian, add_on_grid, granularity, round_to_grid
 
 #: the noise-state format written; format 1 (PCG64 generators) is still read, re-keyed
@@ -159,6 +169,53 @@ def restore_stream(state: dict[str, np.ndarray], device: Any = None) -> NoiseStr
     return restore(state, device)
 
 
+class RowCursor:
+    """The ``draw`` a stream hands its kernel: a call draws the next row of ``ξ``;
+    :meth:`tell` and :meth:`seek` read and move the stream's generator position.
+
+    Why a position: a kernel may *regenerate* rows it used before instead of storing them
+    (``banded-inverse``, :mod:`~flwr_corrnoise.mechanisms.banded`: its state is the
+    generator's position at its oldest live row, not ``bands·d`` floats). A position holds
+    no key words (:data:`_KEY_SLOTS`): :meth:`seek` moves within this stream's own
+    keystream only, so a saved position can never make a stream draw under another key.
+    """
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: NoiseStream) -> None:
+        self._stream = stream
+
+    def __call__(self) -> Any:
+        return self._stream._draw()
+
+    def _words(self) -> tuple[np.ndarray, np.ndarray]:
+        words = self._stream._pack_rng()
+        free = np.ones(words.size, dtype=bool)
+        free[_KEY_SLOTS[int(words[0])]] = False
+        return words, free
+
+    def tell(self) -> np.ndarray:
+        """The generator's position before the next row (uint64 words, no key)."""
+        words, free = self._words()
+        return words[free]
+
+    def seek(self, position: np.ndarray) -> None:
+        """Move the generator to ``position`` (a :meth:`tell`) under its own key."""
+        words, free = self._words()
+        position = np.asarray(position, dtype=np.uint64).reshape(-1)
+        if position.size != int(free.sum()):
+            raise ValueError("a saved generator position of another generator type")
+        words[free] = position
+        gen = _unpack_rng(words, secure=self._stream.secure)
+        self._stream._set_rng_state(gen.state if isinstance(gen, ChaCha20Gaussian)
+                                    else gen.bit_generator.state)
+
+
+#: packed-generator words a :class:`RowCursor` position leaves out, by the packed tag:
+#: the tag and the key (Philox: words 5–6; ChaCha20: words 1–4)
+_KEY_SLOTS = {int(PHILOX_TAG): [0, 5, 6], int(SECURE_TAG): [0, 1, 2, 3, 4]}
+
+
 class NoiseStream:
     """Hands out ``e[0], e[1], …, e[N−1]`` for one learner, one call at a time.
 
@@ -205,6 +262,7 @@ class NoiseStream:
             if tuple(r.shape) != (self.dim,):
                 raise ValueError("noise state buffers have the wrong dimension")
         self._state = self._kernel.init(self._ops, self.dim, list(levels or []), given)
+        self._cursor = RowCursor(self)  # the kernel's draw (and generator position)
 
     def _as_row(self, row: np.ndarray) -> np.ndarray:
         """One serialized row as an array of this stream's namespace."""
@@ -259,7 +317,7 @@ class NoiseStream:
                 f"all of them have been used; adding more noisy steps would exceed the privacy "
                 f"budget (or reuse noise)"
             )
-        unit = self._kernel.next(self._state, self.step, self._draw, self._ops)
+        unit = self._kernel.next(self._state, self.step, self._cursor, self._ops)
         self.step += 1
         if self.std != 1.0:
             unit *= self.std  # in place: every kind returns a fresh array

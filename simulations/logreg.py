@@ -11,8 +11,12 @@ Toy size (what the tests run):
 Step sizes are tuned per method and budget on ``--eta-grid`` by the average online loss
 (paper eq. (1) is a sum of online losses) over ``--tune-seeds`` seeds that are *not* the
 evaluation seeds, then every method runs ``--seeds`` seeds at its tuned step size. Every
-run uses the in-process engine (the same learner and server code as the Flower app; see
-``flwr_corrnoise.engine``). Outputs in ``--out``: ``runs.csv`` (per seed), ``tuning.csv``,
+run uses the vectorized in-process engine (``flwr_corrnoise.engine.run_vectorized``: all
+learners of a round as one array, each learner's step still the library's one private step,
+the same learner and server code as the Flower app); ``--engine reference`` runs the
+one-learner-at-a-time ``run_inprocess`` instead (the same results to 1e-12, slower; timings
+in docs/benchmarks.md). The dynamic regret's per-round optima are solved once per data seed
+and process. Outputs in ``--out``: ``runs.csv`` (per seed), ``tuning.csv``,
 ``curves.csv`` (mean/std per round), ``accuracy.png``, ``loss.png``, ``regret.png``;
 ``--docs`` also writes ``docs/results-logreg.csv`` (``-fedprox.csv`` for ``--labels
 fedprox``, ``-TAG.csv`` with ``--docs-tag TAG``), copies the plots to ``docs/figures/``
@@ -33,11 +37,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.special import expit
 
 from experiments.logreg import run_logreg_inprocess
-from flwr_corrnoise.apps.logreg_task import LABEL_RULES, LogRegEvaluator, LogRegSetup
+from flwr_corrnoise.apps.logreg_task import (
+    LABEL_RULES,
+    LogRegEvaluator,
+    LogRegSetup,
+    federation,
+    initial_parameters,
+    logistic_gradient,
+)
+from flwr_corrnoise.engine import InProcessResult, run_vectorized
 from flwr_corrnoise.learner import NOISELESS
 from flwr_corrnoise.mechanisms import check_mechanism
+from flwr_corrnoise.metrics import round_optimum
 
 #: the paper's methods (a deliberate subset of the registry, checked against it)
 METHODS = [NOISELESS, *(check_mechanism(m)
@@ -61,14 +75,94 @@ RESULT_HEADER = [
 class Job:
     setup: LogRegSetup
     phase: str  # "tune" or "eval"
+    engine: str = "vectorized"  # or "reference" (flwr_corrnoise.engine.run_inprocess)
+
+
+class BatchGradient:
+    """Every learner's logistic gradient at its datum in one call: the ``batch_gradient``
+    of :func:`flwr_corrnoise.engine.run_vectorized` for this task.
+
+    Row ``k`` is :func:`~flwr_corrnoise.metrics.logistic_grad` of model ``Z[k]`` on
+    learner ``learners[k]``'s datum at ``positions[k]`` (the datum
+    :func:`~flwr_corrnoise.apps.logreg_task.logistic_gradient` reads), as ``−y·σ(−y⟨z, a⟩)·a``
+    for all rows at once. Each learner's stream is read ``chunk`` positions at a time
+    (a datum is the same however it is requested: ``SyntheticFederation.learner_batch``).
+    """
+
+    def __init__(self, setup: LogRegSetup, chunk: int = 256) -> None:
+        self.fed = federation(setup)
+        self.chunk = chunk
+        self._rows: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+
+    def _datum(self, learner: int, position: int) -> tuple[np.ndarray, float]:
+        start, feats, labels = self._rows.get(learner, (-1, None, None))
+        if labels is None or not 0 <= position - start < labels.size:
+            feats, labels = self.fed.learner_batch(learner, position, self.chunk)
+            start = position
+            self._rows[learner] = (start, feats, labels)
+        return feats[position - start], float(labels[position - start])
+
+    def __call__(self, z: np.ndarray, learners: list[int], positions: list[int]) -> np.ndarray:
+        feats = np.empty_like(z)
+        labels = np.empty(len(learners))
+        for k, (i, pos) in enumerate(zip(learners, positions, strict=True)):
+            feats[k], labels[k] = self._datum(i, pos)
+        weights = -labels * expit(-labels * np.einsum("ij,ij->i", feats, z))
+        return feats * weights[:, None]
+
+
+def run_vectorized_logreg(setup: LogRegSetup, evaluate=None) -> InProcessResult:
+    """The experiment on the vectorized engine (the per-step methods; papers 001/002's
+    variants, ``noise_at`` ≠ ``"step"``, run on :func:`run_logreg_inprocess`). Equals
+    :func:`run_logreg_inprocess` to 1e-12 on the same seeds
+    (``tests/test_vectorized_engine.py``)."""
+    if setup.noise_at != "step" and setup.mechanism != NOISELESS:
+        return run_logreg_inprocess(setup, evaluate=evaluate)
+    return run_vectorized(
+        initial=initial_parameters(setup),
+        gradients=[logistic_gradient(setup, i) for i in range(setup.num_learners)],
+        batch_gradient=BatchGradient(setup),
+        settings=setup.settings(), rounds=setup.rounds, tau=setup.tau, eta=setup.eta,
+        eta_g=setup.eta_g, seed=setup.seed, fraction_train=setup.fraction_train,
+        evaluate=evaluate,
+    )
+
+
+#: ``(f^r)*`` per (federation, round): the dynamic regret's optimum depends on the round's
+#: data only, so the runs of a sweep that share a data seed (every method, budget and step
+#: size of the tuning, every method of an evaluation seed) solve it once per process
+_OPTIMA: dict[tuple, float] = {}
+
+
+class SweepEvaluator(LogRegEvaluator):
+    """:class:`LogRegEvaluator` whose round optima are memoized per data seed
+    (:data:`_OPTIMA`): the same numbers, solved once per process instead of once per run."""
+
+    def __init__(self, setup: LogRegSetup) -> None:
+        super().__init__(setup, regret=False)
+
+    def __call__(self, r: int, params: list[np.ndarray]) -> dict[str, float]:
+        row = super().__call__(r, params)
+        if r < self.setup.rounds:
+            s = self.setup
+            key = (s.num_learners, s.dim, s.alpha, s.beta, s.drift, s.data_seed, s.labels,
+                   s.tau, r)
+            if key not in _OPTIMA:
+                _OPTIMA[key] = round_optimum(*self.round_data(r))
+            row["round-optimum"] = _OPTIMA[key]
+        return row
 
 
 def run_job(job: Job) -> dict:
-    """One run of Algorithm 1 (in-process engine); returns summary and per-round curves."""
+    """One run of Algorithm 1 (vectorized engine, or the reference in-process engine with
+    ``--engine reference``); returns summary and per-round curves."""
     s = job.setup
-    ev = LogRegEvaluator(s)
+    ev = SweepEvaluator(s)
     start = time.perf_counter()
-    run_logreg_inprocess(s, evaluate=ev)
+    if job.engine == "reference":
+        run_logreg_inprocess(s, evaluate=ev)
+    else:
+        run_vectorized_logreg(s, evaluate=ev)
     return {
         "job": job,
         "summary": ev.summary(),
@@ -163,7 +257,7 @@ def key(s: LogRegSetup) -> tuple:
 def tune(args: argparse.Namespace, setups: list[LogRegSetup]) -> dict[tuple, float]:
     """Pick η per (method, budget) by mean average online loss on the tuning seeds."""
     jobs = [
-        Job(s.with_(eta=eta, seed=1000 + j, data_seed=1000 + j), "tune")
+        Job(s.with_(eta=eta, seed=1000 + j, data_seed=1000 + j), "tune", args.engine)
         for s in setups for eta in args.eta_grid for j in range(args.tune_seeds)
     ]
     results = run_all(jobs, args.workers, "tuning step sizes")
@@ -187,7 +281,7 @@ def tune(args: argparse.Namespace, setups: list[LogRegSetup]) -> dict[tuple, flo
 
 def evaluate(args: argparse.Namespace, setups: list[LogRegSetup], etas: dict) -> list[dict]:
     jobs = [
-        Job(s.with_(eta=etas[key(s)], seed=seed, data_seed=seed), "eval")
+        Job(s.with_(eta=etas[key(s)], seed=seed, data_seed=seed), "eval", args.engine)
         for s in setups for seed in range(args.seeds)
     ]
     return run_all(jobs, args.workers, "evaluation runs")
@@ -373,6 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-seeds", type=int, default=1)
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    p.add_argument("--engine", default="vectorized", choices=["vectorized", "reference"],
+                   help="vectorized: all learners of a round as one array (the default); "
+                        "reference: flwr_corrnoise.engine.run_inprocess, one learner at a "
+                        "time (the same results to 1e-12, slower)")
     p.add_argument("--out", type=Path, default=Path("results/logreg"))
     p.add_argument("--docs", action="store_true", help="also write docs/results-logreg.*")
     p.add_argument("--docs-tag", default=None,

@@ -1,0 +1,138 @@
+"""The vectorized in-process engine (issue 22, item 3) equals the reference engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments.logreg import run_logreg_inprocess
+from flwr_corrnoise.apps.logreg_task import (
+    LogRegSetup,
+    initial_parameters,
+    logistic_gradient,
+)
+from flwr_corrnoise.engine import run_inprocess, run_vectorized
+from flwr_corrnoise.learner import (
+    LearnerState,
+    PrivacySettings,
+    StepCounts,
+    local_round,
+    local_rounds,
+)
+from simulations.logreg import BatchGradient, SweepEvaluator, run_vectorized_logreg
+
+SMALL = LogRegSetup(num_learners=6, dim=12, rounds=15, tau=3, eta=0.1, test_size=50)
+
+
+def assert_same_run(a, b) -> None:
+    """Same global models (1e-12), learners and noise-stream states."""
+    assert len(a.models) == len(b.models)
+    for xa, xb in zip(a.models, b.models, strict=True):
+        np.testing.assert_allclose(xa[0], xb[0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(a.params[0], b.params[0], rtol=0, atol=1e-12)
+    assert a.participation == b.participation
+    for sa, sb in zip(a.states, b.states, strict=True):
+        assert (sa.step, sa.position, sa.rounds) == (sb.step, sb.position, sb.rounds)
+        if sa.noise is not None:
+            assert sa.noise.to_bytes() == sb.noise.to_bytes()  # the same noise consumed
+
+
+def both(setup: LogRegSetup, settings=None, **kw):
+    args = dict(initial=initial_parameters(setup),
+                gradients=[logistic_gradient(setup, i) for i in range(setup.num_learners)],
+                settings=settings or setup.settings(), rounds=setup.rounds, tau=setup.tau,
+                eta=setup.eta, seed=setup.seed, keep_models=True, **kw)
+    return run_inprocess(**args), run_vectorized(batch_gradient=BatchGradient(setup), **args)
+
+
+@pytest.mark.parametrize("mechanism", ["blt", "toeplitz", "tree", "banded-inverse", "none"])
+def test_equals_the_reference_engine(mechanism: str) -> None:
+    ref, vec = both(SMALL.with_(mechanism=mechanism))
+    assert_same_run(ref, vec)
+    if mechanism != "none":  # the run has noise: the comparison has power
+        noiseless, _ = both(SMALL.with_(mechanism="none"))
+        assert np.abs(noiseless.params[0] - ref.params[0]).max() > 1e-3
+
+
+def test_equals_the_reference_with_sampling_and_mixed_settings() -> None:
+    """Learners sampled per round, and two settings groups stepped separately."""
+    setup = SMALL.with_(mechanism="blt", num_learners=7)
+    one = setup.settings()
+    other = PrivacySettings("tree", 1.0, 1e-4, 0.5, horizon=setup.horizon)
+    settings = [one if i % 3 else other for i in range(7)]
+    ref, vec = both(setup, settings=settings, fraction_train=0.5)
+    assert_same_run(ref, vec)
+    assert any(len(p) < 7 for p in ref.participation)
+
+
+def test_the_sweep_driver_uses_it_and_agrees_at_the_paper_defaults() -> None:
+    """simulations/logreg.py's run (the Fig. 3 sweep's) equals the reference driver at the
+    paper's n = 20, d = 100, τ = 4, a few rounds; the memoized regret is the evaluator's."""
+    setup = LogRegSetup(mechanism="blt", rounds=6, test_size=100)
+    ref = run_logreg_inprocess(setup).params[0]
+    ev = SweepEvaluator(setup)
+    vec = run_vectorized_logreg(setup, evaluate=ev).params[0]
+    np.testing.assert_allclose(vec, ref, rtol=0, atol=1e-12)
+    from flwr_corrnoise.apps.logreg_task import LogRegEvaluator
+
+    plain = LogRegEvaluator(setup)
+    run_logreg_inprocess(setup, evaluate=plain)
+    assert ev.summary() == pytest.approx(plain.summary(), rel=1e-12, abs=1e-12)
+
+
+def test_a_failing_batch_falls_back_to_each_learners_own_rule() -> None:
+    """A batch that raises computes nothing: every learner computes its own datum (the
+    result is the reference's). A non-finite row zeroes that learner's step only."""
+    setup = SMALL.with_(mechanism="blt")
+    ref, _ = both(setup)
+
+    def raising(z, learners, positions):
+        raise ValueError("a malformed datum somewhere in the batch")
+
+    args = dict(initial=initial_parameters(setup),
+                gradients=[logistic_gradient(setup, i) for i in range(setup.num_learners)],
+                settings=setup.settings(), rounds=setup.rounds, tau=setup.tau,
+                eta=setup.eta, seed=setup.seed, keep_models=True)
+    assert_same_run(ref, run_vectorized(batch_gradient=raising, **args))
+    # one learner's datum is non-finite: its step counts as zero, the others are untouched
+    settings = setup.settings()
+    shapes = [(setup.dim,)]
+    x = [np.full(setup.dim, 0.01)]
+    grads = [logistic_gradient(setup, i) for i in range(3)]
+    batch = BatchGradient(setup)
+
+    def poisoned(z, positions):  # local_rounds' batch: the learners are fixed
+        rows = batch(z, [0, 1, 2], positions)
+        rows[1] = np.nan
+        return rows
+
+    states = [LearnerState.create(settings, shapes, seed=i) for i in range(3)]
+    outs = local_rounds(x, grads, states, settings, setup.tau, setup.eta, batch=poisoned)
+    assert [o.diagnostics["nonfinite-steps"] for o in outs] == [0, setup.tau, 0]
+    for i in (0, 2):  # the others equal their own one-learner round
+        alone = local_round(x, grads[i], LearnerState.create(settings, shapes, seed=i),
+                            settings, setup.tau, setup.eta)
+        np.testing.assert_allclose(outs[i].update[0], alone.update[0], rtol=0, atol=1e-12)
+    assert StepCounts().nonfinite == 0
+
+
+def test_a_failed_lockstep_round_rolls_every_learner_back() -> None:
+    setup = SMALL.with_(mechanism="banded-inverse")
+    settings = setup.settings()
+    states = [LearnerState.create(settings, [(setup.dim,)], seed=i) for i in range(3)]
+    before = [s.to_bytes() for s in states]
+    calls = []
+
+    class Interrupted(BaseException):
+        pass
+
+    def batch(z, positions):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupted
+        return np.zeros_like(z)
+
+    with pytest.raises(Interrupted):
+        local_rounds([np.zeros(setup.dim)], [logistic_gradient(setup, i) for i in range(3)],
+                     states, settings, setup.tau, setup.eta, batch=batch)
+    assert [s.to_bytes() for s in states] == before
