@@ -3,8 +3,8 @@ logistic regression with PD-FTGL, PD-OCG and PD-OGD, plus an empirical regret-ra
 
 Full size: ``docs/results-wang.md`` lists the exact commands that produced its tables, e.g.
 
-    nice -n 10 python -m simulations.wang main --datasets letter --steps 60000 \
-        --tune-steps 2000 --mults 0.001 0.01 0.1 1 --out results/wang-letter
+    nice -n 10 python -m simulations.wang main --datasets letter --steps 30000 \
+        --algorithms pd-ftgl --tune-start 0.01 1 --out results/wang30-letter-pd-ftgl
     nice -n 10 python -m simulations.wang sweeps --datasets letter --steps 15000 \
         --sweep-clip 1 --sweep-mult 0.1 --out results/wang-sweeps
     nice -n 10 python -m simulations.wang rate --datasets letter --rate-eps inf 1000 \
@@ -16,9 +16,12 @@ Toy size (what the tests run): add ``--synthetic --steps 300 --tune-steps 100`` 
 
 Setting (004 Sec. 4.1): ``K = {X ∈ R^{q×p} : ‖X‖_* ≤ τ}``, ``τ = R = 10``, α = 0, complete
 graph with ``n = 9`` (``P = J/n``, Metropolis–Hastings; lazy MH on other graphs), ε = 10,
-per-example gradients clipped to Frobenius norm ``C``. ``C`` is tuned on {0.01, 0.1, 1, 10}
-and ``h`` (PD-OGD: its step) as the theoretical value times a multiplier from a grid, on a
-tuning run of ``--tune-steps`` rounds and a seed not used later, by the final average loss.
+per-example gradients clipped to Frobenius norm ``C``. ``C`` and ``h`` (PD-OGD: its step) as
+the theoretical value times a multiplier are tuned by the final average loss on a seed not
+used later (1000): by default (``--tune adaptive``, issue 24) on the full horizon, with line
+searches on a ×10 grid that widen until the optimum is interior; ``--tune grid`` is the
+paper's fixed grid ({0.01, 0.1, 1, 10} × ``--mults``) on ``--tune-steps`` rounds (what the
+earlier runs used: 2000 rounds, where no private method beats playing zero).
 Data: letter (Debian's r-cran-mlbench or the user's LIBSVM file; 10n copies shuffled and split,
 so ``T = 150000``) and poker (the user's LIBSVM file, else the exact synthesizer — a stand-in,
 named so). Metric: ``AL(t, i) = (1/(tn)) Σ_{s≤t} Σ_j f_{s,j}(X_i(s))`` averaged over learners.
@@ -149,6 +152,94 @@ def tune(dataset: str, algorithm: str, steps: int, clips: Iterable[float],
     return best[1], best[2]
 
 
+def tune_adaptive(dataset: str, algorithm: str, steps: int, C0: float, m0: float,
+                  rows: list[dict[str, Any]], factor: float = 10.0, max_moves: int = 6,
+                  **over: Any) -> tuple[float, float]:
+    """(C, multiplier) by line searches on a log grid (steps ×``factor``) that **widen until
+    the optimum is interior**: the best value of each coordinate has both neighbours
+    evaluated and worse, or ``max_moves`` moves in one direction were made (then the row is
+    marked ``edge``: e.g. "the larger h the better" = playing ~0 wins). Multiplier first (at
+    ``C0``), then C (at the best multiplier), then the multiplier again if C moved.
+
+    Every evaluation is a full ``steps``-round run on seed 1000 (not used for the reported
+    runs): tuning on the horizon of the reported run, where the ordering is decided — a
+    short tuning horizon favours "do not move" (no private method beats the zero decision
+    in the first few thousand rounds)."""
+    key = "step-scale" if algorithm.startswith("pd-ogd") else "h-scale"
+    cache: dict[tuple[float, float], float] = {}
+    first_row = len(rows)
+
+    def f(C: float, m: float) -> float:
+        C, m = float(f"{C:.6g}"), float(f"{m:.6g}")
+        if (C, m) not in cache:
+            algo = build(config(dataset, algorithm, steps, clip=C, **{key: m}, **over))
+            try:
+                res = stream(algo, steps, 1000, [steps], f"tune {algorithm} C={C:g} m={m:g}")
+                al = float(res["cum"].mean() / steps)
+            except FloatingPointError:
+                al = math.inf
+            cache[(C, m)] = al
+            rows.append({"dataset": algo.task.name, "algorithm": NAMES[algorithm], "clip": C,
+                         "multiplier": m, "rounds": steps, "final_AL": al, "seed": 1000})
+            log(f"  tune {dataset} {algorithm}: C={C:g} m={m:g} → AL {al:.4f}")
+        return cache[(C, m)]
+
+    def line(fixed: float, start: float, which: str) -> tuple[float, bool]:
+        val = (lambda x: f(fixed, x)) if which == "m" else (lambda x: f(x, fixed))
+        best, fb = start, val(start)
+        up, down = val(start * factor), val(start / factor)
+        if min(up, down) >= fb:
+            return best, True
+        direction = factor if up < down else 1 / factor
+        best, fb = start * direction, min(up, down)
+        for _ in range(max_moves - 1):
+            nxt = best * direction
+            fn = val(nxt)
+            if fn >= fb:
+                return best, True
+            best, fb = nxt, fn
+        return best, False
+
+    m, m_in = line(C0, m0, "m")
+    C, c_in = line(m, C0, "C")
+    if C != C0:
+        m, m_in = line(C, m, "m")
+    interior = m_in and c_in
+    for r in rows[first_row:]:
+        r["chosen"] = (float(f"{C:.6g}"), float(f"{m:.6g}")) == (r["clip"], r["multiplier"])
+        r["optimum_interior"] = interior
+    log(f"tuned {dataset} {algorithm}: C={C:g}, multiplier={m:g} "
+        f"(AL {f(C, m):.4f}, {'interior' if interior else 'EDGE of the searched range'})")
+    return float(f"{C:.6g}"), float(f"{m:.6g}")
+
+
+def tuning_rows(dirs: Sequence[str], reported: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Tuning evaluations run as separate ``--tune none --run-seed 1000`` processes (one per
+    grid point, in parallel): their summary rows as ``tuning.csv`` rows, the point the
+    reported run (``reported``, the merged main-summary) uses marked ``chosen``, and
+    ``optimum_interior`` true iff that point has a smaller and a larger multiplier among the
+    evaluated ones and both are worse."""
+    rows = [r for d in dirs if (Path(d) / "main-summary.csv").exists()
+            for r in read_csv(Path(d) / "main-summary.csv")]
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        same = [q for q in rows if q["dataset"] == r["dataset"]
+                and q["algorithm"] == r["algorithm"] and q["clip"] == r["clip"]]
+        rep = [q for q in reported if q["dataset"] == r["dataset"]
+               and q["algorithm"] == r["algorithm"]]
+        chosen = bool(rep) and (float(rep[0]["clip"]), float(rep[0]["multiplier"])) == (
+            float(r["clip"]), float(r["multiplier"]))
+        m, al = float(r["multiplier"]), float(r["final_AL"])
+        lower = [float(q["final_AL"]) for q in same if float(q["multiplier"]) < m]
+        upper = [float(q["final_AL"]) for q in same if float(q["multiplier"]) > m]
+        out.append({"dataset": r["dataset"], "algorithm": r["algorithm"], "clip": r["clip"],
+                    "multiplier": r["multiplier"], "rounds": r["rounds"], "final_AL": al,
+                    "seed": r["seed"], "chosen": chosen,
+                    "optimum_interior": bool(lower and upper and min(lower) > al
+                                             and min(upper) > al)})
+    return out
+
+
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
@@ -172,10 +263,18 @@ def main_experiment(args: argparse.Namespace) -> None:
     algos = args.algorithms
     for dataset in args.datasets:
         for algorithm in algos:
-            C, m = tune(dataset, algorithm, args.tune_steps, args.clips, args.mults, tuning)
+            if args.tune == "none":  # the given setting, e.g. an earlier tuning's choice
+                C, m = args.tune_start
+            elif args.tune == "adaptive":
+                C, m = tune_adaptive(dataset, algorithm, args.tune_steps or args.steps,
+                                     args.tune_start[0], args.tune_start[1], tuning,
+                                     factor=args.tune_factor, lmo=args.lmo)
+            else:
+                C, m = tune(dataset, algorithm, args.tune_steps or args.steps, args.clips,
+                            args.mults, tuning, lmo=args.lmo)
             key = "step-scale" if algorithm.startswith("pd-ogd") else "h-scale"
-            for seed in range(args.seeds):
-                cfg = config(dataset, algorithm, args.steps, clip=C, **{key: m})
+            for seed in range(args.run_seed, args.run_seed + args.seeds):
+                cfg = config(dataset, algorithm, args.steps, clip=C, lmo=args.lmo, **{key: m})
                 algo = build(cfg)
                 cps = checkpoints_for(args.steps)
                 log(f"{dataset} {algorithm} seed {seed}: T={args.steps}")
@@ -436,7 +535,8 @@ def timing_experiment(args: argparse.Namespace) -> None:
     rows = []
     for dataset in args.datasets:
         for algorithm in args.algorithms:
-            algo = build(config(dataset, algorithm, args.timing_rounds, horizon=args.steps))
+            algo = build(config(dataset, algorithm, args.timing_rounds, horizon=args.steps,
+                                lmo=args.lmo))
             res = stream(algo, args.timing_rounds, 0, [], f"timing {dataset} {algorithm}")
             rows.append({"dataset": algo.task.name, "algorithm": NAMES[algorithm],
                          "horizon": args.steps, "rounds": args.timing_rounds,
@@ -501,16 +601,19 @@ def report(out: Path) -> str:
     return "\n".join(lines)
 
 
-def copy_to_docs(out: Path) -> None:
+def copy_to_docs(out: Path, tag: str = "") -> None:
+    """CSVs to ``docs/results-wang[-tag]-*.csv``, plots to ``docs/figures/wang[-tag]-*.png``
+    (a tag keeps another run's files, e.g. the issue-24 rerun beside the earlier one)."""
     docs = ROOT / "docs"
     (docs / "figures").mkdir(parents=True, exist_ok=True)
+    t = f"-{tag}" if tag else ""
     for name in ("main.csv", "main-summary.csv", "tuning.csv", "sweeps.csv", "rate.csv",
                  "timing.csv"):
         if (out / name).exists():
-            shutil.copy(out / name, docs / f"results-wang-{name}")
+            shutil.copy(out / name, docs / f"results-wang{t}-{name}")
     for name in ("wang-main.png", "wang-sweeps.png", "wang-rate.png"):
         if (out / name).exists():
-            shutil.copy(out / name, docs / "figures" / name)
+            shutil.copy(out / name, docs / "figures" / name.replace("wang-", f"wang{t}-", 1))
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -528,8 +631,22 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--synthetic", action="store_true",
                    help="use the generated 3-class stand-in for every dataset (tests)")
     p.add_argument("--steps", type=int, default=150000)
-    p.add_argument("--tune-steps", type=int, default=5000)
+    p.add_argument("--tune-steps", type=int, default=0,
+                   help="tuning horizon (default 0: the full --steps, on tuning seed 1000)")
+    p.add_argument("--tune", choices=("adaptive", "grid", "none"), default="adaptive",
+                   help="adaptive: line searches on a ×--tune-factor log grid that widen until "
+                        "the optimum is interior; grid: the fixed --clips × --mults grid; "
+                        "none: run --tune-start as given")
+    p.add_argument("--tune-start", type=float, nargs=2, default=[0.1, 1.0],
+                   metavar=("C", "MULT"), help="adaptive tuning's starting point")
+    p.add_argument("--tune-factor", type=float, default=10.0)
+    p.add_argument("--lmo", choices=("power", "lanczos", "svd"), default="svd",
+                   help="PD-OCG's top-singular-pair method (results agree to ~1e-12 per LMO; "
+                        "svd is the fastest on these small matrices, see benchmarks/pd_ocg_lmo.py)")
     p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--run-seed", type=int, default=0,
+                   help="first seed of the reported runs (1000 with --tune none: one tuning "
+                        "evaluation per process, to run a tuning grid's points in parallel)")
     p.add_argument("--timing-rounds", type=int, default=4000)
     p.add_argument("--clips", type=float, nargs="+", default=list(CLIPS))
     p.add_argument("--mults", type=float, nargs="+", default=list(MULTS))
@@ -546,8 +663,12 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--opt-iters", type=int, default=300)
     p.add_argument("--out", default="results/wang")
     p.add_argument("--docs", action="store_true", help="copy CSVs and plots to docs/")
+    p.add_argument("--docs-tag", default="", help="docs file names: results-wang-TAG-*.csv")
     p.add_argument("--merge", nargs="*", default=[],
                    help="plots: first merge the CSVs of these output folders into --out")
+    p.add_argument("--tuning-from", nargs="*", default=[],
+                   help="plots --merge: folders of single tuning evaluations (--tune none "
+                        "--run-seed 1000) whose summaries go to tuning.csv, not main-summary")
     args = p.parse_args(argv)
     if args.synthetic:
         args.datasets = ["synthetic"]
@@ -576,13 +697,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "rate.csv", "timing.csv"):
                 rows = [r for d in args.merge if (Path(d) / name).exists()
                         for r in read_csv(Path(d) / name)]
+                if name == "tuning.csv":  # tuning points run as their own processes
+                    rows += tuning_rows(args.tuning_from, read_csv(out / "main-summary.csv"))
                 write_csv(out / name, rows)
         for fn, name in ((plot_main, "main.csv"), (plot_sweeps, "sweeps.csv"),
                          (plot_rate, "rate.csv")):
             if (out / name).exists():
                 fn(out)
     if args.docs:
-        copy_to_docs(Path(args.out))
+        copy_to_docs(Path(args.out), args.docs_tag)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def test_toy_experiments(tmp_path: Path) -> None:
     out = str(tmp_path / "w")
     common = ["--synthetic", "--out", out]
-    wang.main(["main", "--steps", "120", "--tune-steps", "40", "--clips", "0.1", "1",
-               "--mults", "0.01", "1", *common])
+    wang.main(["main", "--steps", "120", "--tune", "grid", "--tune-steps", "40",
+               "--clips", "0.1", "1", "--mults", "0.01", "1", *common])
     summary = _rows(tmp_path / "w" / "main-summary.csv")
     assert {r["algorithm"] for r in summary} == {"PD-FTGL", "PD-OCG", "PD-OGD",
                                                  "PD-OGD (per-datum noise)"}
@@ -50,6 +50,30 @@ def test_toy_experiments(tmp_path: Path) -> None:
         assert (tmp_path / "w" / png).stat().st_size > 1000
 
 
+def test_adaptive_tuning_widens_to_an_interior_optimum(tmp_path: Path) -> None:
+    """The default tuning (issue 24): full-horizon runs on seed 1000, line searches that
+    step ×10 until both neighbours of the best point are evaluated and worse."""
+    out = tmp_path / "a"
+    wang.main(["main", "--synthetic", "--algorithms", "pd-ftgl", "--steps", "80",
+               "--tune-start", "1", "1000", "--out", str(out)])
+    rows = _rows(out / "tuning.csv")
+    assert all(r["rounds"] == "80" and r["seed"] == "1000" for r in rows)
+    chosen = [r for r in rows if r["chosen"] == "True"]
+    assert len(chosen) == 1
+    best = min(float(r["final_AL"]) for r in rows)
+    assert float(chosen[0]["final_AL"]) == best
+    C, m = float(chosen[0]["clip"]), float(chosen[0]["multiplier"])
+    evaluated = {(float(r["clip"]), float(r["multiplier"])): float(r["final_AL"]) for r in rows}
+    if chosen[0]["optimum_interior"] == "True":  # both neighbours in each direction seen
+        for nb in ((C, m * 10), (C, m / 10), (C * 10, m), (C / 10, m)):
+            key = min(evaluated, key=lambda k: abs(np.log(k[0] / nb[0])) +
+                      abs(np.log(k[1] / nb[1])))
+            assert np.isclose(key[0], nb[0]) and np.isclose(key[1], nb[1])
+            assert evaluated[key] >= best
+    summary = _rows(out / "main-summary.csv")
+    assert float(summary[0]["clip"]) == C and float(summary[0]["multiplier"]) == m
+
+
 def test_comparator_is_the_minimum(tmp_path: Path) -> None:
     algo = wang.build(wang.config("synthetic", "pd-ftgl", 50, **{"num-nodes": 3}))
     task, K = algo.task, algo.K
@@ -77,3 +101,20 @@ def test_user_poker_file_reaches_the_task(tmp_path: Path) -> None:
         wang.DATA_PATHS.clear()
     assert "LIBSVM file poker.t" in _rows(out / "timing.csv")[0]["dataset"]
 
+
+
+def test_tuning_rows_from_parallel_points(tmp_path: Path) -> None:
+    """Grid points run as separate processes become tuning rows: the reported setting is
+    'chosen', and it is interior only with a worse point on each side."""
+    for m, al in ((0.1, 3.0), (1.0, 2.0), (10.0, 2.5)):
+        d = tmp_path / f"p{m}"
+        d.mkdir()
+        wang.write_csv(d / "main-summary.csv", [{"dataset": "x", "algorithm": "PD-OCG",
+                                                 "clip": 0.1, "multiplier": m, "rounds": 9,
+                                                 "final_AL": al, "seed": 1000}])
+    reported = [{"dataset": "x", "algorithm": "PD-OCG", "clip": "0.1", "multiplier": "1.0"}]
+    rows = wang.tuning_rows([str(tmp_path / f"p{m}") for m in (0.1, 1.0, 10.0)], reported)
+    assert [r["chosen"] for r in rows] == [False, True, False]
+    assert [r["optimum_interior"] for r in rows] == [False, True, False]
+    edge = wang.tuning_rows([str(tmp_path / f"p{m}") for m in (0.1, 1.0)], reported)
+    assert not any(r["optimum_interior"] for r in edge)  # no larger multiplier evaluated

@@ -239,7 +239,17 @@ def chen_wang_epsilon(T: int, steps: StepRule, *, w_self: float, L: float, C: fl
     """Cumulative ε of one learner after ``1..T`` releases, ``ϱ_t = noise_scale (t+1)^exponent``
     (``mu``: strong convexity, used by the contractive accountant only)."""
     release = NodeRelease(steps, w_self, L, C, dim, noise_scale, exponent, w_bar, mu)
-    return ACCOUNTANT.epsilon_curve(release.event(T, accountant))
+    sens = release.sensitivities(T, accountant)
+    bad = np.flatnonzero(~np.isfinite(sens))
+    if bad.size == 0:
+        return ACCOUNTANT.epsilon_curve(release.event(T, accountant))
+    # the bound's recursion overflowed float64 (a factor > 1 for many steps, e.g. raw rows
+    # with a large λ₀): no finite bound from that release on — ε = inf there, as it should
+    # read, instead of the accountant's refusal of a non-finite sensitivity
+    k = int(bad[0])
+    head = (ACCOUNTANT.epsilon_curve(LaplaceSeries(sens[:k], release.scales(T)[:k])) if k
+            else np.zeros(0))
+    return np.concatenate([np.asarray(head, dtype=float), np.full(T - k, math.inf)])
 
 
 def noise_scale_for_epsilon(epsilon: float, T: int, steps: StepRule, *, w_self: float,
@@ -267,6 +277,8 @@ def node_epsilons(releases: Sequence[NodeRelease], steps: int,
                 out[acc].append(0.0)
             elif release.noise_scale == 0:
                 out[acc].append(math.inf)
+            elif not np.all(np.isfinite(release.sensitivities(steps, acc))):
+                out[acc].append(math.inf)  # the bound overflowed: no finite ε (see above)
             else:
                 out[acc].append(ACCOUNTANT.epsilon(release.event(steps, acc)))
     return {k: np.asarray(v) for k, v in out.items()}

@@ -89,9 +89,10 @@ def conditional_gradient(K: ConstraintSet, zhat: np.ndarray, eta: float, x0: np.
     ``σ = clip(⟨∇F(x), x − v⟩ / (η‖v − x‖²), 0, 1)``.
     """
     x = np.asarray(x0, dtype=float).copy()
+    warm = None  # consecutive gradients are close: each LMO starts from the last top vector
     for _ in range(int(iters)):
         g = zhat + eta * x
-        v = K.lmo(g)
+        v, warm = K.lmo_warm(g, warm)
         diff = v - x
         den = eta * np.einsum("kd,kd->k", diff, diff)
         num = -np.einsum("kd,kd->k", g, diff)
@@ -103,7 +104,8 @@ def conditional_gradient(K: ConstraintSet, zhat: np.ndarray, eta: float, x0: np.
 def _constraint_set(task: Task, cfg: Mapping[str, Any]) -> ConstraintSet:
     shape = getattr(task, "shape", None)
     kind = str(cfg.get("set", "nuclear" if shape is not None else "l2"))
-    return make_set(kind, task.dim, float(cfg.get("set-size", 10.0)), shape)
+    return make_set(kind, task.dim, float(cfg.get("set-size", 10.0)), shape,
+                    lmo=str(cfg.get("lmo", "lanczos")))
 
 
 class _Wang(NodeAlgorithm):
