@@ -23,7 +23,8 @@ from flwr_corrnoise.learner import PrivacySettings  # noqa: E402
 from flwr_corrnoise.mechanisms.participation import Participation  # noqa: E402
 from simulations import multi_epoch  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# slow, and on one xdist worker: the module fixture (the --quick run) is computed once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multi-epoch")]
 
 COLUMNS = ["dataset", "method", "epsilon", "delta", "seed", "final_accuracy", "eta",
            "rounds", "local_epochs", "examples", "batch_size", "learners", "steps",
