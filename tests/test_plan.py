@@ -78,7 +78,7 @@ def test_verdicts_follow_the_noise() -> None:
 
 @pytest.mark.parametrize("lr, warned", [(50.0, True), (1e-4, False)])
 def test_the_device_step_warns_when_the_step_size_would_blow_the_model_up(
-        caplog: pytest.LogCaptureFixture, lr: float, warned: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, lr: float, warned: bool) -> None:
     import logging
 
     import torch
@@ -86,17 +86,31 @@ def test_the_device_step_warns_when_the_step_size_would_blow_the_model_up(
     from flwr_corrnoise.learner import PrivacySettings
     from flwr_corrnoise.plan import safe_learning_rate
     from flwr_corrnoise.torch import PrivateOptimizer
+    from flwr_corrnoise.torch import optimizer as optimizer_module
 
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    settings = PrivacySettings(mechanism="toeplitz", horizon=8)
-    opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=lr), model, settings, seed=3)
-    x, y = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 1])
-    with caplog.at_level(logging.WARNING, logger="flwr_corrnoise"):
+    # a handler on the module's own logger: independent of what other tests did to the
+    # logging tree (propagation, levels) and of warnings this process already gave
+    monkeypatch.setattr(optimizer_module, "_WARNED_STEP_SIZES", set())
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = optimizer_module.log
+    monkeypatch.setattr(logger, "level", logging.WARNING)
+    monkeypatch.setattr(logger, "disabled", False)
+    logger.addHandler(handler)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        settings = PrivacySettings(mechanism="toeplitz", horizon=8)
+        opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=lr), model, settings,
+                               seed=3)
+        x, y = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 1])
         for _ in range(2):
             opt.zero_grad()
             opt.backward(x, y)
             opt.step()
-    hits = [r for r in caplog.records if "exceeds the safe" in r.getMessage()]
+    finally:
+        logger.removeHandler(handler)
+    hits = [r for r in records if "exceeds the safe" in r.getMessage()]
     assert len(hits) == (1 if warned else 0)  # once, not every step
     assert (lr > safe_learning_rate(settings, 5)) == warned
