@@ -69,6 +69,7 @@ from flwr_corrnoise.learner import NOISELESS, PrivacySettings
 from flwr_corrnoise.mechanisms import check_mechanism
 from flwr_corrnoise.mechanisms.participation import Participation
 from flwr_corrnoise.torch import get_parameters, run_inprocess_device, set_parameters
+from simulations.cnn import update_marked_section  # the same "table:NAME" markers
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the library's mechanisms compared here (a deliberate subset, checked against the registry)
@@ -655,15 +656,6 @@ def tables(runs: list[dict[str, str]], tuning: list[dict[str, str]]) -> dict[str
                          + " |")
         out["tuning"] = "\n".join(lines)
     return out
-
-
-def update_marked_section(path: Path, name: str, text: str) -> None:
-    begin, end = f"<!-- BEGIN table:{name} -->", f"<!-- END table:{name} -->"
-    doc = path.read_text()
-    if begin not in doc or end not in doc:
-        raise ValueError(f"{path} has no {begin} … {end} section")
-    head, rest = doc.split(begin, 1)
-    path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
 
 
 def finish(out: Path, docs: bool) -> None:
