@@ -61,19 +61,9 @@ PARTICIPATION_PARAMS = ("min_sep", "max_participations")
 def _participation(args: argparse.Namespace, steps: int) -> Participation:
     """``--epochs`` / ``--min-sep`` / ``--max-participations`` as a participation over
     ``steps`` steps (none of them: each datum once)."""
-    epochs = getattr(args, "epochs", None)
-    min_sep = getattr(args, "min_sep", None)
-    max_p = getattr(args, "max_participations", None)
-    if epochs is not None and (min_sep is not None or max_p is not None):
-        raise PrivacyBudgetError("give --epochs or --min-sep/--max-participations, not both")
-    if epochs is not None and epochs > 1:
-        if steps % epochs:
-            raise PrivacyBudgetError(f"--epochs {epochs} must divide --steps {steps}")
-        return Participation.epochs(epochs, steps // epochs)
-    if min_sep is not None or max_p is not None:
-        b = int(min_sep or 1)
-        return Participation.min_separation(b, int(max_p or -(-steps // b)))
-    return Participation.once()
+    return Participation.from_options(
+        steps, epochs=getattr(args, "epochs", None), min_sep=getattr(args, "min_sep", None),
+        max_participations=getattr(args, "max_participations", None))
 
 
 def _add_participation(parser: argparse.ArgumentParser) -> None:

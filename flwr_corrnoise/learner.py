@@ -274,21 +274,10 @@ def participation_from_config(cfg: Mapping[str, Any], where: str, horizon: int, 
             rounds = require(cfg, "num-server-rounds", where,
                              "with data-reuse = 'every-round' it bounds a datum's uses")
             return Participation.min_separation(1, int(rounds))
-        if epochs is not None and int(epochs) > 1:
-            if min_sep is not None or max_p is not None:
-                raise PrivacyConfigError("set either 'epochs' or 'min-sep'/"
-                                         "'max-participations', not both")
-            if horizon % int(epochs):
-                raise PrivacyConfigError(
-                    f"'epochs' = {epochs} must divide the horizon {horizon}: every epoch "
-                    "has the same number of steps in a fixed cyclic order")
-            return Participation.epochs(int(epochs), horizon // int(epochs))
-        if min_sep is not None or max_p is not None:
-            b = int(min_sep or 1)
-            return Participation.min_separation(b, int(max_p or -(-horizon // b)))
+        return Participation.from_options(horizon, epochs=epochs, min_sep=min_sep,
+                                          max_participations=max_p)
     except ParticipationError as err:
         raise PrivacyConfigError(f"participation in the {where}: {err}") from err
-    return ONCE
 
 
 @lru_cache(maxsize=256)

@@ -104,6 +104,29 @@ class Participation:
         return cls(max_participations=max_participations, min_sep=min_sep)
 
     @classmethod
+    def from_options(cls, horizon: int, *, epochs: int | None = None,
+                     min_sep: int | None = None,
+                     max_participations: int | None = None) -> Participation:
+        """The participation the user's options describe over ``horizon`` steps — the one
+        reading of ``epochs`` / ``min-sep`` / ``max-participations`` that the learner's
+        config and the CLI share. ``epochs = k > 1``: ``k`` passes in one fixed cyclic
+        order (``k`` must divide the horizon); ``min_sep``/``max_participations``: at most
+        that many uses (default: as many as fit), that far apart (default 1); none: once."""
+        if epochs is not None and int(epochs) > 1:
+            if min_sep is not None or max_participations is not None:
+                raise ParticipationError("set either epochs or min-sep/max-participations, "
+                                         "not both")
+            if int(horizon) % int(epochs):
+                raise ParticipationError(
+                    f"epochs = {epochs} must divide the horizon {horizon}: every epoch has "
+                    "the same number of steps in a fixed cyclic order")
+            return cls.epochs(int(epochs), int(horizon) // int(epochs))
+        if min_sep is not None or max_participations is not None:
+            b = int(min_sep or 1)
+            return cls.min_separation(b, int(max_participations or -(-int(horizon) // b)))
+        return cls()
+
+    @classmethod
     def every_step(cls, horizon: int) -> Participation:
         """The datum may be used at every one of ``horizon`` steps (a per-round update that
         reuses the learner's whole dataset every round)."""
@@ -270,13 +293,22 @@ def toeplitz_sensitivity(coef: np.ndarray, n: int, participation: Participation)
     c[:m] = np.asarray(coef, dtype=float)[:m]
     k = participation.participations(n)
     b = participation.min_sep
-    upper2 = spaced_norm2(np.maximum.accumulate(np.abs(c)[::-1])[::-1], n, b, k)
+    upper2 = majorant_norm2(c, n, participation)
     lower2 = spaced_norm2(c, n, b, k)
     monotone = bool(np.all(c >= 0) and np.all(np.diff(c) <= 0))
     if monotone:
         return Sensitivity(math.sqrt(upper2), math.sqrt(upper2), True,
                            "Toeplitz, non-increasing c ≥ 0: pattern {0, b, 2b, …}")
     return _achieved(upper2, lower2, "Toeplitz majorant (non-increasing |c|)")
+
+
+def majorant_norm2(c: np.ndarray, n: int, participation: Participation) -> float:
+    """The certified ``sens²`` of the ``n×n`` lower-triangular Toeplitz encoder with column
+    0 ``c`` (length ``≥ n``) under ``participation``: the evenly spaced pattern on the
+    non-increasing non-negative majorant of ``c`` (``|c|`` with a reverse running maximum;
+    equal to ``c`` when ``c`` already is one, then exact)."""
+    majorant = np.maximum.accumulate(np.abs(c[:n])[::-1])[::-1]
+    return spaced_norm2(majorant, n, participation.min_sep, participation.participations(n))
 
 
 def spaced_norm2(c: np.ndarray, n: int, b: int, k: int) -> float:
