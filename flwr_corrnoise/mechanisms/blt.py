@@ -44,7 +44,13 @@ from scipy.optimize import minimize
 
 from . import cache
 from .base import Factorization
-from .participation import ONCE, Participation, Sensitivity, spaced_norm2, toeplitz_sensitivity
+from .participation import (
+    ONCE,
+    Participation,
+    Sensitivity,
+    majorant_norm2,
+    toeplitz_sensitivity,
+)
 from .registry import Param, register
 from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel
 
@@ -167,9 +173,7 @@ def participation_sensitivity_squared(params: BLTParams, n: int,
     the optimizer can never score a BLT below its certified sensitivity. O(N·buffers)."""
     if participation.single:
         return params.sensitivity_squared(n)
-    c = params.encoder_coefficients(n)
-    majorant = np.maximum.accumulate(np.abs(c)[::-1])[::-1]
-    return spaced_norm2(majorant, n, participation.min_sep, participation.participations(n))
+    return majorant_norm2(params.encoder_coefficients(n), n, participation)
 
 
 def rmse_squared(params: BLTParams, n: int, participation: Participation = ONCE) -> float:
