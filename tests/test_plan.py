@@ -95,7 +95,11 @@ def test_the_device_step_warns_when_the_step_size_would_blow_the_model_up(
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # type: ignore[method-assign]
     logger = optimizer_module.log
-    monkeypatch.setattr(logger, "level", logging.WARNING)
+    # setLevel, not the attribute: it also clears the logging module's isEnabledFor cache
+    # (simulations/multi_epoch.py, run by another test in this process, raises this
+    # logger's level to ERROR)
+    old_level = logger.level
+    logger.setLevel(logging.WARNING)
     monkeypatch.setattr(logger, "disabled", False)
     logger.addHandler(handler)
     try:
@@ -111,6 +115,7 @@ def test_the_device_step_warns_when_the_step_size_would_blow_the_model_up(
             opt.step()
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(old_level)
     hits = [r for r in records if "exceeds the safe" in r.getMessage()]
     assert len(hits) == (1 if warned else 0)  # once, not every step
     assert (lr > safe_learning_rate(settings, 5)) == warned
