@@ -61,12 +61,15 @@ def test_torch_step() -> None:
 
 def test_toeplitz_stream() -> None:
     """The regenerated Toeplitz increment equals the stored one (the script checks it and
-    exits non-zero otherwise); the regenerated stream costs more per step as k grows."""
+    exits non-zero otherwise); the regenerated stream's work per step, (k + 1)·d Gaussian
+    draws, grows with k. Timings are only checked to be measured (positive): comparing them
+    in a test is noise on a shared machine (docs/benchmarks.md compares them)."""
     pytest.importorskip("torch")
     rows = run("toeplitz_stream.py", "--dim", "5000", "--horizon", "200", "--ks", "5", "60",
                "--repeats", "1")
     steps = {r[0]: r for r in rows if r[0] in ("5", "60")}
-    assert float(steps["60"][2]) > float(steps["5"][2]) > 0
+    assert float(steps["60"][2]) > 0 and float(steps["5"][2]) > 0
+    assert steps["5"][4] == f"{6 * 5000:,}" and steps["60"][4] == f"{61 * 5000:,}"
     names = [r[0] for r in rows]
     assert {"independent", "BLT, 4 buffers", "Toeplitz, stored history",
             "Toeplitz, regenerated (counter-based)"} <= set(names)
