@@ -22,22 +22,36 @@ MAGIC = b"FCNPK1\n"
 _ALLOWED_KINDS = "biufU"  # bool, ints, floats, fixed-width unicode: no objects, no pickle
 
 
-def pack(arrays: dict[str, np.ndarray]) -> bytes:
-    """Serialize ``arrays`` (names → arrays) to bytes."""
+def pack_chunks(arrays: dict[str, np.ndarray]) -> list[bytes | memoryview]:
+    """The pieces of :func:`pack`'s output, in order, without joining them: a writer that
+    streams them to a file (:mod:`~flwr_corrnoise.state_offload`) copies no array. A
+    contiguous little-endian array is passed as a view of its own memory."""
     header, chunks = [], []
     for name, value in arrays.items():
         arr = np.asarray(value)
         if arr.dtype.kind not in _ALLOWED_KINDS:
             raise TypeError(f"array {name!r} has unsupported dtype {arr.dtype}")
         arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+        if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+            arr = arr.copy(order="C")
         header.append([name, arr.dtype.str, list(arr.shape)])
-        chunks.append(np.ascontiguousarray(arr).tobytes())
+        chunks.append(memoryview(arr.reshape(-1)).cast("B") if arr.size else b"")
     head = json.dumps(header).encode()
-    return b"".join([MAGIC, len(head).to_bytes(4, "little"), head, *chunks])
+    return [MAGIC, len(head).to_bytes(4, "little"), head, *chunks]
 
 
-def unpack(data: bytes) -> dict[str, np.ndarray]:
-    """Inverse of :func:`pack`; raises ``ValueError`` on anything malformed."""
+def pack(arrays: dict[str, np.ndarray]) -> bytes:
+    """Serialize ``arrays`` (names → arrays) to bytes."""
+    return b"".join(pack_chunks(arrays))
+
+
+def unpack(data: bytes | bytearray | memoryview, *, copy: bool = True
+           ) -> dict[str, np.ndarray]:
+    """Inverse of :func:`pack`; raises ``ValueError`` on anything malformed.
+
+    ``copy=False``: the arrays view ``data`` instead of owning copies — for a buffer the
+    caller owns and hands over (a state file read into a fresh ``bytearray``), so reading a
+    large state costs no second copy; the arrays are writable only if ``data`` is."""
     view = memoryview(data)
     if bytes(view[: len(MAGIC)]) != MAGIC:
         raise ValueError("not a flwr-corrnoise array pack (bad magic)")
@@ -58,9 +72,9 @@ def unpack(data: bytes) -> dict[str, np.ndarray]:
             nbytes = dtype.itemsize * math.prod(int(s) for s in shape)
             if offset + nbytes > len(view):
                 raise ValueError(f"array {name!r} is truncated")
-            out[str(name)] = np.frombuffer(view[offset : offset + nbytes], dtype=dtype).reshape(
-                [int(s) for s in shape]
-            ).copy()
+            arr = np.frombuffer(view[offset : offset + nbytes], dtype=dtype).reshape(
+                [int(s) for s in shape])
+            out[str(name)] = arr.copy() if copy else arr
             offset += nbytes
     except (TypeError, ValueError) as err:
         raise ValueError(f"malformed array pack: {err}") from err

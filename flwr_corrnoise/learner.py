@@ -445,8 +445,19 @@ class LearnerState:
         was saved on); a NumPy stream stays on the host."""
         try:
             arrays = arraypack.unpack_any(data)
+        except (OSError, ValueError, KeyError, EOFError, TypeError) as err:
+            raise ValueError(f"unreadable learner state: {err}") from err
+        return cls.from_state_dict(arrays, device)
+
+    @classmethod
+    def from_state_dict(cls, arrays: Mapping[str, np.ndarray],
+                        device: Any = None) -> LearnerState:
+        """Inverse of :meth:`state_dict` (what :meth:`from_bytes` reads; an offloaded
+        simulation state is read straight into these arrays, :mod:`~flwr_corrnoise.
+        state_offload`)."""
+        try:
             step, position, rounds = (int(x) for x in arrays["counters"])
-            noise = (_stream_from_bytes(arrays["noise"].tobytes(), device)
+            noise = (_stream_from_bytes(memoryview(arrays["noise"]), device)
                      if "noise" in arrays else None)
             seed = int(str(arrays["seed"])) if "seed" in arrays else None
             binding = json.loads(str(arrays["binding"])) if "binding" in arrays else None
@@ -469,7 +480,7 @@ class LearnerState:
                    payload=payload)
 
 
-def _stream_from_bytes(blob: bytes, device: Any = None) -> NoiseStream:
+def _stream_from_bytes(blob: bytes | memoryview, device: Any = None) -> NoiseStream:
     """A stored stream: NumPy on the host, a device backend's on ``device`` (or the type it
     was saved on), through the backend table (:func:`~flwr_corrnoise.streams.restore_stream`).
     Why no torch import here: the core must not depend on torch; a caller that passes a

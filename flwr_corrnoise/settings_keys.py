@@ -113,6 +113,13 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "round metrics"),
     Key("state-dir", str, None, (NODE,), "learner",
         "directory for the learner's state, ledger and diagnostics (deployment)"),
+    Key("state-offload", str, "auto", (APP, RUN, NODE), "learner",
+        "simulation only: keep a learner state in a file with a handle in `context.state` "
+        "(`auto`: states ≥ 1 MiB; `on`; `off`), so the simulation process does not grow "
+        "with every learner that trained"),
+    Key("state-offload-dir", str, None, (APP, RUN, NODE), "learner",
+        "simulation only: the run-level folder of offloaded learner states (default: "
+        "`flwr-corrnoise-states` in the temp dir)"),
     Key("secure-noise", bool, False, (APP, NODE), "learner",
         "ChaCha20 noise keyed from OS entropy on a power-of-two grid (takes no seed); the "
         "learner's opt-in"),

@@ -59,6 +59,31 @@ def test_flower_simulation_matches_inprocess(tmp_path: Path, mechanism: str) -> 
     assert np.max(np.abs(broken - final)) > 1e-3
 
 
+def test_offloaded_states_give_the_same_model(tmp_path: Path) -> None:
+    """``state-offload = on``: every learner's state lives in a file under the run-level
+    ``state-offload-dir`` with a handle in ``context.state``; the run is the in-process one
+    to 1e-10 (the stream and data position survive the files), and each learner keeps at
+    most two files: its last committed generation (= the rounds) and the one before."""
+    from flwr_corrnoise.flower import make_client_app
+
+    setup = SMALL.with_(mechanism="blt")
+    server_app, _ = logreg_apps(setup, str(tmp_path), progress=False)
+    states = tmp_path / "states"
+    client_app = make_client_app(
+        lambda context: logistic_gradient(setup, int(context.node_config["partition-id"])),
+        config_defaults={**setup.to_run_config(), "state-offload": "on",
+                         "state-offload-dir": str(states)})
+    simulate(server_app, client_app, setup.num_learners)
+    final, _ = read_results(tmp_path)
+    res, _ = inprocess(setup)
+    np.testing.assert_allclose(final, res.params[0], rtol=0, atol=1e-10)
+    folders = sorted(states.glob("run-*/node-*/flwr-corrnoise"))
+    assert len(folders) == setup.num_learners
+    for folder in folders:
+        generations = sorted(int(f.name[1:].split("-")[0]) for f in folder.glob("g*.state"))
+        assert generations == [setup.rounds - 1, setup.rounds]
+
+
 def inprocess_with_state_reset(setup: LogRegSetup) -> np.ndarray:
     from flwr_corrnoise.learner import aggregate, derive_seed, local_round
 

@@ -110,6 +110,7 @@ from flwr_corrnoise.flower.session import (
 )
 from flwr_corrnoise.learner import LearnerState
 from flwr_corrnoise.persistence import StateLostError, StateStore
+from flwr_corrnoise.state_offload import OffloadPolicy
 from flwr_corrnoise.streams import new_seed
 
 __all__ = [
@@ -330,7 +331,8 @@ class RelayNode:
         self.seed = relay_seed(context, defaults)
         frozen = tuple(sorted((k, v) for k, v in cfg.items()
                               if k not in ("partition-id", "num-partitions", "node-index",
-                                           "state-dir", "noise-seed")))
+                                           "state-dir", "noise-seed", "state-offload",
+                                           "state-offload-dir")))
         self.graph, self.algo = _build_cached(frozen)
         if not 0 <= self.index < self.graph.num_nodes:
             raise ValueError(f"node index {self.index} outside the graph's "
@@ -349,7 +351,9 @@ class RelayNode:
                                    proposal, self.index)
         self.store = StateStore(str(context.node_config["state-dir"])) if deployed(
             context) else None
-        self.storage = LearnerStorage(context, STATE_KEY, self.store)
+        self.storage = LearnerStorage(
+            context, STATE_KEY, self.store,
+            OffloadPolicy.from_config(cfg) if self.simulation else None)
         # ``record-dir`` (simulations only): write each node's state after every round, so a
         # test can check that every relayed array is the node's θ + ζ. Never elsewhere.
         self.record_dir = cfg.get("record-dir") if self.simulation else None

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
+from .. import arraypack, state_offload
 from ..learner import (
     PRIVACY_METRICS,
     LearnerState,
@@ -65,6 +66,7 @@ from ..learner import (
 )
 from ..persistence import StateBusyError, StateLostError, StateStore
 from ..privacy import PrivacyBudgetError
+from ..state_offload import OffloadHandle, OffloadPolicy
 from ..streams import HorizonExhaustedError
 
 log = logging.getLogger(__name__)
@@ -224,15 +226,27 @@ class LearnerStorage:
     write the ledger line before the state and the state before the reply, in the same way.
     """
 
-    def __init__(self, context: Context, key: str, store: StateStore | None) -> None:
+    def __init__(self, context: Context, key: str, store: StateStore | None,
+                 offload: OffloadPolicy | None = None) -> None:
         self.context = context
         self.key = key
         self.store = store
+        #: in a simulation without a ``state-dir``: whether a large state goes to a file
+        #: with only its handle in ``context.state`` (:mod:`~flwr_corrnoise.state_offload`)
+        self.offload = offload if store is None else None
 
     @property
     def where(self) -> str:
-        return str(self.store.state_path) if self.store is not None else (
-            f"context.state[{self.key!r}]")
+        if self.store is not None:
+            return str(self.store.state_path)
+        handle = self._handle()
+        return (f"context.state[{self.key!r}]" if handle is None
+                else f"{handle.path} (offloaded from context.state[{self.key!r}])")
+
+    def _handle(self) -> OffloadHandle | None:
+        if self.key not in self.context.state:
+            return None
+        return OffloadHandle.from_record(self.context.state[self.key])  # type: ignore[arg-type]
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -251,14 +265,18 @@ class LearnerStorage:
         or wiped state is a :class:`~flwr_corrnoise.persistence.StateLostError` (4104),
         never a fresh start. Only reads."""
         data: bytes | None = None
+        arrays = None
         if self.store is not None:
             data = self.store.load()  # StateLostError if it trained before and lost it
+        elif (handle := self._handle()) is not None:
+            arrays = state_offload.read(handle)  # checked against the handle's identity
         elif self.key in self.context.state:
             data = bytes(self.context.state[self.key]["learner"])  # type: ignore[index]
-        if data is None:
+        if data is None and arrays is None:
             return None
         try:
-            state = LearnerState.from_bytes(data)
+            state = (LearnerState.from_state_dict(arrays) if arrays is not None
+                     else LearnerState.from_bytes(data))  # type: ignore[arg-type]
         except PrivacyConfigError:
             raise
         except ValueError as err:
@@ -280,16 +298,25 @@ class LearnerStorage:
             state.learner_id = LearnerState.new_id()
         state.generation += 1
         try:
-            data = state.to_bytes()  # serialized once, for the disk and for context.state
-            if self.store is not None:
-                self.store.commit(data, identity=state.learner_id,
-                                  generation=state.generation,
-                                  entry={**dict(entry), "time": time.time()},
-                                  diagnostics=diagnostics)
+            arrays = state.state_dict()
+            if self.store is None and self.offload is not None and self.offload.wants(
+                    sum(np.asarray(a).nbytes for a in arrays.values())):
+                handle = state_offload.write(
+                    self.offload.folder(self.context.run_id, self.context.node_id, self.key),
+                    arrays, identity=state.learner_id, generation=state.generation)
+                record = ConfigRecord(handle.to_record())
+            else:
+                data = arraypack.pack(arrays)  # serialized once, for disk and context.state
+                if self.store is not None:
+                    self.store.commit(data, identity=state.learner_id,
+                                      generation=state.generation,
+                                      entry={**dict(entry), "time": time.time()},
+                                      diagnostics=diagnostics)
+                record = ConfigRecord({"learner": data})
         except BaseException:
             state.generation -= 1
             raise
-        self.context.state[self.key] = ConfigRecord({"learner": data})
+        self.context.state[self.key] = record
 
 
 class LearnerSession:
@@ -329,7 +356,9 @@ class LearnerSession:
         if deployed(context):
             base = Path(str(node["state-dir"]))
             self.store = StateStore(base if kind == "step" else base / "round-mod")
-        self.storage = LearnerStorage(context, self.key, self.store)
+        self.storage = LearnerStorage(
+            context, self.key, self.store,
+            OffloadPolicy.from_config(self.config) if self.simulation else None)
         self.settings = settings or self._settings_from_config()
         if seed == "from-context":
             self.seed = learner_seed(context, self.defaults)
