@@ -97,7 +97,7 @@ def test_pd_ocg_noise_off_equals_reference_and_many_cg_iterations_reach_projecti
         return conditional_gradient(algo.K, zprev, 2 * algo.h, x, 5)
 
     np.testing.assert_allclose(res.decisions, _reference_blocked(algo, cg), rtol=0, atol=1e-10)
-    many = _build("pd-ocg", **{"cg-iters": 4000})
+    many = _build("pd-ocg", **{"cg-iters": 1000})  # measured: 2.7e-3 of the scale off
     res_many = run(many, BASE["steps"], 3, {"epsilon": np.full(4, np.inf)})
 
     def prox_delayed(z, _zhat, zprev, _x):
