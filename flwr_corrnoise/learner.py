@@ -419,13 +419,18 @@ class LearnerState:
         stores this, whatever its stream's backend."""
         return arraypack.pack(self.state_dict())
 
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self, *, flat: bool = False) -> dict[str, np.ndarray]:
         """The named arrays :meth:`to_bytes` packs: the counters, the stream's state, the
-        seed, the binding, the identity and generation."""
+        seed, the binding, the identity and generation. The stream's state is one packed
+        ``noise`` array, or with ``flat=True`` its own arrays as ``noise/<name>`` (no packed
+        copy of the buffers: an offloaded state is written this way, chunk by chunk);
+        :meth:`from_state_dict` reads both."""
         arrays: dict[str, np.ndarray] = {
             "counters": np.array([self.step, self.position, self.rounds], dtype=np.int64),
         }
-        if self.noise is not None:
+        if self.noise is not None and flat:
+            arrays.update({f"noise/{k}": v for k, v in self.noise.state_dict().items()})
+        elif self.noise is not None:
             arrays["noise"] = np.frombuffer(self.noise.to_bytes(), dtype=np.uint8)
         if self.seed is not None:
             arrays["seed"] = np.array(str(self.seed))
@@ -457,8 +462,10 @@ class LearnerState:
         state_offload`)."""
         try:
             step, position, rounds = (int(x) for x in arrays["counters"])
+            flat = {k.removeprefix("noise/"): v for k, v in arrays.items()
+                    if k.startswith("noise/")}
             noise = (_stream_from_bytes(memoryview(arrays["noise"]), device)
-                     if "noise" in arrays else None)
+                     if "noise" in arrays else restore_stream(flat, device) if flat else None)
             seed = int(str(arrays["seed"])) if "seed" in arrays else None
             binding = json.loads(str(arrays["binding"])) if "binding" in arrays else None
             learner_id = str(arrays["identity"]) if "identity" in arrays else None

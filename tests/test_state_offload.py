@@ -153,3 +153,24 @@ def test_a_round_whose_handle_never_reached_the_driver_is_redone(tmp_path: Path)
         store.write(back, {})
         assert len(files(tmp_path)) <= 2
     assert state_offload.read(OffloadHandle.from_record(ctx.state[STATE_KEY]))
+
+
+def test_a_torch_stream_state_round_trips_offloaded(tmp_path: Path) -> None:
+    """The torch ClientApp's state (a device stream) takes the same path: its stream's
+    arrays stored flat in the file, restored by its backend, continuing bit for bit."""
+    torch = pytest.importorskip("torch")
+    from flwr_corrnoise.torch import TorchNoiseStream
+
+    ctx = context()
+    store = storage(ctx, tmp_path)
+    stream = TorchNoiseStream.create("blt", 12, [(200, 250)], 1.0, 4,
+                                     device=torch.device("cpu"), dtype=torch.float64)
+    state = LearnerState(noise=stream, seed=4, binding=SETTINGS.binding(
+        stream.factorization.digest), learner_id=LearnerState.new_id())
+    advance(state, 2)
+    store.write(state, {})
+    assert OffloadHandle.from_record(ctx.state[STATE_KEY]) is not None
+    back = store.read()
+    assert type(back.noise) is TorchNoiseStream and back.step == 2
+    for a, b in zip(back.noise.next(), state.noise.next(), strict=True):
+        assert torch.equal(a, b)

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
-from .. import arraypack, state_offload
+from .. import state_offload
 from ..learner import (
     PRIVACY_METRICS,
     LearnerState,
@@ -298,15 +298,17 @@ class LearnerStorage:
             state.learner_id = LearnerState.new_id()
         state.generation += 1
         try:
-            arrays = state.state_dict()
-            if self.store is None and self.offload is not None and self.offload.wants(
+            offload = self.offload if self.store is None else None
+            arrays = (state.state_dict(flat=True)
+                      if offload is not None and offload.mode != "off" else None)
+            if arrays is not None and offload is not None and offload.wants(
                     sum(np.asarray(a).nbytes for a in arrays.values())):
                 handle = state_offload.write(
                     self.offload.folder(self.context.run_id, self.context.node_id, self.key),
                     arrays, identity=state.learner_id, generation=state.generation)
                 record = ConfigRecord(handle.to_record())
             else:
-                data = arraypack.pack(arrays)  # serialized once, for disk and context.state
+                data = state.to_bytes()  # serialized once, for disk and context.state
                 if self.store is not None:
                     self.store.commit(data, identity=state.learner_id,
                                       generation=state.generation,
