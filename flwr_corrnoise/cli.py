@@ -22,6 +22,14 @@ directory: one line on stderr); 3 a run that stopped with
 4 ``audit`` falsified the claimed ε; 1 any other failure (with its traceback: a bug to
 report); 130 interrupted. One function per subcommand (``_mechanism``, ``_calibrate``, …),
 each registered in :func:`build_parser`.
+
+Start-up: this module imports at its top only what the parser needs (the mechanism
+registry, for the ``--name``/``--mechanism`` choices and the build options, and the
+calibration methods); each subcommand imports what it alone uses when it runs (the
+learner's settings, the plan, the decentralized algorithms, the auditor, Flower, torch,
+matplotlib), so that ``flwr-corrnoise mechanism …`` does not pay for ``simulate``'s
+imports. ``tests/test_cli_startup.py`` checks it; ``benchmarks/cli_startup.py`` measures
+it.
 """
 
 from __future__ import annotations
@@ -32,23 +40,18 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from .learner import PrivacySettings
-from .mechanisms import (
-    MECHANISMS,
-    BufferedToeplitz,
-    Factorization,
-    Optimized,
-    Param,
-    build_factorization,
-    get_mechanism,
-    rmse_lower_bound,
-)
-from .mechanisms.participation import Participation
-from .privacy import METHODS, PrivacyBudgetError, calibrate
+# the parser's choices and options: every subcommand needs them before it runs
+from .mechanisms import MECHANISMS, Param, get_mechanism
+from .privacy import METHODS
+
+if TYPE_CHECKING:
+    from .mechanisms import Factorization
+    from .mechanisms.participation import Participation
 
 #: exit status by outcome (module docstring)
 EXIT = {"ok": 0, "failed": 1, "usage": 2, "run-failed": 3, "falsified": 4, "interrupted": 130}
@@ -61,6 +64,8 @@ PARTICIPATION_PARAMS = ("min_sep", "max_participations")
 def _participation(args: argparse.Namespace, steps: int) -> Participation:
     """``--epochs`` / ``--min-sep`` / ``--max-participations`` as a participation over
     ``steps`` steps (none of them: each datum once)."""
+    from .mechanisms.participation import Participation
+
     return Participation.from_options(
         steps, epochs=getattr(args, "epochs", None), min_sep=getattr(args, "min_sep", None),
         max_participations=getattr(args, "max_participations", None))
@@ -84,7 +89,13 @@ def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorizati
     takes; the others keep their defaults), showing a solver's progress, and the seconds
     it took. ``mechanism`` and ``calibrate`` build through it, so they take the same
     options; a mechanism that can be optimized for the participation (``blt``) is built
-    for it, as a learner builds it (:meth:`PrivacySettings.mechanism_params`)."""
+    for it, as a learner builds it (:meth:`PrivacySettings.mechanism_params`).
+
+    The seconds are the build's alone: everything it uses is imported before the clock
+    starts (``tests/test_cli_startup.py`` checks that a build imports nothing)."""
+    from .learner import PrivacySettings
+    from .mechanisms import build_factorization
+
     mechanism = get_mechanism(name)
     given = {p.name: getattr(args, p.name, None) for p in mechanism.params
              if p.name not in PARTICIPATION_PARAMS}
@@ -99,6 +110,8 @@ def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorizati
 
 
 def _mechanism(args: argparse.Namespace) -> dict[str, object]:
+    from .mechanisms import BufferedToeplitz, Optimized, rmse_lower_bound
+
     fact, built = _build(args.name, args.steps, args)
     out: dict[str, object] = dict(fact.summary())
     participation = _participation(args, args.steps)
@@ -158,6 +171,8 @@ def _add_mechanism_parameters(parser: argparse.ArgumentParser) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> dict[str, object]:
+    from .privacy import calibrate
+
     fact, _ = _build(args.mechanism, args.steps, args)
     participation = _participation(args, args.steps)
     sens = fact.participation_sensitivity(participation)
@@ -385,6 +400,35 @@ def _add_clip_norm(parser: argparse.ArgumentParser, help: str, *, required: bool
                        action=_DeprecatedOption, new="--clip-norm", help=argparse.SUPPRESS)
 
 
+class _AlgorithmNames(Sequence[str]):
+    """The registered decentralized algorithms, looked up the first time they are asked
+    for (a value checked, a help text printed): ``argparse`` shows them as the choices of
+    ``decentralized --algorithm`` as it would a list, but building the parser for another
+    subcommand imports none of the algorithms."""
+
+    def __init__(self) -> None:
+        self._names: list[str] | None = None
+
+    def _load(self) -> list[str]:
+        if self._names is None:
+            from .decentralized.engine import algorithm_names
+
+            self._names = algorithm_names()
+        return self._names
+
+    def __getitem__(self, index: Any) -> Any:  # an int or a slice, as a list's
+        return self._load()[index]
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._load()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flwr-corrnoise",
@@ -460,9 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
         "decentralized",
         help="small in-process run of a decentralized (graph) algorithm; prints ε per learner",
     )
-    from .decentralized.engine import algorithm_names
-
-    dec.add_argument("--algorithm", default="chen-wang", choices=algorithm_names())
+    # its choices are set after add_argument, which formats them: they import the
+    # algorithms, which only `decentralized` itself (or its --help, or a bad value) needs
+    dec.add_argument("--algorithm", default="chen-wang").choices = _AlgorithmNames()
     dec.add_argument("--graph", default="ring", choices=["ring", "cycle", "complete",
                                                           "watts-strogatz"])
     dec.add_argument("--nodes", type=int, default=5)
@@ -559,6 +603,8 @@ def _failure(err: BaseException) -> int:
     what the user can fix (a configuration, a budget, a failed run), the traceback for
     anything else (a bug)."""
     import traceback
+
+    from .privacy import PrivacyBudgetError
 
     failed = _run_failed(err)
     if failed is not None:  # released nothing
