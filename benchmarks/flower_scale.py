@@ -1,0 +1,529 @@
+"""Flower at scale: plain FedAvg vs CorrNoiseFedAvg, and what the state offload buys.
+
+    python benchmarks/flower_scale.py --learners 1000 --dims 100000 --fraction 0.1 \\
+        --rounds 5 --out benchmarks/results/flower_scale.csv
+
+One Flower Ray simulation per (learners, d, variant), each in a fresh subprocess (so Ray
+and memory start clean, ``FLWR_HOME`` a new temporary folder), interleaved plain, ours,
+ours-off, plain, ... so that machine noise hits every variant alike:
+
+* ``plain``: Flower's own ``flwr.serverapp.strategy.FedAvg`` and a ClientApp taking τ
+  noiseless local SGD steps;
+* ``ours``: ``CorrNoiseFedAvg`` + ``make_client_app`` with the same gradient, clipping and
+  correlated noise of ``--mechanism`` (BLT by default: a learner state of 4·d floats),
+  run-config ``state-offload = --offload`` (``auto``: states ≥ 1 MiB go to one file per
+  learner under ``state-offload-dir``, and only a handle stays in ``context.state``);
+* ``ours-off``: the same with ``state-offload = off`` (every state in ``context.state``,
+  which Flower 1.41 keeps for every virtual node in the simulation process).
+
+**The task** must be cheap at d = 10⁶, so it is a linear least-squares stream, not real
+data: learner ``i`` has a fixed unit direction ``a_i`` (one seeded Gaussian vector per
+process, rolled by ``7919·i`` places) and at stream position ``t`` a scalar label
+``y_{i,t} ~ N(0, 1)`` (seeded by ``(i, t)``); the gradient at ``x`` is
+``(⟨a_i, x⟩ − y_{i,t})·a_i``, one dot product and one scaled copy, O(d). Plain and ours
+call the same oracle.
+
+**What is measured.** Seconds per round: the median interval between consecutive
+``evaluate_fn`` calls over rounds 2..R (round 1 includes actor start-up), as
+``flower_overhead.py`` does. Peak memory of the whole process tree: a thread of this
+(parent) process sums the RSS of the run's subprocess and all its descendants (Ray's GCS,
+raylet, workers and actors) every 0.2 s, and their PSS every 2 s (PSS counts a page that k
+processes share, such as Ray's object store, as 1/k in each; reading it costs too much to
+do every 0.2 s on a 2-core machine). The simulation driver's own RSS after every round (in
+``evaluate_fn``, which runs in the driver) gives its growth from the end of round 2 to the
+end of round R beside the number of distinct learners that had trained by then (round 1's
+high-water of reply buffers is reached again in round 2, so round 2 is the baseline): with
+states in ``context.state`` the driver grows by one state per new learner, with the
+offload it should stay flat. The CSV keeps the per-round series. The offload folder's
+files and disk use are counted after the last round.
+
+Where the time goes: "learner ms/msg" is the median time a train message spends in the
+learner's code inside its actor (the same thin wrapper around both ClientApps; state load
+and commit included, Ray's transfer of the message and ``Context`` not); "aggregate s" is
+the median time of the strategy's ``aggregate_train`` in the driver. "load" is the 1-minute
+load average when the run started (the machine is shared). A run whose tree passes
+``--max-rss-gib`` is killed (its row says so), so that a run cannot take the shared machine
+down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import importlib
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+import numpy as np
+from flower_overhead import BACKEND
+
+try:
+    import psutil
+except ModuleNotFoundError:  # Ray vendors psutil (ray/thirdparty_files): importing ray
+    import ray  # noqa: F401  (puts that copy on sys.path)
+
+    psutil = importlib.import_module("psutil")
+
+from flwr_corrnoise.mechanisms import mechanism_names
+
+VARIANTS = ("plain", "ours", "ours-off")
+OFFLOAD_MODES = ("auto", "on", "off")
+MIB = 2**20
+GIB = 2**30
+
+
+# ---------------------------------------------------------------- the task (cheap at any d)
+
+_BASE: dict[tuple[int, int], np.ndarray] = {}
+
+
+def base_direction(dim: int, seed: int) -> np.ndarray:
+    """One seeded unit Gaussian vector per process (memoized: every virtual learner an actor
+    runs shares it, so the data costs one d-vector per process, not one per learner)."""
+    key = (dim, seed)
+    if key not in _BASE:
+        u = np.random.default_rng([seed, dim]).standard_normal(dim)
+        _BASE[key] = u / np.linalg.norm(u)
+    return _BASE[key]
+
+
+def linear_gradient(dim: int, learner: int, seed: int = 0
+                    ) -> Callable[[list[np.ndarray], int], list[np.ndarray]]:
+    """Learner ``learner``'s oracle: ``(⟨a_i, x⟩ − y_{i,t})·a_i`` with ``a_i`` the base
+    direction rolled by ``7919·i`` and ``y_{i,t} ~ N(0, 1)`` seeded by ``(seed, i, t)``."""
+    a = np.roll(base_direction(dim, seed), (7919 * learner) % dim)
+
+    def gradient(params: list[np.ndarray], position: int) -> list[np.ndarray]:
+        y = np.random.default_rng([seed, learner, position]).standard_normal()
+        return [(float(a @ params[0]) - y) * a]
+
+    return gradient
+
+
+# ---------------------------------------------------------------- one run (the subprocess)
+
+@dataclass
+class RunSpec:
+    """Everything one simulation needs; passed to the subprocess as JSON."""
+
+    variant: str
+    learners: int
+    dim: int
+    fraction: float
+    rounds: int
+    tau: int
+    actors: int
+    mechanism: str
+    offload: str  # the ``state-offload`` of the "ours" variant
+    offload_dir: str
+    times_dir: str
+    eta: float = 0.05
+    epsilon: float = 2.0
+    delta: float = 1e-3
+    clip: float = 1.0
+
+    @property
+    def state_offload(self) -> str | None:
+        return {"plain": None, "ours": self.offload, "ours-off": "off"}[self.variant]
+
+
+@dataclass
+class RunResult:
+    """What the subprocess reports (``marks``: ``evaluate_fn`` times from round 0;
+    ``driver_rss``: the driver's RSS at each of them; ``sampled``: node ids per round;
+    ``aggregate_s``: seconds of each round's ``aggregate_train``)."""
+
+    marks: list[float] = field(default_factory=list)
+    driver_rss: list[int] = field(default_factory=list)
+    sampled: list[list[int]] = field(default_factory=list)
+    aggregate_s: list[float] = field(default_factory=list)
+    offload_files: int = 0
+    offload_bytes: int = 0
+
+
+def dir_usage(path: Path) -> tuple[int, int]:
+    """(files, bytes on disk) under ``path``, recursively."""
+    files = used = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                st = os.stat(os.path.join(root, name))
+            except FileNotFoundError:  # replaced while we walk
+                continue
+            files += 1
+            used += st.st_blocks * 512
+    return files, used
+
+
+def _tracking(base: type) -> type:
+    """``base`` (a Flower strategy) that records the node ids it samples each round and the
+    seconds its ``aggregate_train`` takes (the driver's share of a round)."""
+
+    class Tracking(base):  # type: ignore[misc, valid-type]
+        sampled: list[list[int]]
+        aggregate_s: list[float]
+
+        def aggregate_train(self, server_round: int, replies: Iterable[Any]) -> Any:
+            t0 = time.perf_counter()
+            out = super().aggregate_train(server_round, replies)
+            self.aggregate_s.append(time.perf_counter() - t0)
+            return out
+
+        def configure_train(self, server_round: int, arrays: Any, config: Any,
+                            grid: Any) -> Iterable[Any]:
+            messages = list(super().configure_train(server_round, arrays, config, grid))
+            self.sampled.append([int(m.metadata.dst_node_id) for m in messages])
+            return messages
+
+    Tracking.__name__ = f"Tracking{base.__name__}"
+    return Tracking
+
+
+def child(spec: RunSpec, result_path: Path) -> None:
+    """Run one simulation and write a :class:`RunResult` to ``result_path``."""
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.simulation import run_simulation
+
+    from flwr_corrnoise.apps.logreg import wait_for_nodes
+    from flwr_corrnoise.flower import CorrNoiseFedAvg, make_client_app
+    from flwr_corrnoise.learner import PrivacySettings
+
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    me = psutil.Process()
+    res = RunResult()
+    start = time.perf_counter()
+
+    def evaluate(r: int, arrays: Any) -> None:
+        res.marks.append(time.perf_counter())
+        res.driver_rss.append(me.memory_info().rss)
+        if r == spec.rounds and spec.variant != "plain":
+            # the states of the last round are committed before the server aggregates
+            res.offload_files, res.offload_bytes = dir_usage(Path(spec.offload_dir))
+        print(f"  [{spec.variant} {spec.learners}×{spec.dim}] round {r}/{spec.rounds} "
+              f"{time.perf_counter() - start:.0f} s, driver RSS "
+              f"{res.driver_rss[-1] / MIB:.0f} MiB", file=sys.stderr, flush=True)
+
+    settings = PrivacySettings(mechanism=spec.mechanism, epsilon=spec.epsilon,
+                               delta=spec.delta, clip_norm=spec.clip,
+                               horizon=spec.rounds * spec.tau)
+    initial = ArrayRecord([np.zeros(spec.dim)])
+
+    if spec.variant == "plain":
+        def inner(msg: Message, context: Context) -> Message:
+            learner = int(context.node_config["partition-id"])
+            grad = linear_gradient(spec.dim, learner)
+            pos = int(context.state["pos"]["p"]) if "pos" in context.state else 0
+            x = msg.content["arrays"].to_numpy_ndarrays()[0].astype(np.float64)
+            for t in range(spec.tau):
+                x = x - spec.eta * grad([x], pos + t)[0]
+            context.state["pos"] = MetricRecord({"p": pos + spec.tau})
+            return Message(RecordDict({"arrays": ArrayRecord([x]),
+                                       "metrics": MetricRecord({"num-examples": spec.tau})}),
+                           reply_to=msg)
+
+        strategy = _tracking(FedAvg)(fraction_train=spec.fraction, fraction_evaluate=0.0,
+                                     min_available_nodes=spec.learners)
+    else:
+        settings.calibration()  # solve the factorization outside the timed rounds
+        defaults = {"mechanism": spec.mechanism, "epsilon": spec.epsilon,
+                    "delta": spec.delta, "clip-norm": spec.clip,
+                    "num-server-rounds": spec.rounds, "local-steps": spec.tau,
+                    "learning-rate": spec.eta, "seed": 0,
+                    "state-offload": spec.state_offload,
+                    "state-offload-dir": spec.offload_dir}
+        inner = make_client_app(
+            lambda context: linear_gradient(spec.dim, int(context.node_config["partition-id"])),
+            config_defaults=defaults)
+        strategy = _tracking(CorrNoiseFedAvg)(
+            local_steps=spec.tau, learning_rate=spec.eta, privacy=settings,
+            fraction_train=spec.fraction, min_available_nodes=spec.learners)
+
+    # the same thin wrapper around both: the seconds each train message spends in the
+    # learner's code inside its actor (state load and commit included, Ray's transfer of
+    # the message and the Context not), one line per message in a file per actor process
+    times = Path(spec.times_dir)
+    times.mkdir(parents=True, exist_ok=True)
+    client = ClientApp()
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        t0 = time.perf_counter()
+        try:
+            return inner(msg, context)
+        finally:
+            with open(times / f"{os.getpid()}.txt", "a") as fh:
+                fh.write(f"{time.perf_counter() - t0}\n")
+
+    strategy.sampled, strategy.aggregate_s = res.sampled, res.aggregate_s
+
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        wait_for_nodes(grid, spec.learners, timeout=1800)
+        strategy.start(grid=grid, initial_arrays=initial, num_rounds=spec.rounds,
+                       evaluate_fn=evaluate)
+
+    backend = {"client_resources": dict(BACKEND["client_resources"]),
+               "init_args": {**BACKEND["init_args"], "num_cpus": spec.actors}}
+    run_simulation(server_app=server, client_app=client, num_supernodes=spec.learners,
+                   backend_config=backend)
+    result_path.write_text(json.dumps(asdict(res)))
+
+
+# ---------------------------------------------------------------- the parent: sample, collect
+
+class TreeSampler(threading.Thread):
+    """Peak summed RSS of a process and all its descendants every ``interval`` s (PSS every
+    ``pss_every``-th sample: reading ``smaps`` costs tens of ms per sample on a big tree,
+    which on a 2-core machine would slow the run it measures); the tree is re-listed every
+    ``relist`` s (a scan of /proc). Kills the tree (by pid: our own subprocess and its
+    children) above ``limit`` bytes."""
+
+    def __init__(self, pid: int, interval: float = 0.2, limit: float | None = None,
+                 pss_every: int = 10, relist: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.root = psutil.Process(pid)
+        self.interval, self.limit = interval, limit
+        self.pss_every, self.relist = pss_every, relist
+        self.peak_rss = self.peak_pss = 0
+        self.max_procs = 0
+        self.samples, self.sample_s = 0, 0.0  # the sampler's own cost, reported
+        self.killed_at: int | None = None
+        self._halt = threading.Event()
+        self._pss = True
+        self._procs: list[psutil.Process] = []
+        self._listed = -float("inf")
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def sample(self) -> int:
+        t0 = time.perf_counter()
+        if t0 - self._listed >= self.relist:
+            self._procs, self._listed = self.tree(), t0
+        with_pss = self._pss and self.samples % self.pss_every == 0
+        rss = pss = 0
+        for p in self._procs:
+            try:
+                if with_pss:
+                    info = p.memory_full_info()
+                    rss += info.rss
+                    pss += getattr(info, "pss", 0)
+                else:
+                    rss += p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue
+            except psutil.AccessDenied:
+                self._pss = False  # RSS only from here on
+        self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+        self.max_procs = max(self.max_procs, len(self._procs))
+        self.samples += 1
+        self.sample_s += time.perf_counter() - t0
+        return rss
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            rss = self.sample()
+            if self.limit is not None and rss > self.limit and self.killed_at is None:
+                self.killed_at = rss
+                for p in reversed(self.tree()):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.kill()
+            self._halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dict[str, Any]:
+    """One simulation in a fresh subprocess; its measured row."""
+    result_path = workdir / "result.json"
+    spec_path = workdir / "spec.json"
+    spec_path.write_text(json.dumps(asdict(spec)))
+    env = {**os.environ, "FLWR_HOME": str(workdir / "flwr-home")}
+    load_start = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--child", str(spec_path),
+                             str(result_path)], stdout=sys.stderr, env=env)
+    sampler = TreeSampler(proc.pid, limit=max_rss)
+    sampler.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for p in reversed(sampler.tree()):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        rc = proc.wait()
+        sampler.killed_at = sampler.killed_at or -1
+    sampler.stop()
+    wall = time.perf_counter() - t0
+    row: dict[str, Any] = {
+        "learners": spec.learners, "dim": spec.dim, "fraction": spec.fraction,
+        "rounds": spec.rounds, "tau": spec.tau, "actors": spec.actors,
+        "mechanism": spec.mechanism, "variant": spec.variant,
+        "state_offload": spec.state_offload or "",
+        "peak_tree_rss_gib": sampler.peak_rss / GIB,
+        "peak_tree_pss_gib": sampler.peak_pss / GIB if sampler.peak_pss else float("nan"),
+        "tree_procs": sampler.max_procs, "wall_s": wall,
+        "load_start": load_start, "load_end": os.getloadavg()[0],
+        "sampler_ms": 1e3 * sampler.sample_s / max(1, sampler.samples),
+    }
+    if sampler.killed_at is not None:
+        row["status"] = ("timed out" if sampler.killed_at < 0 else
+                         f"killed at {sampler.killed_at / GIB:.1f} GiB")
+    elif rc != 0 or not result_path.exists():
+        row["status"] = f"failed (exit {rc})"
+    else:
+        row["status"] = "ok"
+    if row["status"] != "ok":
+        return row
+    res = RunResult(**json.loads(result_path.read_text()))
+    trained = [len(set().union(*res.sampled[:r])) for r in range(1, len(res.sampled) + 1)]
+    row.update({
+        "s_per_round": statistics.median(np.diff(res.marks[1:])),
+        "driver_rss_r2_mib": res.driver_rss[2] / MIB,
+        "driver_rss_end_mib": res.driver_rss[-1] / MIB,
+        "driver_growth_mib": (res.driver_rss[-1] - res.driver_rss[2]) / MIB,
+        "trained_r2": trained[1], "trained_end": trained[-1],
+        "growth_per_learner_mib": ((res.driver_rss[-1] - res.driver_rss[2]) / MIB
+                                   / (trained[-1] - trained[1])
+                                   if trained[-1] > trained[1] else float("nan")),
+        "driver_rss_series_mib": " ".join(f"{v / MIB:.0f}" for v in res.driver_rss),
+        "trained_series": " ".join(str(t) for t in trained),
+        "offload_files": res.offload_files, "offload_mib": res.offload_bytes / MIB,
+        "aggregate_s": statistics.median(res.aggregate_s[1:] or res.aggregate_s),
+    })
+    client_s = [float(v) for f in Path(spec.times_dir).glob("*.txt")
+                for v in f.read_text().split()]
+    if client_s:
+        row["client_ms"] = 1e3 * statistics.median(client_s)
+        row["messages"] = len(client_s)
+    return row
+
+
+def fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return "–"
+    return format(value, spec)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| learners × d | fraction | variant | s/round | × plain | learner ms/msg "
+            "| aggregate s | peak tree RSS / PSS GiB "
+            "| driver RSS r2 → R MiB | growth MiB (per new learner) | trained r2 → R "
+            "| offload files | "
+            "offload MiB | load | status |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for row in rows:
+        lines.append(
+            f"| {row['learners']:,} × {row['dim']:,} | {row['fraction']:g} | {row['variant']}"
+            f"{'' if row['variant'] != 'ours' else ' (' + row['state_offload'] + ')'} "
+            f"| {fmt(row.get('s_per_round'), '.2f')} | {fmt(row.get('ratio'), '.2f')} "
+            f"| {fmt(row.get('client_ms'), '.1f')} | {fmt(row.get('aggregate_s'), '.2f')} "
+            f"| {fmt(row['peak_tree_rss_gib'], '.2f')} / {fmt(row['peak_tree_pss_gib'], '.2f')} "
+            f"| {fmt(row.get('driver_rss_r2_mib'), '.0f')} → "
+            f"{fmt(row.get('driver_rss_end_mib'), '.0f')} "
+            f"| {fmt(row.get('driver_growth_mib'), '+.0f')} "
+            f"({fmt(row.get('growth_per_learner_mib'), '+.2f')}) "
+            f"| {fmt(row.get('trained_r2'), 'd')} → {fmt(row.get('trained_end'), 'd')} "
+            f"| {fmt(row.get('offload_files') if row['variant'] != 'plain' else None, 'd')} "
+            f"| {fmt(row.get('offload_mib') if row['variant'] != 'plain' else None, '.1f')} "
+            f"| {row['load_start']:.1f} | {row['status']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--learners", type=int, nargs="+", default=[1000])
+    p.add_argument("--dims", type=int, nargs="+", default=[100_000])
+    p.add_argument("--fraction", type=float, default=0.1, help="learners sampled per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tau", type=int, default=4)
+    p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--mechanism", default="blt", choices=mechanism_names())
+    p.add_argument("--offload", default="auto", choices=OFFLOAD_MODES,
+                   help="state-offload of the 'ours' variant")
+    p.add_argument("--max-rss-gib", type=float, default=14.0,
+                   help="kill a run whose process tree passes this (shared machine)")
+    p.add_argument("--run-timeout", type=float, default=3600.0)
+    p.add_argument("--tmp", default=None, help="parent of the runs' FLWR_HOME and offload "
+                   "folders (default: the temp dir)")
+    p.add_argument("--out", type=Path, default=None, help="CSV of every run")
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(RunSpec(**json.loads(Path(args.child[0]).read_text())), Path(args.child[1]))
+        return
+    if args.rounds < 3:
+        p.error("--rounds must be ≥ 3 (the median is over rounds 2..R)")
+
+    rows: list[dict[str, Any]] = []
+    for learners in args.learners:
+        for dim in args.dims:
+            for rep in range(args.repeats):
+                group = []
+                for variant in args.variants:
+                    with tempfile.TemporaryDirectory(prefix="flower-scale-", dir=args.tmp,
+                                                     ignore_cleanup_errors=True) as tmp:
+                        spec = RunSpec(variant=variant, learners=learners, dim=dim,
+                                       fraction=args.fraction, rounds=args.rounds,
+                                       tau=args.tau, actors=args.actors,
+                                       mechanism=args.mechanism, offload=args.offload,
+                                       offload_dir=str(Path(tmp) / "offload"),
+                                       times_dir=str(Path(tmp) / "client-times"))
+                        print(f"[{variant}] {learners} learners × d = {dim}, fraction "
+                              f"{args.fraction:g}, {args.rounds} rounds (repeat {rep + 1})",
+                              file=sys.stderr, flush=True)
+                        row = run_one(spec, Path(tmp), args.max_rss_gib * GIB,
+                                      args.run_timeout)
+                    row["repeat"] = rep + 1
+                    print(f"  -> {row['status']}, {fmt(row.get('s_per_round'), '.2f')} "
+                          f"s/round, peak tree RSS {row['peak_tree_rss_gib']:.2f} GiB, "
+                          f"wall {row['wall_s']:.0f} s, load {row['load_start']:.1f} → "
+                          f"{row['load_end']:.1f}, sampler {row['sampler_ms']:.1f} ms/sample",
+                          file=sys.stderr, flush=True)
+                    group.append(row)
+                plain = next((r.get("s_per_round") for r in group if r["variant"] == "plain"),
+                             None)
+                for row in group:
+                    if plain and row.get("s_per_round"):
+                        row["ratio"] = row["s_per_round"] / plain
+                rows.extend(group)
+    print(table(rows))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        with open(args.out, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
