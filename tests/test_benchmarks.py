@@ -121,3 +121,18 @@ def test_cli_startup() -> None:
     assert by["calibrate"]["CLI build s"] == by["plan"]["warm build s"] == "–"
     load1, load5 = (float(x) for x in by["plan"]["load 1/5 min"].split(" / "))
     assert load1 >= 0 and load5 >= 0
+
+
+def test_state_handling() -> None:
+    """benchmarks/state_handling.py at toy size: both stores per d; an offloaded state
+    leaves the driver a handle of under 1 KB whatever d, one in context.state ≥ 4·d floats
+    (BLT's buffers). Timings are not compared."""
+    rows = run("state_handling.py", "--dims", "2000", "20000", "--repeats", "2")
+    body = {(r[0], r[1]): r for r in rows[1:]}
+    assert set(body) == {(d, s) for d in ("2,000", "20,000")
+                         for s in ("in context.state", "offloaded to a file")}
+    for d in ("2,000", "20,000"):
+        assert body[(d, "offloaded to a file")][6].endswith(" B")
+        kept = body[(d, "in context.state")][6]
+        assert kept.endswith("KB") and float(kept.split()[0]) * 1e3 >= 4 * 8 * int(
+            d.replace(",", ""))
