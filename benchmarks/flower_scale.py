@@ -30,9 +30,10 @@ call the same oracle.
 raylet, workers and actors) every 0.2 s, and their PSS every 2 s (PSS counts a page that k
 processes share, such as Ray's object store, as 1/k in each; reading it costs too much to
 do every 0.2 s on a 2-core machine). The simulation driver's own RSS after every round (in
-``evaluate_fn``, which runs in the driver) gives its growth from the end of round 2 to the
-end of round R beside the number of distinct learners that had trained by then (round 1's
-high-water of reply buffers is reached again in round 2, so round 2 is the baseline): with
+``evaluate_fn``, which runs in the driver, after ``gc.collect`` and glibc's ``malloc_trim``
+so that it is live memory) gives its growth from the end of round 2 to the end of round R
+beside the number of distinct learners that had trained by then (round 2 as the baseline:
+Ray and Flower's own first-round allocations are done by then): with
 states in ``context.state`` the driver grows by one state per new learner, with the
 offload it should stay flat. The CSV keeps the per-round series. The offload folder's
 files and disk use are counted after the last round.
@@ -51,6 +52,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import ctypes
+import gc
 import importlib
 import json
 import logging
@@ -194,6 +197,16 @@ def _tracking(base: type) -> type:
     return Tracking
 
 
+def trim() -> None:
+    """Collect garbage and hand the C heap's free pages back to the OS (glibc
+    ``malloc_trim``), so that the driver's RSS after a round is its live memory: without it
+    the round's reply buffers (100 × 8 MB at d = 10⁶) leave a high-water of several hundred
+    MiB that moves from round to round and hides a growth of one state per learner."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def child(spec: RunSpec, result_path: Path) -> None:
     """Run one simulation and write a :class:`RunResult` to ``result_path``."""
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -213,6 +226,7 @@ def child(spec: RunSpec, result_path: Path) -> None:
 
     def evaluate(r: int, arrays: Any) -> None:
         res.marks.append(time.perf_counter())
+        trim()  # live memory, not the allocator's high-water of the round's replies
         res.driver_rss.append(me.memory_info().rss)
         if r == spec.rounds and spec.variant != "plain":
             # the states of the last round are committed before the server aggregates
