@@ -8,24 +8,30 @@ Per mechanism: seconds per run of the reference driver as the sweep ran it befor
 optimum) and of the sweep's driver now (``run_vectorized_logreg`` and ``SweepEvaluator``,
 whose round optima are solved once per data seed: warm after the first run), the median
 per-pair ratio, and the largest difference of the final models (the engines agree to
-1e-12). The paper's n = 20, d = 100, τ = 4.
+1e-12). The paper's n = 20, d = 100, τ = 4; one BLAS thread (as the sweep's workers).
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
+import os
 
-import numpy as np
+# one BLAS thread, as the sweep's worker processes run (simulations/logreg.py)
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, simulations/
 
-from experiments.logreg import run_logreg_inprocess
-from flwr_corrnoise.apps.logreg_task import LogRegEvaluator, LogRegSetup
-from simulations.logreg import SweepEvaluator, run_vectorized_logreg
+from experiments.logreg import run_logreg_inprocess  # noqa: E402
+from flwr_corrnoise.apps.logreg_task import LogRegEvaluator, LogRegSetup  # noqa: E402
+from simulations.logreg import SweepEvaluator, run_vectorized_logreg  # noqa: E402
 
 
 def main() -> None:

@@ -11,9 +11,13 @@ global models as the Flower simulation (``tests/test_flower_simulation.py`` chec
 
 :func:`run_vectorized` is the same run with every learner of a round as one ``L×d`` array:
 the gradients of a local step in one call, the learners' rounds in lockstep through
-:func:`~flwr_corrnoise.learner.local_rounds` (whose ``L = 1`` case is ``local_round``), so
-each learner's step is still the one ``private_step`` and the results equal
-:func:`run_inprocess`'s to 1e-12 (``tests/test_vectorized_engine.py``).
+:func:`~flwr_corrnoise.learner.local_rounds` (whose ``L = 1`` case is ``local_round``),
+every step :func:`~flwr_corrnoise.learner.private_steps` (whose ``L = 1`` case is
+``private_step``: each learner's horizon, datum rule, clipping and counters as vector
+operations over the rows) and the learners' noise one recurrence per round's group of
+streams (:class:`~flwr_corrnoise.streams.StreamGroup`, each learner's rows still from its
+own keyed generator). The results equal :func:`run_inprocess`'s to 1e-12
+(``tests/test_vectorized_engine.py``).
 """
 
 from __future__ import annotations
@@ -117,13 +121,14 @@ def run_vectorized(
     ``batch_gradient(Z, learners, positions)`` returns the ``L×d`` gradients of learners
     ``learners`` (their flat models are the rows of ``Z``) on their data at ``positions``:
     one vectorized call per local step instead of ``L``. The round is
-    :func:`~flwr_corrnoise.learner.local_rounds` (the learners' steps in lockstep), so every
-    learner still takes the one :func:`~flwr_corrnoise.learner.private_step` — its own
-    clipping, noise stream and counters — and the results equal :func:`run_inprocess`'s on
-    the same seeds (``tests/test_vectorized_engine.py``: 1e-12). ``gradients`` (per learner)
-    is what a learner falls back to when the batch fails (a datum that cannot be
-    computed), so one datum never changes another learner's step. Learners with different
-    settings are stepped in one group per settings.
+    :func:`~flwr_corrnoise.learner.local_rounds` (the learners' steps in lockstep, each
+    step :func:`~flwr_corrnoise.learner.private_steps`, the private step over ``L`` rows —
+    every learner's own clipping, noise stream and counters — with the learners' streams
+    as one :class:`~flwr_corrnoise.streams.StreamGroup`), and the results equal
+    :func:`run_inprocess`'s on the same seeds (``tests/test_vectorized_engine.py``: 1e-12).
+    ``gradients`` (per learner) is what a learner falls back to when the batch fails (a
+    datum that cannot be computed), so one datum never changes another learner's step.
+    Learners with different settings are stepped in one group per settings.
     """
     return run_inprocess(batch_gradient=batch_gradient, **kwargs)
 

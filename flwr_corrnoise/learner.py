@@ -49,7 +49,14 @@ from .mechanisms import (
 from .mechanisms.participation import ONCE, Participation, ParticipationError
 from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
 from .settings_keys import lookup, require, summarized
-from .streams import HorizonExhaustedError, NoiseStream, new_seed, restore_stream, split_flat
+from .streams import (
+    HorizonExhaustedError,
+    NoiseStream,
+    StreamGroup,
+    new_seed,
+    restore_stream,
+    split_flat,
+)
 
 log = logging.getLogger(__name__)
 
@@ -602,11 +609,18 @@ class RoundResult:
 @renamed_keywords(clip="clip_norm")
 def clip_by_global_norm(g: np.ndarray, clip_norm: float) -> tuple[np.ndarray, float]:
     """Scale ``g`` to norm at most ``clip_norm`` (over all parameters); return it and its
-    norm."""
-    norm = float(np.linalg.norm(g))
+    norm (:func:`row_norms`, the norm of the private step's clipping)."""
+    norm = float(row_norms(np.reshape(np.asarray(g, dtype=np.float64), (1, -1)))[0])
     if norm > clip_norm:
         g = g * (clip_norm / norm)
     return g, norm
+
+
+def row_norms(g: np.ndarray) -> np.ndarray:
+    """The L2 norm of every row of the 2-D ``g``. Why one function: the private step clips
+    ``L`` learners' rows at once, and a release clipped alone (:func:`clip_by_global_norm`)
+    must be clipped by the same floats."""
+    return np.sqrt(np.einsum("ij,ij->i", g, g))
 
 
 def _flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -709,16 +723,97 @@ def private_step(
     on. The noiseless baseline skips the clipping and the noise. Every NumPy front end
     steps through here: :func:`local_round`, :meth:`~flwr_corrnoise.flower.PrivateSteps.step`
     and, with the round's update as the datum,
-    :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`."""
-    check_horizon(settings, state.step)
-    g, why = datum_gradient(compute, size)
-    counts.zeroed(why)  # data-dependent: a zero contribution, the same reply as any other
+    :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`. It is the ``L = 1`` case of
+    :func:`private_steps`."""
+    return private_steps([state], settings, size, [counts], computes=[compute])[0]
+
+
+def private_steps(
+    states: Sequence[LearnerState],
+    settings: PrivacySettings,
+    size: int,
+    counts: Sequence[StepCounts],
+    *,
+    computes: Sequence[Callable[[], Any]] | None = None,
+    rows: np.ndarray | None = None,
+    noise: Sequence[tuple[list[int], StreamGroup]] | None = None,
+) -> np.ndarray:
+    """:func:`private_step` for ``L`` learners of one settings at once: row ``i`` of the
+    ``L×size`` result is learner ``i``'s release, computed by the same rules in the same
+    order — each learner's horizon; its gradient (``rows[i]``, or ``computes[i]()``
+    through :func:`datum_gradient`), zero if it cannot be computed or is not finite; its
+    own clipping to ``B_g``; its own stream's increment; its counters and ``counts[i]``.
+
+    Why one function for both: the vectorized engine's learners step in lockstep, and the
+    rules above are vector operations over the rows (one norm per row, one finiteness
+    test per row) plus one recurrence for all the learners' noise
+    (:class:`~flwr_corrnoise.streams.StreamGroup`), so ``L`` learners cost about what one
+    costs in Python calls; one learner is ``L = 1`` of the same code.
+
+    ``rows``: the ``L`` gradients already computed (a batch); ``computes``: each learner's
+    code for its datum otherwise. ``noise``: the learners' streams as open groups
+    (``(indices, group)`` from :meth:`StreamGroup.partition`, kept open over a round by
+    :func:`local_rounds`); by default they are grouped here and closed on return.
+    """
+    if states:  # the learner furthest along decides (one check for the L counters)
+        check_horizon(settings, max(state.step for state in states))
+    g = _gradient_rows(len(states), size, counts, computes, rows)
     if settings.private:
-        g, norm = clip_by_global_norm(g, settings.clip_norm)
-        counts.clipped += norm > settings.clip_norm
-        g = state.noise.add_next(g)  # type: ignore[union-attr]
-    state.advance()
+        norms = row_norms(g)
+        over = norms > settings.clip_norm
+        if over.any():
+            g[over] *= (settings.clip_norm / norms[over])[:, None]
+        for c, clipped in zip(counts, over.tolist(), strict=True):
+            c.clipped += clipped
+        if noise is not None:
+            g = _add_noise(g, noise)
+        elif len(states) == 1:  # the one-stream group: the stream's own add_next
+            g[0] = states[0].noise.add_next(g[0])  # type: ignore[union-attr]
+        else:
+            groups = StreamGroup.partition([s.noise for s in states])  # type: ignore[misc]
+            try:
+                g = _add_noise(g, groups)
+            finally:
+                for _, group in groups:
+                    group.close()
+    for state in states:
+        state.advance()
     return g
+
+
+def _gradient_rows(count: int, size: int, counts: Sequence[StepCounts],
+                   computes: Sequence[Callable[[], Any]] | None,
+                   rows: np.ndarray | None) -> np.ndarray:
+    """The ``count×size`` gradients of a step: ``rows`` (a batch, copied) with every row
+    that is not all finite set to zero, or each ``computes[i]`` through
+    :func:`datum_gradient`; each learner's :class:`StepCounts` told why."""
+    if rows is not None:
+        g = np.array(rows, dtype=np.float64)
+        if g.shape != (count, size):
+            raise ValueError(f"gradient rows of shape {g.shape}, expected {(count, size)}")
+        finite = np.isfinite(g).all(axis=1)
+        if not finite.all():
+            g[~finite] = 0.0
+        for c, ok in zip(counts, finite.tolist(), strict=True):
+            c.zeroed("" if ok else NONFINITE)
+        return g
+    if computes is None or len(computes) != count:
+        raise ValueError("one gradient computation per learner is needed")
+    g = np.empty((count, size))
+    for i, compute in enumerate(computes):
+        g[i], why = datum_gradient(compute, size)
+        counts[i].zeroed(why)
+    return g
+
+
+def _add_noise(g: np.ndarray, groups: Sequence[tuple[list[int], StreamGroup]]) -> np.ndarray:
+    """Each group's releases ``g[rows] + e`` (exact on a secure stream's grid)."""
+    if len(groups) == 1 and len(groups[0][0]) == g.shape[0]:
+        return groups[0][1].add_next(g)
+    out = np.empty_like(g)
+    for idx, group in groups:
+        out[idx] = group.add_next(g[idx])
+    return out
 
 
 def local_round(
@@ -765,9 +860,12 @@ def local_rounds(
     """:func:`local_round` for ``L`` learners from the same ``params``, their steps in
     lockstep (``L = 1`` *is* :func:`local_round`). Why: the vectorized engine
     (:func:`flwr_corrnoise.engine.run_vectorized`) keeps the ``L`` local models as one
-    ``L×d`` array and may compute their ``L`` gradients in one ``batch`` call; every
-    learner's step is still the one :func:`private_step` (its own horizon, datum rule,
-    clipping, noise stream and counters), and the round's rule is this one function.
+    ``L×d`` array and may compute their ``L`` gradients in one ``batch`` call; every step
+    is :func:`private_steps` (the private step over the ``L`` rows: each learner's own
+    horizon, datum rule, clipping, noise stream and counters), the learners' streams
+    advanced as one :class:`~flwr_corrnoise.streams.StreamGroup` per round (one
+    recurrence, each learner's rows from its own generator), and the round's rule is this
+    one function.
 
     A ``batch`` that raises or returns another shape computes nothing: each learner's
     datum then goes through its own ``gradients[i]`` (so one learner's datum can never
@@ -788,25 +886,37 @@ def local_rounds(
     # nothing, so rolling the noise streams back reuses no released noise.
     tokens = [state.checkpoint() for state in states]
     counts = [StepCounts() for _ in states]
+    noise: list[tuple[list[int], StreamGroup]] = []
     try:
         z = np.tile(x, (len(states), 1))
         total = np.zeros_like(z)
+        if settings.private:  # one recurrence per group of streams, for the whole round
+            noise = StreamGroup.partition([state.noise for state in states])  # type: ignore[misc]
         for _ in range(int(tau)):
             rows = _batch_rows(batch, z, [state.position for state in states])
-            for i, state in enumerate(states):
-                compute = (partial(rows.__getitem__, i) if rows is not None else
-                           partial(gradients[i], split_flat(z[i], shapes), state.position))
-                g = private_step(state, settings, compute, x.size, counts[i])
-                z[i] -= eta * g
-                total[i] += g
+            computes = None if rows is not None else [
+                partial(gradients[i], split_flat(z[i], shapes), state.position)
+                for i, state in enumerate(states)]
+            g = private_steps(states, settings, x.size, counts, computes=computes, rows=rows,
+                              noise=noise)
+            z -= eta * g
+            total += g
         for state in states:
             state.rounds += 1
     except BaseException:
+        for _, group in noise:
+            group.close()
         for state, token in zip(states, tokens, strict=True):
             state.rollback(token)
         raise
+    for _, group in noise:
+        group.close()
+    metrics: dict[int, dict[str, float]] = {}  # one computation per step count
+    for state in states:
+        if state.step not in metrics:
+            metrics[state.step] = privacy_metrics(settings, state.step)
     return [RoundResult(update=split_flat(total[i] / tau, shapes), state=state,
-                        metrics=privacy_metrics(settings, state.step),
+                        metrics=dict(metrics[state.step]),
                         diagnostics=counts[i].diagnostics(int(tau)))
             for i, state in enumerate(states)]
 

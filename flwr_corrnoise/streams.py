@@ -37,6 +37,12 @@ failed round, when a restored state is inconsistent); :class:`NoiseStream` only 
 generator, the step, the scaling by ``V`` and the state format. The device-resident torch stream
 (:class:`flwr_corrnoise.torch.TorchNoiseStream`) runs the same kernels on tensors.
 
+**Stream groups** (:class:`StreamGroup`): ``L`` streams of one mechanism at the same
+step advanced together — one kernel state of dimension ``L·d``, one recurrence, each
+stream's rows from its own generator in its own order — for the vectorized in-process
+engine, whose learners step in lockstep. The increments and states are those of the ``L``
+separate streams (to the rounding of a wider product; ``tests/test_stream_group.py``).
+
 The state serializes to a small byte string (:mod:`~flwr_corrnoise.arraypack`, no
 pickle) for Flower's ``context.state`` or a file, and a stream restored from it continues
 bit for bit.
@@ -263,6 +269,18 @@ class NoiseStream:
                 raise ValueError("noise state buffers have the wrong dimension")
         self._state = self._kernel.init(self._ops, self.dim, list(levels or []), given)
         self._cursor = RowCursor(self)  # the kernel's draw (and generator position)
+        #: the open :class:`StreamGroup` that holds this stream's kernel state, if any
+        self._group: StreamGroup | None = None
+        #: whether :meth:`_draw` is ``standard_normal(d)`` of a NumPy generator, which a
+        #: group may ask to write into its row (``out=``) instead
+        self._draws_into = (type(self)._draw is NoiseStream._draw
+                            and isinstance(rng, np.random.Generator))
+
+    def _release(self) -> None:
+        """Take the kernel state back from an open :class:`StreamGroup` (closing it), so
+        that nothing ever reads or steps a state the group has moved on."""
+        if self._group is not None:
+            self._group.close()
 
     def _as_row(self, row: np.ndarray) -> np.ndarray:
         """One serialized row as an array of this stream's namespace."""
@@ -311,16 +329,26 @@ class NoiseStream:
 
     def next(self) -> np.ndarray:
         """The flat increment ``e[step]`` (length ``d``, float64); advances the step."""
+        self._release()
+        self._check_step()
+        unit = self._kernel.next(self._state, self.step, self._cursor, self._ops)
+        self.step += 1
+        return self._scaled(unit)
+
+    def _check_step(self) -> None:
+        """Refuse a step past the horizon, before anything is drawn."""
         if self.step >= self.horizon:
             raise HorizonExhaustedError(
                 f"the {self.mechanism} noise stream is calibrated for {self.horizon} steps and "
                 f"all of them have been used; adding more noisy steps would exceed the privacy "
                 f"budget (or reuse noise)"
             )
-        unit = self._kernel.next(self._state, self.step, self._cursor, self._ops)
-        self.step += 1
+
+    def _scaled(self, unit: np.ndarray) -> np.ndarray:
+        """A kernel's unit-std increment(s) as released noise: times ``V``, and on a secure
+        stream's grid (in place: every kernel returns a fresh array)."""
         if self.std != 1.0:
-            unit *= self.std  # in place: every kind returns a fresh array
+            unit *= self.std
         if isinstance(self._rng, ChaCha20Gaussian):  # secure: the released increment on
             round_to_grid(unit, granularity(self.std), out=unit)  # a power-of-two grid
         return unit
@@ -334,7 +362,9 @@ class NoiseStream:
         """``value + e[step]``: the release. Why a method: a secure stream's release must be
         ``trunc_g(value) + e`` on its power-of-two grid (exact float addition, nothing to
         read from rounding); an ordinary stream's is the plain sum."""
-        noise = self.next()
+        return self._add(value, self.next())
+
+    def _add(self, value: np.ndarray, noise: np.ndarray) -> np.ndarray:
         if self.secure:
             return add_on_grid(value, noise, granularity(self.std))
         return value + noise
@@ -359,10 +389,12 @@ class NoiseStream:
     def checkpoint(self) -> tuple:
         """A token to :meth:`rollback` to; O(log N) work and no copy of the history (the
         kernel copies only what it updates in place, BLT's ``buffers·d`` floats)."""
+        self._release()
         return (self.step, self._rng_state(), self._kernel.checkpoint(self._state, self._ops))
 
     def rollback(self, token: tuple) -> None:
         """Undo every :meth:`next` since ``token`` was taken (nothing was released)."""
+        self._release()
         self.step, rng_state, kernel_token = token
         self._set_rng_state(rng_state)
         self._kernel.rollback(self._state, kernel_token)
@@ -383,12 +415,14 @@ class NoiseStream:
     def state_floats(self) -> int:
         """Floats held besides the generator: the stream's memory (history rows for the
         dense kinds, cover estimates for the tree, the buffers for BLT)."""
+        self._release()
         return self._kernel.state_floats(self._state) * self.dim
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything needed to continue the stream, as plain arrays (no pickle)."""
         shape_lens = np.array([len(s) for s in self.shapes], dtype=np.int64)
         shape_dims = np.array([d for s in self.shapes for d in s], dtype=np.int64)
+        self._release()
         levels, saved = self._kernel.save(self._state)
         rows = self._rows_array(saved)
         return {
@@ -470,6 +504,7 @@ class NoiseStream:
         """Reject a state whose buffers do not match its step (corruption, tampering)."""
         if not 0 <= self.step <= self.horizon:
             raise ValueError(f"noise state step {self.step} outside [0, {self.horizon}]")
+        self._release()
         self._kernel.check(self._state, self.step, self.dim)
 
     def to_bytes(self) -> bytes:
@@ -484,3 +519,149 @@ class NoiseStream:
         except (OSError, ValueError, EOFError) as err:
             raise ValueError(f"unreadable noise-stream state: {err}") from err
         return cls.from_state_dict(state)
+
+
+class StreamGroup:
+    """``L`` noise streams of one mechanism at the same step, advanced together: one
+    kernel state of dimension ``L·d`` (the streams' states side by side,
+    :meth:`~flwr_corrnoise.mechanisms.streaming.StreamKernel.stack`), one recurrence for
+    all, and each stream's rows still drawn from its own keyed generator, in its own order.
+
+    Why: the vectorized in-process engine (:func:`flwr_corrnoise.learner.local_rounds`)
+    steps ``L`` learners in lockstep, and ``L`` calls of :meth:`NoiseStream.next` per step
+    cost ``L`` trips through the kernel (for the dense kinds ``L`` products, each reading
+    one learner's history). Every kernel is linear column by column with coefficients that
+    depend on the step only, so the stacked step is each stream's step: the increments and
+    the states after :meth:`close` are those of ``L`` separate streams, up to the rounding
+    of a product over more columns (a test compares every mechanism). One stream is the
+    ``L = 1`` group: its own :meth:`NoiseStream.next`, the same kernel step.
+
+    While the group is open it holds its members' kernel states (not their generators,
+    steps or keys): a member's own call that needs its state (``next``, ``checkpoint``,
+    ``rollback``, ``state_dict``, …) closes the group first, so no member ever steps or
+    saves a stale state. Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, streams: Sequence[NoiseStream], *, _keyed: bool = False) -> None:
+        members = list(streams)
+        if not members:
+            raise ValueError("a stream group needs at least one stream")
+        if len({id(s) for s in members}) != len(members):
+            raise ValueError("a stream appears twice in the group")
+        self.streams = members
+        self.dim: int = getattr(members[0], "dim", 0)
+        self._state: Any = None
+        self._cursor: GroupCursor | None = None
+        self._open = True
+        if len(members) == 1:  # the stream itself (any object with a stream's next/add_next)
+            return
+        key = group_key(members[0])
+        if not _keyed and any(group_key(s) != key for s in members[1:]):
+            raise ValueError("a stream group's streams must share the kernel, dimension, "
+                             "step, std and generator kind (use StreamGroup.partition)")
+        for s in members:
+            s._release()
+        first = members[0]
+        self._kernel, self._ops = first._kernel, first._ops
+        self._state = self._kernel.stack(self._ops, [s._state for s in members], self.dim)
+        self._cursor = GroupCursor(members, self._ops)
+        for s in members:
+            s._group, s._state = self, None
+
+    @classmethod
+    def partition(cls, streams: Sequence[NoiseStream]) -> list[tuple[list[int], StreamGroup]]:
+        """The streams as groups of equal :func:`group_key`, in order of first
+        appearance: ``(indices into streams, group)`` pairs, every stream in exactly one
+        group. Why: learners of one settings may still be at different steps (a sampled
+        federation), and only streams at the same step can share a recurrence."""
+        by_key: dict[tuple, list[int]] = {}
+        for i, s in enumerate(streams):
+            by_key.setdefault(group_key(s), []).append(i)
+        return [(idx, cls([streams[i] for i in idx], _keyed=True)) for idx in by_key.values()]
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    @property
+    def step(self) -> int:
+        """The members' common step."""
+        return self.streams[0].step
+
+    def next(self) -> np.ndarray:
+        """The ``L×d`` increments ``e[step]`` (row ``i``: stream ``i``'s); every member's
+        step moves on. Past the horizon it refuses before anything is drawn."""
+        if not self._open:
+            raise RuntimeError("this stream group is closed")
+        first = self.streams[0]
+        if self._state is None:  # L = 1: the stream's own step
+            return first.next()[None, :]
+        first._check_step()
+        unit = self._kernel.next(self._state, first.step, self._cursor, self._ops)
+        for s in self.streams:
+            s.step += 1
+        return first._scaled(unit).reshape(len(self.streams), self.dim)
+
+    def add_next(self, values: np.ndarray) -> np.ndarray:
+        """``values + e[step]`` row by row (``values``: ``L×d``): the members' releases,
+        each as :meth:`NoiseStream.add_next` forms it (exact on a secure grid)."""
+        if self._state is None and self._open:  # L = 1: the stream's own release
+            return self.streams[0].add_next(values[0])[None, :]
+        return self.streams[0]._add(values, self.next())
+
+    def close(self) -> None:
+        """Give every member its own kernel state back (idempotent)."""
+        if not self._open:
+            return
+        self._open = False
+        if self._state is None:
+            return
+        states = self._kernel.unstack(self._ops, self._state, len(self.streams), self.dim)
+        for s, state in zip(self.streams, states, strict=True):
+            s._state, s._group = state, None
+        self._state = None
+
+    def __enter__(self) -> StreamGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def group_key(stream: NoiseStream) -> tuple:
+    """What streams must share to run one recurrence: the kernel object (one
+    factorization), the array namespace, the dimension, the step, the std and the
+    generator kind (secure streams share a grid only at one std). An object that only
+    behaves like a stream (``next``, ``add_next``) is a group of its own."""
+    if not isinstance(stream, NoiseStream):
+        return ("alone", id(stream))
+    return (type(stream), id(stream._kernel), id(stream._ops), stream.dim, stream.step,
+            stream.std, stream.secure)
+
+
+class GroupCursor:
+    """A :class:`StreamGroup`'s ``draw``: one row from every member's own generator, side
+    by side (member ``i``'s in columns ``i·d … (i+1)·d − 1``); :meth:`tell` and
+    :meth:`seek` read and move every member's position (:class:`RowCursor`), side by side."""
+
+    __slots__ = ("_dim", "_ops", "_streams")
+
+    def __init__(self, streams: list[NoiseStream], ops: Any) -> None:
+        self._streams, self._ops, self._dim = streams, ops, streams[0].dim
+
+    def __call__(self) -> Any:
+        d = self._dim
+        out = self._ops.zeros(1, d * len(self._streams))[0]
+        for i, s in enumerate(self._streams):
+            if s._draws_into:  # the keyed Philox straight into the row (the same draw)
+                s._rng.standard_normal(out=out[i * d:(i + 1) * d])
+            else:
+                out[i * d:(i + 1) * d] = s._draw()
+        return out
+
+    def tell(self) -> np.ndarray:
+        return np.concatenate([s._cursor.tell() for s in self._streams])
+
+    def seek(self, position: np.ndarray) -> None:
+        parts = np.split(np.asarray(position, dtype=np.uint64).reshape(-1), len(self._streams))
+        for s, part in zip(self._streams, parts, strict=True):
+            s._cursor.seek(part)

@@ -25,22 +25,30 @@ and puts the table into ``docs/results-logreg.md`` between its markers.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import math
 import os
-import shutil
-import sys
-import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-from scipy.special import expit
+# One BLAS thread per process: the sweep's parallelism is its worker processes, and on 2
+# shared cores a multi-threaded product or eigendecomposition is 3–4× slower in wall time
+# (docs/benchmarks.md, issue 22). Set before NumPy loads when run as a script.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from experiments.logreg import run_logreg_inprocess
-from flwr_corrnoise.apps.logreg_task import (
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections import OrderedDict  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor, as_completed  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+from scipy.special import expit  # noqa: E402
+
+from experiments.logreg import run_logreg_inprocess  # noqa: E402
+from flwr_corrnoise.apps.logreg_task import (  # noqa: E402
     LABEL_RULES,
     LogRegEvaluator,
     LogRegSetup,
@@ -48,10 +56,10 @@ from flwr_corrnoise.apps.logreg_task import (
     initial_parameters,
     logistic_gradient,
 )
-from flwr_corrnoise.engine import InProcessResult, run_vectorized
-from flwr_corrnoise.learner import NOISELESS
-from flwr_corrnoise.mechanisms import check_mechanism
-from flwr_corrnoise.metrics import round_optimum
+from flwr_corrnoise.engine import InProcessResult, run_vectorized  # noqa: E402
+from flwr_corrnoise.learner import NOISELESS, LearnerState  # noqa: E402
+from flwr_corrnoise.mechanisms import check_mechanism  # noqa: E402
+from flwr_corrnoise.metrics import round_optimum  # noqa: E402
 
 #: the paper's methods (a deliberate subset of the registry, checked against it)
 METHODS = [NOISELESS, *(check_mechanism(m)
@@ -78,6 +86,35 @@ class Job:
     engine: str = "vectorized"  # or "reference" (flwr_corrnoise.engine.run_inprocess)
 
 
+#: every learner's data at positions ``0 … R·τ − 1``, per federation and length: the runs
+#: of a sweep that share a data seed (every method, budget and step size of the tuning,
+#: every method of an evaluation seed) read the same data, so a process draws it once.
+#: The last two are kept (64 MB each at the paper's size).
+_DATA: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+
+def stream_data(setup: LogRegSetup) -> tuple[np.ndarray, np.ndarray]:
+    """``(features, labels)`` of shapes ``(n, R·τ, d)`` and ``(n, R·τ)``: learner ``i``'s
+    datum at position ``p`` is ``features[i, p]``, the one
+    :meth:`~flwr_corrnoise.data.synthetic.SyntheticFederation.learner_batch` gives
+    (memoized per process, :data:`_DATA`)."""
+    s = setup
+    length = s.rounds * s.tau
+    key = (s.num_learners, s.dim, s.alpha, s.beta, s.drift, s.data_seed, s.labels, length)
+    if key in _DATA:
+        _DATA.move_to_end(key)
+        return _DATA[key]
+    fed = federation(setup)
+    feats = np.empty((s.num_learners, length, s.dim))
+    labels = np.empty((s.num_learners, length))
+    for i in range(s.num_learners):
+        feats[i], labels[i] = fed.learner_batch(i, 0, length)
+    _DATA[key] = (feats, labels)
+    while len(_DATA) > 2:
+        _DATA.popitem(last=False)
+    return feats, labels
+
+
 class BatchGradient:
     """Every learner's logistic gradient at its datum in one call: the ``batch_gradient``
     of :func:`flwr_corrnoise.engine.run_vectorized` for this task.
@@ -85,28 +122,24 @@ class BatchGradient:
     Row ``k`` is :func:`~flwr_corrnoise.metrics.logistic_grad` of model ``Z[k]`` on
     learner ``learners[k]``'s datum at ``positions[k]`` (the datum
     :func:`~flwr_corrnoise.apps.logreg_task.logistic_gradient` reads), as ``−y·σ(−y⟨z, a⟩)·a``
-    for all rows at once. Each learner's stream is read ``chunk`` positions at a time
-    (a datum is the same however it is requested: ``SyntheticFederation.learner_batch``).
+    for all rows at once. The data come from :func:`stream_data` (positions past the
+    run's ``R·τ`` from the federation directly).
     """
 
-    def __init__(self, setup: LogRegSetup, chunk: int = 256) -> None:
+    def __init__(self, setup: LogRegSetup) -> None:
         self.fed = federation(setup)
-        self.chunk = chunk
-        self._rows: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
-
-    def _datum(self, learner: int, position: int) -> tuple[np.ndarray, float]:
-        start, feats, labels = self._rows.get(learner, (-1, None, None))
-        if labels is None or not 0 <= position - start < labels.size:
-            feats, labels = self.fed.learner_batch(learner, position, self.chunk)
-            start = position
-            self._rows[learner] = (start, feats, labels)
-        return feats[position - start], float(labels[position - start])
+        self.feats, self.labels = stream_data(setup)
 
     def __call__(self, z: np.ndarray, learners: list[int], positions: list[int]) -> np.ndarray:
-        feats = np.empty_like(z)
-        labels = np.empty(len(learners))
-        for k, (i, pos) in enumerate(zip(learners, positions, strict=True)):
-            feats[k], labels[k] = self._datum(i, pos)
+        pos = np.asarray(positions, dtype=np.intp)
+        if pos.size and pos.min() >= 0 and pos.max() < self.labels.shape[1]:
+            who = np.asarray(learners, dtype=np.intp)
+            feats, labels = self.feats[who, pos], self.labels[who, pos]
+        else:
+            feats, labels = np.empty_like(z), np.empty(len(learners))
+            for k, (i, p) in enumerate(zip(learners, positions, strict=True)):
+                a, y = self.fed.learner_batch(i, p, 1)
+                feats[k], labels[k] = a[0], y[0]
         weights = -labels * expit(-labels * np.einsum("ij,ij->i", feats, z))
         return feats * weights[:, None]
 
@@ -136,10 +169,20 @@ _OPTIMA: dict[tuple, float] = {}
 
 class SweepEvaluator(LogRegEvaluator):
     """:class:`LogRegEvaluator` whose round optima are memoized per data seed
-    (:data:`_OPTIMA`): the same numbers, solved once per process instead of once per run."""
+    (:data:`_OPTIMA`) and whose rounds' data come from :func:`stream_data`: the same
+    numbers, computed once per process instead of once per run."""
 
     def __init__(self, setup: LogRegSetup) -> None:
         super().__init__(setup, regret=False)
+
+    def round_data(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        tau = self.setup.tau
+        feats, labels = stream_data(self.setup)
+        if (r + 1) * tau > labels.shape[1]:
+            return super().round_data(r)
+        # learner after learner, τ points each: the order LogRegEvaluator concatenates
+        return (feats[:, r * tau:(r + 1) * tau].reshape(-1, self.setup.dim),
+                labels[:, r * tau:(r + 1) * tau].reshape(-1))
 
     def __call__(self, r: int, params: list[np.ndarray]) -> dict[str, float]:
         row = super().__call__(r, params)
@@ -176,28 +219,59 @@ def run_job(job: Job) -> dict:
     }
 
 
+def run_chunk(jobs: list[Job]) -> list[dict]:
+    """Several runs in one worker, one after the other (see :func:`chunks`)."""
+    return [run_job(j) for j in jobs]
+
+
+def chunks(jobs: list[Job], workers: int) -> list[list[Job]]:
+    """The jobs cut so that each data seed's runs go to as few workers as can keep all
+    busy: a process then draws a seed's data (:func:`stream_data`) and solves its round
+    optima (:data:`_OPTIMA`) once. A seed with fewer chunks than workers (the tuning's)
+    is dealt out round-robin, so that the chunks cost about the same."""
+    by_seed: dict[int, list[Job]] = {}
+    for j in jobs:
+        by_seed.setdefault(j.setup.data_seed, []).append(j)
+    parts = max(1, workers // len(by_seed)) if by_seed else 1
+    return [group[k::parts] for group in by_seed.values() for k in range(parts)
+            if group[k::parts]]
+
+
+def prepare(setups: list[LogRegSetup]) -> None:
+    """Build every setup's factorization, calibration and kernel in this process before
+    the workers start: forked workers inherit them, so a factorization that is slow to
+    load (``optimized`` at N = 4000: one N×N eigendecomposition, ≈ 16 s) is loaded once,
+    not once per worker."""
+    for s in setups:
+        if s.mechanism != NOISELESS and s.noise_at == "step":
+            LearnerState.create(s.settings(), [(1,)], seed=0)
+
+
 def run_all(jobs: list[Job], workers: int, what: str) -> list[dict]:
-    """Run jobs in parallel processes and show progress with an ETA."""
+    """Run jobs in parallel processes (by data seed, :func:`chunks`) and show progress
+    with an ETA."""
     results, start = [], time.perf_counter()
     print(f"{what}: {len(jobs)} runs on {workers} worker(s)", file=sys.stderr, flush=True)
     if workers <= 1:
-        iterator = (run_job(j) for j in jobs)
-        for i, res in enumerate(iterator, 1):
+        for i, res in enumerate((run_job(j) for j in jobs), 1):
             results.append(res)
             _progress(i, len(jobs), start, res)
         return results
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_job, j) for j in jobs]
-        for i, fut in enumerate(as_completed(futures), 1):
-            res = fut.result()
-            results.append(res)
-            _progress(i, len(jobs), start, res)
+        futures = [pool.submit(run_chunk, c) for c in chunks(jobs, workers)]
+        for fut in as_completed(futures):
+            chunk = fut.result()
+            done = len(results) + len(chunk)  # the ETA counts whole chunks
+            for res in chunk:
+                results.append(res)
+                _progress(len(results), len(jobs), start, res, done)
     return results
 
 
-def _progress(i: int, total: int, start: float, res: dict) -> None:
+def _progress(i: int, total: int, start: float, res: dict, done: int | None = None) -> None:
     elapsed = time.perf_counter() - start
-    eta = elapsed / i * (total - i)
+    done = i if done is None else done
+    eta = elapsed / done * (total - done)
     s = res["job"].setup
     print(
         f"  [{i:>3}/{total}] {s.label:<34} η={s.eta:<6g} seed={s.seed:<3} "
@@ -490,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     start = time.perf_counter()
     setups = configs(args)
+    if args.workers > 1:
+        prepare(setups)
     etas = tune(args, setups)
     results = evaluate(args, setups, etas)
     rows = write_runs(args.out / "runs.csv", results)

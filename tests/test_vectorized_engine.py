@@ -19,13 +19,24 @@ from flwr_corrnoise.learner import (
     local_round,
     local_rounds,
 )
-from simulations.logreg import BatchGradient, SweepEvaluator, run_vectorized_logreg
+from flwr_corrnoise.mechanisms import MECHANISMS
+from simulations.logreg import (
+    BatchGradient,
+    Job,
+    SweepEvaluator,
+    chunks,
+    run_vectorized_logreg,
+    stream_data,
+)
 
 SMALL = LogRegSetup(num_learners=6, dim=12, rounds=15, tau=3, eta=0.1, test_size=50)
 
 
 def assert_same_run(a, b) -> None:
-    """Same global models (1e-12), learners and noise-stream states."""
+    """Same global models (1e-12), learners and noise-stream states: the same noise
+    consumed (generator position, step, levels and the ξ history exactly; the buffers a
+    recurrence derives — BLT's, the tree's estimates — to 1e-12, as a product over L·d
+    columns may round differently from one over d)."""
     assert len(a.models) == len(b.models)
     for xa, xb in zip(a.models, b.models, strict=True):
         np.testing.assert_allclose(xa[0], xb[0], rtol=0, atol=1e-12)
@@ -34,7 +45,13 @@ def assert_same_run(a, b) -> None:
     for sa, sb in zip(a.states, b.states, strict=True):
         assert (sa.step, sa.position, sa.rounds) == (sb.step, sb.position, sb.rounds)
         if sa.noise is not None:
-            assert sa.noise.to_bytes() == sb.noise.to_bytes()  # the same noise consumed
+            da, db = sa.noise.state_dict(), sb.noise.state_dict()
+            assert da.keys() == db.keys()
+            for key in da:
+                if key == "rows" and sa.noise.kind != "dense" and sa.noise.kind != "toeplitz":
+                    np.testing.assert_allclose(da[key], db[key], rtol=0, atol=1e-12)
+                else:
+                    np.testing.assert_array_equal(da[key], db[key])
 
 
 def both(setup: LogRegSetup, settings=None, **kw):
@@ -45,8 +62,11 @@ def both(setup: LogRegSetup, settings=None, **kw):
     return run_inprocess(**args), run_vectorized(batch_gradient=BatchGradient(setup), **args)
 
 
-@pytest.mark.parametrize("mechanism", ["blt", "toeplitz", "tree", "banded-inverse", "none"])
+@pytest.mark.parametrize("mechanism", [*sorted(MECHANISMS), "none"])
 def test_equals_the_reference_engine(mechanism: str) -> None:
+    """Every mechanism: the vectorized engine's stream groups (one recurrence for the
+    round's learners, dense windows of up to 32 steps here) against one learner at a
+    time."""
     ref, vec = both(SMALL.with_(mechanism=mechanism))
     assert_same_run(ref, vec)
     if mechanism != "none":  # the run has noise: the comparison has power
@@ -136,3 +156,48 @@ def test_a_failed_lockstep_round_rolls_every_learner_back() -> None:
         local_rounds([np.zeros(setup.dim)], [logistic_gradient(setup, i) for i in range(3)],
                      states, settings, setup.tau, setup.eta, batch=batch)
     assert [s.to_bytes() for s in states] == before
+
+
+def test_the_sweeps_data_are_the_federations() -> None:
+    """stream_data (the data the sweep's batch gradient and evaluator read) is the
+    federation's data at every position, and the evaluator's round data are the plain
+    evaluator's (a second reading: learner_batch one learner and round at a time)."""
+    setup = SMALL.with_(data_seed=7)
+    feats, labels = stream_data(setup)
+    from flwr_corrnoise.apps.logreg_task import LogRegEvaluator, federation
+
+    fed = federation(setup)
+    for i in (0, setup.num_learners - 1):
+        a, b = fed.learner_batch(i, 0, setup.rounds * setup.tau)
+        np.testing.assert_array_equal(feats[i], a)
+        np.testing.assert_array_equal(labels[i], b)
+    plain, sweep = LogRegEvaluator(setup), SweepEvaluator(setup)
+    for r in (0, 4, setup.rounds - 1, setup.rounds + 2):  # the last: past the stored data
+        for x, y in zip(plain.round_data(r), sweep.round_data(r), strict=True):
+            np.testing.assert_array_equal(x, y)
+    # the batch gradient reads the same data (positions past the stored ones too)
+    batch = BatchGradient(setup)
+    z = np.random.default_rng(1).normal(size=(2, setup.dim))
+    end = setup.rounds * setup.tau
+    rows = batch(z, [1, 3], [5, end + 1])
+    for k, (i, p) in enumerate([(1, 5), (3, end + 1)]):
+        ref = logistic_gradient(setup, i)([z[k]], p)[0]
+        np.testing.assert_allclose(rows[k], ref, rtol=1e-13, atol=1e-15)
+
+
+def test_the_sweep_runs_each_data_seeds_jobs_in_one_worker() -> None:
+    """chunks(): every job exactly once; a chunk holds one data seed; a seed with fewer
+    chunks than workers (the tuning's) is dealt out round-robin over the workers."""
+    setups = [SMALL.with_(mechanism=m, eta=eta) for m in ("none", "blt", "toeplitz")
+              for eta in (0.1, 0.2, 0.3)]
+    tune = [Job(s.with_(seed=1000, data_seed=1000), "tune") for s in setups]
+    evals = [Job(s.with_(seed=k, data_seed=k), "eval") for s in setups[:3] for k in range(4)]
+    for jobs, workers, expected in ((tune, 2, 2), (evals, 2, 4), (evals + tune, 3, 5)):
+        parts = chunks(jobs, workers)
+        assert len(parts) == expected
+        flat = [id(j) for part in parts for j in part]
+        assert sorted(flat) == sorted(id(j) for j in jobs)
+        assert all(len({j.setup.data_seed for j in part}) == 1 for part in parts)
+    a, b = chunks(tune, 2)
+    assert abs(len(a) - len(b)) <= 1 and {j.setup.mechanism for j in a} == {"none", "blt",
+                                                                             "toeplitz"}

@@ -318,6 +318,27 @@ class RegeneratingKernel(StreamKernel):
     def peak_rows(self, horizon: int) -> int:
         return 0  # a stream's draw seeks: no row is ever stored
 
+    def stack_levels(self, levels: list[list[int]]) -> list[int]:
+        """The oldest live row (the same at the same step) and every stream's generator
+        position after it, in order: a group's cursor (:class:`~flwr_corrnoise.streams.
+        StreamGroup`) tells and seeks the streams' positions side by side."""
+        if not levels[0]:
+            if any(levels):
+                raise ValueError("streams at different steps cannot be stacked")
+            return []
+        if any(len(lv) != len(levels[0]) or lv[0] != levels[0][0] for lv in levels):
+            raise ValueError("streams at different steps cannot be stacked")
+        return [levels[0][0], *(w for lv in levels for w in lv[1:])]
+
+    def split_levels(self, levels: list[int], count: int) -> list[list[int]]:
+        if not levels:
+            return [[] for _ in range(count)]
+        words = levels[1:]
+        if len(words) % count:
+            raise ValueError("a stacked regenerated state's positions do not split evenly")
+        size = len(words) // count
+        return [[levels[0], *words[i * size:(i + 1) * size]] for i in range(count)]
+
 
 def _add(acc: Array, row: Array) -> Array:
     acc += row

@@ -52,7 +52,7 @@ from .participation import (
     toeplitz_sensitivity,
 )
 from .registry import Param, register
-from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel
+from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel, shared_base
 
 #: default number of buffers: 4 is within 0.1 % of 5 or 6 at N ≤ 10⁵ (docs/benchmarks.md)
 DEFAULT_BUFFERS = 4
@@ -354,6 +354,8 @@ class BLTState:
 
     buf: Array
     consts: dict[str, Array] = field(default_factory=dict)
+    #: the stacked state whose columns ``buf`` is (``streaming.shared_base``)
+    shared: tuple[BLTState, int, int] | None = None
 
 
 class BLTKernel(StreamKernel):
@@ -376,6 +378,7 @@ class BLTKernel(StreamKernel):
         return state
 
     def next(self, state: BLTState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+        state.shared = None
         r = state.buf
         e = draw()
         theta, omega = state.consts["theta"], state.consts["omega"]
@@ -396,6 +399,7 @@ class BLTKernel(StreamKernel):
         return ops.copy(state.buf)  # updated in place every step: buffers·d floats
 
     def rollback(self, state: BLTState, token: object) -> None:
+        state.shared = None
         state.buf[...] = token
 
     def check(self, state: BLTState, step: int, dim: int) -> None:
@@ -408,6 +412,22 @@ class BLTKernel(StreamKernel):
 
     def state_floats(self, state: BLTState) -> int:
         return int(state.buf.shape[0])
+
+    def stack(self, ops: ArrayOps, states: list[BLTState], dim: int) -> BLTState:
+        """The buffers side by side (``buffers × L·d``); no copy when ``states`` are the
+        column views :meth:`unstack` handed out and none has moved since."""
+        base = shared_base(states)
+        if base is not None:
+            return base
+        out = BLTState(buf=ops.zeros(self.theta.size, len(states) * dim),
+                       consts=states[0].consts)
+        for i, s in enumerate(states):
+            out.buf[:, i * dim:(i + 1) * dim] = s.buf
+        return out
+
+    def unstack(self, ops: ArrayOps, state: BLTState, count: int, dim: int) -> list[BLTState]:
+        return [BLTState(buf=state.buf[:, i * dim:(i + 1) * dim], consts=state.consts,
+                         shared=(state, i, count)) for i in range(count)]
 
     def peak_rows(self, horizon: int) -> int:
         return int(self.theta.size)

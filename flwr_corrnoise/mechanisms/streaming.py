@@ -13,10 +13,16 @@ change the math. So, as in jax_privacy's ``StreamingMatrix(init, next)``, every
   the state advanced in place (in place because at ``d`` ≈ 10⁶ a copy per step is the cost);
 * ``save``, ``checkpoint``/``rollback``, ``check``, ``state_floats``: what the state is
   to a stream — what to serialize, how to undo a failed round, how to reject a tampered
-  state, what it costs. A stream never reads the state's fields, so each kernel keeps the
-  state its recurrence needs (:class:`HistoryState` here; the tree's, BLT's and
-  independent noise's live with their mechanisms in ``tree.py``, ``blt.py``,
-  ``independent.py``).
+  state, what it costs;
+* ``stack``/``unstack``: ``L`` streams' states side by side as one state of dimension
+  ``L·d`` (:class:`flwr_corrnoise.streams.StreamGroup`). Why that is exact: every
+  recurrence is linear column by column, with coefficients that depend on the step only,
+  so ``next`` on the stacked state (its draw the ``L`` streams' rows side by side) is
+  ``next`` on each stream's state — one recurrence for all ``L``, not a second copy of it.
+
+A stream never reads the state's fields, so each kernel keeps the state its recurrence
+needs (:class:`HistoryState` here; the tree's, BLT's and independent noise's live with
+their mechanisms in ``tree.py``, ``blt.py``, ``independent.py``).
 
 ``ops`` (:class:`ArrayOps`) is the array namespace: allocation, constants, copies. The
 kernels use only Python operators (``+=``, ``*=``, ``@``, slicing) beyond it, which NumPy
@@ -99,6 +105,23 @@ NUMPY_OPS = NumpyOps()
 Saved = tuple[list[int], list[Array]]
 
 
+def shared_base(states: list[Any]) -> Any | None:
+    """The stacked state whose columns ``states`` are, all of them and in order, or
+    ``None``. A kernel whose :meth:`StreamKernel.unstack` hands out column views marks each
+    state ``shared = (stacked, slot, count)`` and clears the mark on any step or rollback
+    of that state alone; so stacking the same streams again (the vectorized engine's next
+    round) can take the stacked state back as it is, with no copy."""
+    mark = getattr(states[0], "shared", None)
+    if mark is None:
+        return None
+    base = mark[0]
+    for i, state in enumerate(states):
+        mark = getattr(state, "shared", None)
+        if mark is None or mark[0] is not base or mark[1:] != (i, len(states)):
+            return None
+    return base
+
+
 class StreamKernel(ABC):
     """One mechanism's streaming recurrence for ``e = C⁻¹ξ`` and the state it keeps.
 
@@ -155,15 +178,78 @@ class StreamKernel(ABC):
             peak = max(peak, self.state_floats(state))
         return peak
 
+    # -- groups: L streams at the same step as one state of dimension L·d ------------------
+    def stack(self, ops: ArrayOps, states: list[Any], dim: int) -> Any:
+        """One state of dimension ``len(states)·dim`` whose columns ``i·dim … (i+1)·dim − 1``
+        are ``states[i]`` (all at the same step). ``next`` on it, with a draw that returns
+        the streams' rows side by side, advances every stream at once; :meth:`unstack`
+        gives the streams their states back. This default goes through :meth:`save` and
+        :meth:`init` (a copy of the saved rows); a kernel whose state is large may share
+        memory instead (:class:`HistoryKernel`)."""
+        saved = [self.save(state) for state in states]
+        levels = self.stack_levels([list(lv) for lv, _ in saved])
+        counts = {len(rows) for _, rows in saved}
+        if len(counts) != 1:
+            raise ValueError("streams whose states hold different numbers of rows cannot "
+                             "be stacked (they are not at the same step)")
+        rows = []
+        for j in range(counts.pop()):
+            row = ops.zeros(1, len(states) * dim)[0]
+            for i, (_, kept) in enumerate(saved):
+                row[i * dim:(i + 1) * dim] = kept[j]
+            rows.append(row)
+        return self.init(ops, len(states) * dim, levels, rows)
+
+    def unstack(self, ops: ArrayOps, state: Any, count: int, dim: int) -> list[Any]:
+        """The ``count`` streams' states of a :meth:`stack` ed ``state``, after any number of
+        ``next`` on it (the inverse of :meth:`stack`)."""
+        levels, rows = self.save(state)
+        per = self.split_levels(list(levels), count)
+        return [self.init(ops, dim, per[i], [r[i * dim:(i + 1) * dim] for r in rows])
+                for i in range(count)]
+
+    def stack_levels(self, levels: list[list[int]]) -> list[int]:
+        """The saved ``levels`` of the stacked state. By default they describe the step
+        only (the tree's cover), so the streams' must agree."""
+        if any(lv != levels[0] for lv in levels):
+            raise ValueError("streams whose states differ in their levels cannot be stacked")
+        return list(levels[0])
+
+    def split_levels(self, levels: list[int], count: int) -> list[list[int]]:
+        """Each stream's ``levels`` from the stacked state's (inverse of :meth:`stack_levels`)."""
+        return [list(levels) for _ in range(count)]
+
+
+#: the most increments a stacked dense state sums ahead (:class:`HistoryKernel`) ...
+AHEAD_ROWS = 1024
+#: ... and the most floats they may take (16 MB): a wider state sums fewer
+AHEAD_FLOATS = 1 << 21
+
 
 @dataclass
 class HistoryState:
     """Every ``ξ`` row drawn so far: ``buf[:count]`` (``buf`` grows by doubling); ``consts``:
-    the noising coefficients already in the stream's namespace (derived, never saved)."""
+    the noising coefficients already in the stream's namespace (derived, never saved).
+
+    ``acc``: the part of the increments of the window ``acc_start … acc_start + acc_rows −
+    1`` that a stacked state has already summed (everything up to time ``acc_upto``, see
+    :class:`HistoryKernel`); derived from rows that are never rewritten, never saved, and
+    ``acc_start = −1`` until the next step starts a window. ``shared``: the stacked state
+    (:meth:`HistoryKernel.stack`) whose columns ``buf`` and ``acc`` are, and the slot, so
+    that stacking the same streams again copies nothing (cleared by any step or rollback of
+    this state alone)."""
 
     buf: Array
     count: int
     consts: dict[str, Array] = field(default_factory=dict)
+    acc: Array | None = None
+    acc_start: int = -1
+    acc_rows: int = 0
+    acc_upto: int = -1
+    #: the largest window: 1 for a stream (every step one product, so that a restored
+    #: stream continues bit for bit), :meth:`HistoryKernel.max_window` for a stacked state
+    window: int = 1
+    shared: tuple[HistoryState, int, int] | None = None
 
 
 class HistoryKernel(StreamKernel):
@@ -172,9 +258,24 @@ class HistoryKernel(StreamKernel):
 
     The shared base of the dense mechanisms (``toeplitz``, ``optimized``) and the default
     kernel of any square factorization. Give either ``toeplitz_g`` (``M`` Toeplitz with
-    first column ``g``: row ``k`` is then the contiguous slice ``g(k), …, g(0)`` of one
-    reversed array, no ``N×N`` matrix) or ``matrix`` (a function returning the dense
-    ``M``, called once per stream)."""
+    first column ``g``: a block of ``M`` is then a window of one reversed array, no ``N×N``
+    matrix) or ``matrix`` (a function returning the dense ``M``, called once per stream).
+
+    **A stream** takes one product ``M[k, :k+1] @ ξ[:k+1]`` per step: it reads its whole
+    history every step, and its increments are a function of the step alone, so a
+    restored stream continues bit for bit. **A stacked state** (``L`` learners' streams,
+    :meth:`stack`) would read ``L`` histories per step (``N²·L·d/2`` floats over the
+    horizon: most of a dense sweep's time), so its steps go in windows ``[t, t + a)``: at
+    ``t`` one product ``M[t:t+a, :t] @ ξ[:t]`` sums every older row's part of the window's
+    ``a`` increments (into ``acc``), and the pairs inside the window are the dyadic tiles
+    of its triangle — at offset ``o`` (``2^b`` the largest power of two dividing ``o``)
+    the rows ``[t+o−2^b, t+o)`` go into the next ``2^b`` increments — so every pair
+    ``j < k`` is summed exactly once, each row as soon as it is drawn (nothing is drawn
+    ahead), and ``e[k] = acc[k − t] + M[k, k]·ξ_k``. ``a`` doubles from 1 while the state
+    runs on, up to :meth:`max_window`, and starts again at 1 after a rollback; the history
+    is then read a few times in large products instead of once per step. The same sums
+    in another order: the increments equal a stream's to rounding (≤ 1e-15 relative;
+    ``tests/test_stream_group.py``)."""
 
     def __init__(self, kind: str, horizon: int, toeplitz_g: np.ndarray | None = None,
                  matrix: Callable[[], np.ndarray] | None = None) -> None:
@@ -185,6 +286,8 @@ class HistoryKernel(StreamKernel):
         self._g_reversed = (None if toeplitz_g is None
                             else np.ascontiguousarray(np.asarray(toeplitz_g)[::-1]))
         self._matrix = matrix
+        #: ``M[k, k]`` on the host (a device stream reads no scalar back per step)
+        self._diagonal: np.ndarray | None = None
 
     def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> HistoryState:
         state = HistoryState(buf=ops.zeros(len(rows), dim), count=len(rows))
@@ -193,24 +296,96 @@ class HistoryKernel(StreamKernel):
         if self._g_reversed is not None:
             state.consts["g_reversed"] = ops.const(self._g_reversed)
         else:
-            state.consts["matrix"] = ops.const(self._matrix())  # type: ignore[misc]
+            matrix = np.asarray(self._matrix(), dtype=np.float64)  # type: ignore[misc]
+            self._diagonal = np.diagonal(matrix).copy()
+            state.consts["matrix"] = ops.const(matrix)
         return state
 
+    def max_window(self, dim: int) -> int:
+        """The largest window ``a`` for rows of ``dim`` floats (a power of two)."""
+        rows = max(1, min(AHEAD_ROWS, AHEAD_FLOATS // max(1, dim)))
+        return 1 << (rows.bit_length() - 1)
+
+    def _block(self, state: HistoryState, k0: int, k1: int, j0: int, j1: int,
+               ops: ArrayOps) -> Array:
+        """``M[k0:k1, j0:j1]`` in the stream's namespace (``j1 ≤ k0 + 1``)."""
+        if "matrix" in state.consts:
+            return state.consts["matrix"][k0:k1, j0:j1]
+        n = self.horizon
+        if k1 == k0 + 1:  # one row: g(k0 − j0) … g(k0 − j1 + 1), a contiguous slice
+            return state.consts["g_reversed"][None, n - 1 - k0 + j0: n - 1 - k0 + j1]
+        # M[k, j] = g(k − j) = g_rev[N − 1 − k + j]: row k is a window of g_rev, and the
+        # rows of consecutive k are windows one to the left
+        windows = np.lib.stride_tricks.sliding_window_view(self._g_reversed, j1 - j0)
+        return ops.const(np.ascontiguousarray(windows[n - k1 + j0: n - k0 + j0][::-1]))
+
+    def _diag(self, k: int) -> float:
+        if self._diagonal is not None:
+            return float(self._diagonal[k])
+        return float(self._g_reversed[self.horizon - 1])  # type: ignore[index]
+
     def next(self, state: HistoryState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+        state.shared = None
+        dim = state.buf.shape[1]
         if state.count == state.buf.shape[0]:
             # doubling, but never past the horizon: at d ≈ 3·10⁵ (a CNN) the rows are
             # the learner's whole memory, and a buffer of 2N rows would double it
-            grown = ops.zeros(min(self.horizon, max(16, 2 * state.count)), state.buf.shape[1])
+            grown = ops.zeros(min(self.horizon, max(16, 2 * state.count)), dim)
             grown[: state.count] = state.buf[: state.count]
             state.buf = grown
+        k, t = step, state.acc_start
+        if t >= 0 and t < k < t + state.acc_rows and state.acc_upto == k - 1:
+            # inside the window: the rows [k − w, k) go into the next w increments
+            w = (k - t) & -(k - t)
+            end = min(k + w, t + state.acc.shape[0])  # type: ignore[union-attr]
+            state.acc[k - t: end - t] += (  # type: ignore[index]
+                self._block(state, k, end, k - w, k, ops) @ state.buf[k - w: k])
+        else:
+            grow = t >= 0 and k == t + state.acc_rows and state.acc_upto == k - 1
+            rows = min(2 * state.acc_rows, state.window) if grow else 1
+            state.acc_start, state.acc_rows, state.acc_upto = k, rows, k
+            if rows == 1:  # a window of one step: the plain dense step, one product
+                state.acc = None
+                state.buf[state.count] = draw()
+                state.count += 1
+                return self._block(state, k, k + 1, 0, k + 1, ops)[0] @ state.buf[: k + 1]
+            # a new window at k: every older row's part of its increments in one product
+            span = min(rows, self.horizon - k)
+            state.acc = self._block(state, k, k + span, 0, k, ops) @ state.buf[:k]
+        state.acc_upto = k
         state.buf[state.count] = draw()
         state.count += 1
-        if "g_reversed" in state.consts:
-            # g(k), g(k−1), …, g(0) as a contiguous slice (a reversed view is 2× slower)
-            coef = state.consts["g_reversed"][self.horizon - 1 - step :]
-        else:
-            coef = state.consts["matrix"][step, : step + 1]
-        return coef @ state.buf[: state.count]
+        e = state.buf[k] * self._diag(k)
+        e += state.acc[k - state.acc_start]  # type: ignore[index]
+        return e
+
+    def stack(self, ops: ArrayOps, states: list[HistoryState], dim: int) -> HistoryState:
+        """Side by side without a copy when ``states`` are the columns of one stacked
+        state already (the same learners stacked again next round: its window goes on);
+        else one copy of the rows, and windows start again at one step."""
+        base = shared_base(states)
+        if base is not None:
+            return base
+        count = states[0].count
+        if any(s.count != count for s in states):
+            raise ValueError("streams at different steps cannot be stacked")
+        width = len(states) * dim
+        out = HistoryState(buf=ops.zeros(count, width), count=count, consts=states[0].consts,
+                           window=self.max_window(width))
+        for i, s in enumerate(states):
+            out.buf[:, i * dim:(i + 1) * dim] = s.buf[:count]
+        return out
+
+    def unstack(self, ops: ArrayOps, state: HistoryState, count: int,
+                dim: int) -> list[HistoryState]:
+        """Column views of the stacked state (no copy), marked as its columns; each is a
+        stream's state again (a window of one step: the plain dense step)."""
+        out = []
+        for i in range(count):
+            cols = slice(i * dim, (i + 1) * dim)
+            out.append(HistoryState(buf=state.buf[:, cols], count=state.count,
+                                    consts=state.consts, shared=(state, i, count)))
+        return out
 
     def save(self, state: HistoryState) -> Saved:
         return [], [state.buf[i] for i in range(state.count)]
@@ -220,7 +395,10 @@ class HistoryKernel(StreamKernel):
         return state.count
 
     def rollback(self, state: HistoryState, token: object) -> None:
+        state.shared = None
         state.count = int(token)  # type: ignore[call-overload]
+        if state.acc_upto != state.count - 1:  # the window summed rows that are undone
+            state.acc_start = -1
 
     def check(self, state: HistoryState, step: int, dim: int) -> None:
         if state.count != step:

@@ -27,7 +27,7 @@ import numpy as np
 
 from .base import Factorization
 from .registry import register
-from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel
+from .streaming import Array, ArrayOps, Draw, Saved, StreamKernel, shared_base
 
 
 def node_list(n: int) -> list[tuple[int, int]]:
@@ -183,6 +183,8 @@ class TreeState:
 
     levels: list[int] = field(default_factory=list)
     rows: list[Array] = field(default_factory=list)
+    #: the stacked state whose columns ``rows`` are (``streaming.shared_base``)
+    shared: tuple[TreeState, int, int] | None = None
 
 
 class TreeKernel(StreamKernel):
@@ -205,6 +207,7 @@ class TreeKernel(StreamKernel):
         return TreeState(levels=list(levels), rows=list(rows))
 
     def next(self, state: TreeState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+        state.shared = None
         est = draw() if self.efficient else None
         level = 0
         removed: Array = None
@@ -240,6 +243,7 @@ class TreeKernel(StreamKernel):
     def rollback(self, state: TreeState, token: object) -> None:
         levels, rows = token  # type: ignore[misc]
         state.levels, state.rows = list(levels), list(rows)
+        state.shared = None
 
     def check(self, state: TreeState, step: int, dim: int) -> None:
         if state.levels != cover_levels(step) or len(state.rows) != len(state.levels):
@@ -251,6 +255,18 @@ class TreeKernel(StreamKernel):
     def peak_rows(self, horizon: int) -> int:
         # the cover after step k − 1 is that of [0, k): popcount(k) nodes
         return max(bin(k).count("1") for k in range(horizon + 1))
+
+    def stack(self, ops: ArrayOps, states: list[TreeState], dim: int) -> TreeState:
+        """No copy when ``states`` are the column views :meth:`unstack` handed out and
+        none has moved since (estimates are replaced, never written in place, so views
+        are safe); else the default copy."""
+        base = shared_base(states)
+        return base if base is not None else super().stack(ops, states, dim)
+
+    def unstack(self, ops: ArrayOps, state: TreeState, count: int, dim: int) -> list[TreeState]:
+        return [TreeState(levels=list(state.levels),
+                          rows=[r[i * dim:(i + 1) * dim] for r in state.rows],
+                          shared=(state, i, count)) for i in range(count)]
 
 
 register("tree", "binary tree (paper 000 Example i, Fig. 2)",

@@ -1,0 +1,208 @@
+"""StreamGroup: L streams' noise as one recurrence (issue 22), held to the L separate
+streams and to the noising matrix, for every registered mechanism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flwr_corrnoise.learner import (
+    LearnerState,
+    PrivacySettings,
+    StepCounts,
+    private_step,
+    private_steps,
+)
+from flwr_corrnoise.mechanisms import MECHANISMS, BinaryTree, build_factorization
+from flwr_corrnoise.mechanisms.streaming import HistoryKernel
+from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream, StreamGroup
+from tests.test_streams import xi_matrix
+
+N, DIM, STD, SEEDS = 40, 5, 0.7, (3, 17, 101)
+
+
+def streams(name: str, seeds=SEEDS, n: int = N) -> list[NoiseStream]:
+    return [NoiseStream.create(name, n, DIM, STD, seed=s) for s in seeds]
+
+
+def run_grouped(group_of: list[NoiseStream], rounds: list[int]) -> np.ndarray:
+    """Steps ``rounds[r]`` at a time, the group opened and closed around each round (as
+    local_rounds does); returns the increments, ``steps × L × d``."""
+    out = []
+    for steps in rounds:
+        with StreamGroup(group_of) as group:
+            out.extend(group.next() for _ in range(steps))
+    return np.array(out)
+
+
+def noising_reference(name: str, seed: int, n: int = N) -> np.ndarray:
+    """A stream's increments computed independently: V·M·ξ with ξ in the documented order."""
+    fact = build_factorization(name, n)
+    M = fact.noising_matrix()
+    if isinstance(fact, BinaryTree):  # the vanilla tree draws only the nodes B uses
+        used = fact.drawn_nodes()
+        xi = np.zeros((M.shape[1], DIM))
+        xi[used] = xi_matrix(seed, len(used), DIM)
+    else:
+        xi = xi_matrix(seed, M.shape[1], DIM)
+    return STD * M @ xi
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_group_equals_separate_streams_and_the_noising_matrix(name: str) -> None:
+    """Increments, final states and the continuation of every member equal L separate
+    streams' (rounding of a wider product only), and each member's increments are its own
+    V·M·ξ — so no member's rows are another's, in any order or window."""
+    rounds = [1, 3, 4, 4, 7, 9, 12]  # 40 steps: dense windows of 1 … 16 rows, one clipped
+    grouped_streams, alone = streams(name), streams(name)
+    grouped = run_grouped(grouped_streams, rounds[:-1])
+    separate = np.array([[s.next() for s in alone] for _ in range(sum(rounds[:-1]))])
+    np.testing.assert_allclose(grouped, separate, rtol=0, atol=1e-12)
+    # the states after close are the separate streams' (generator, step, levels exactly)
+    for g, a in zip(grouped_streams, alone, strict=True):
+        sg, sa = g.state_dict(), a.state_dict()
+        assert sg.keys() == sa.keys()
+        for key in sg:
+            if key == "rows":
+                np.testing.assert_allclose(sg[key], sa[key], rtol=0, atol=1e-12)
+            else:
+                np.testing.assert_array_equal(sg[key], sa[key])
+    # every member continues alone as its separate twin does
+    for g, a in zip(grouped_streams, alone, strict=True):
+        rest = [g.next() for _ in range(rounds[-1])]
+        np.testing.assert_allclose(rest, [a.next() for _ in range(rounds[-1])],
+                                   rtol=0, atol=1e-12)
+    # and against the second computation: member i's increments are V·M·ξ_i
+    full = np.concatenate([grouped, np.full((rounds[-1], len(SEEDS), DIM), np.nan)])
+    for i, seed in enumerate(SEEDS):
+        ref = noising_reference(name, seed)
+        np.testing.assert_allclose(full[: N - rounds[-1], i], ref[: N - rounds[-1]],
+                                   rtol=0, atol=1e-11)
+    # the comparison has power: the members' noises differ
+    assert np.abs(grouped[:, 0] - grouped[:, 1]).max() > 0.1
+
+
+def test_a_dense_group_sums_in_windows_and_a_stream_in_one_product() -> None:
+    """The stacked dense state's windows double (1, 2, 4, … rows), a lone stream's stay at
+    one step (so that a restored stream continues bit for bit), and both agree."""
+    grouped_streams = streams("toeplitz")
+    kernel = grouped_streams[0]._kernel
+    assert isinstance(kernel, HistoryKernel)
+    windows = []
+    with StreamGroup(grouped_streams) as group:
+        for _ in range(N):
+            group.next()
+            windows.append(group._state.acc_rows)
+        last = group._state.acc.shape[0]
+    # windows [0,1) [1,3) [3,7) [7,15) [15,31) [31,63) — the last cut at the horizon
+    assert windows == [1, 2, 2, 4, 4, 4, 4, *[8] * 8, *[16] * 16, *[32] * 9] and last == 9
+    lone = streams("toeplitz")[0]
+    for _ in range(5):
+        lone.next()
+        assert lone._state.acc_rows == 1
+
+
+def test_stacking_the_same_streams_again_copies_nothing() -> None:
+    members = streams("optimized")
+    with StreamGroup(members) as group:
+        group.next()
+        first = group._state
+    with StreamGroup(members) as group:
+        assert group._state is first  # the columns were views of it: no copy, window on
+    members[1].next()  # a member stepping alone owns its rows again
+    with pytest.raises(ValueError, match="step"):
+        StreamGroup(members)
+    for s in (members[0], members[2]):
+        s.next()
+    with StreamGroup(members) as group:
+        assert group._state is not first
+
+
+def test_partition_groups_by_step_and_mechanism() -> None:
+    a, b, c = streams("blt")
+    d = NoiseStream.create("tree", N, DIM, STD, seed=5)
+    b.next()
+    groups = StreamGroup.partition([a, b, c, d])
+    assert [idx for idx, _ in groups] == [[0, 2], [1], [3]]
+    for _, g in groups:
+        g.close()
+
+
+def test_horizon_refused_before_anything_is_drawn() -> None:
+    members = streams("blt", n=3)
+    with StreamGroup(members) as group:
+        for _ in range(3):
+            group.next()
+        before = [s._pack_rng().tolist() for s in members]
+        with pytest.raises(HorizonExhaustedError):
+            group.next()
+        assert [s._pack_rng().tolist() for s in members] == before
+        assert [s.step for s in members] == [3, 3, 3]
+
+
+def test_a_members_own_call_closes_the_group() -> None:
+    """No member can step or save a state the group has moved on: its own call takes the
+    state back first, and the group then refuses to step."""
+    members, twins = streams("blt"), streams("blt")
+    group = StreamGroup(members)
+    group.next()
+    for t in twins:
+        t.next()
+    np.testing.assert_allclose(members[1].next(), twins[1].next(), rtol=0, atol=1e-12)
+    with pytest.raises(RuntimeError, match="closed"):
+        group.next()
+    assert members[0].state_dict()["step"] == 1
+
+
+def test_rollback_after_a_group_round_restores_every_stream() -> None:
+    members = streams("banded-inverse")
+    for s in members:
+        s.next()
+    before = [s.to_bytes() for s in members]
+    tokens = [s.checkpoint() for s in members]
+    with StreamGroup(members) as group:
+        for _ in range(5):
+            group.next()
+    for s, token in zip(members, tokens, strict=True):
+        s.rollback(token)
+    assert [s.to_bytes() for s in members] == before
+
+
+def test_secure_streams_release_on_their_grid_as_one_does() -> None:
+    originals = [NoiseStream.create("blt", N, DIM, STD, secure=True) for _ in range(2)]
+    twins = [NoiseStream.from_bytes(s.to_bytes()) for s in originals]
+    values = np.random.default_rng(0).normal(size=(2, DIM))
+    with StreamGroup(originals) as group:
+        grouped = group.add_next(values)
+    alone = np.array([t.add_next(v) for t, v in zip(twins, values, strict=True)])
+    np.testing.assert_array_equal(grouped, alone)
+
+
+@pytest.mark.parametrize("mechanism", ["blt", "toeplitz", "none"])
+def test_private_steps_is_private_step_row_by_row(mechanism: str) -> None:
+    """L learners' rows: each clipped on its own (one above B_g, one below), a non-finite
+    row counted as zero for that learner only, each learner's own noise and counters."""
+    settings = PrivacySettings(mechanism, 1.0, 1e-3, 0.5, horizon=8)
+    rows = np.array([[3.0, 4.0, 0.0], [0.1, 0.0, 0.2], [np.nan, 1.0, 0.0]])
+    group_states = [LearnerState.create(settings, [(3,)], seed=i) for i in range(3)]
+    one_states = [LearnerState.create(settings, [(3,)], seed=i) for i in range(3)]
+    counts = [StepCounts() for _ in range(3)]
+    out = private_steps(group_states, settings, 3, counts, rows=rows)
+    for i, state in enumerate(one_states):
+        c = StepCounts()
+        row = private_step(state, settings, lambda i=i: rows[i], 3, c)
+        np.testing.assert_allclose(out[i], row, rtol=0, atol=1e-12)
+        assert (counts[i].clipped, counts[i].nonfinite) == (c.clipped, c.nonfinite)
+        assert (group_states[i].step, group_states[i].position) == (1, 1)
+    assert [c.nonfinite for c in counts] == [0, 0, 1]
+    # by hand: (3, 4, 0) has norm 5 > B_g = 0.5, the second row is within, the third zero;
+    # each plus its own stream's first increment (a twin stream of the same seed)
+    signal = np.array([[0.3, 0.4, 0.0], [0.1, 0.0, 0.2], [0.0, 0.0, 0.0]])
+    if settings.private:
+        assert [c.clipped for c in counts] == [1, 0, 0]
+        noise = np.array([LearnerState.create(settings, [(3,)], seed=i).noise.next()
+                          for i in range(3)])
+        assert np.abs(noise).min() > 0
+        np.testing.assert_allclose(out, signal + noise, rtol=0, atol=1e-15)
+    else:
+        np.testing.assert_array_equal(out, [[3.0, 4.0, 0.0], [0.1, 0.0, 0.2], [0, 0, 0]])
