@@ -298,13 +298,13 @@ class LearnerStorage:
             state.learner_id = LearnerState.new_id()
         state.generation += 1
         try:
-            offload = self.offload if self.store is None else None
+            offload = self.offload  # None with a state-dir (the constructor's rule)
             arrays = (state.state_dict(flat=True)
                       if offload is not None and offload.mode != "off" else None)
-            if arrays is not None and offload is not None and offload.wants(
+            if offload is not None and arrays is not None and offload.wants(
                     sum(np.asarray(a).nbytes for a in arrays.values())):
                 handle = state_offload.write(
-                    self.offload.folder(self.context.run_id, self.context.node_id, self.key),
+                    offload.folder(self.context.run_id, self.context.node_id, self.key),
                     arrays, identity=state.learner_id, generation=state.generation)
                 record = ConfigRecord(handle.to_record())
             else:
