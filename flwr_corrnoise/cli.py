@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import sys
 import time
@@ -104,6 +105,8 @@ def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorizati
                                   participation=_participation(args, steps)
                                   ).mechanism_params())
     _show_solver_progress()  # a solve can take minutes at N in the thousands
+    for module in mechanism.build_imports:  # imported in the builder's functions
+        importlib.import_module(module)
     start = time.perf_counter()
     fact = build_factorization(name, steps, **params)
     return fact, time.perf_counter() - start

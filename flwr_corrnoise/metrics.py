@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import linprog, minimize
 from scipy.special import expit
 
 
@@ -102,6 +101,7 @@ def is_separable(features: np.ndarray, labels: np.ndarray) -> bool:
 def _separable_by_lp(features: np.ndarray, labels: np.ndarray) -> bool:
     """The exact test: is ``{x : y_j⟨x, a_j⟩ ≥ 1 ∀j}`` non-empty (HiGHS)?"""
     m, d = features.shape
+    from scipy.optimize import linprog  # lazily: scipy.optimize costs ≈ 0.4 s to import
     res = linprog(
         c=np.zeros(d),
         A_ub=-(labels[:, None] * features),
@@ -139,6 +139,7 @@ def fit_logistic(
             logistic_grad(x, features, labels) + l2 * x,
         )
 
+    from scipy.optimize import minimize  # lazily: scipy.optimize costs ≈ 0.4 s to import
     res = minimize(
         fun,
         start,

@@ -84,6 +84,10 @@ class Mechanism:
     build: Callable[..., Factorization]
     params: tuple[Param, ...] = ()
     restore: Callable[[int, str], Factorization | None] | None = None
+    #: modules the builder imports when it runs (kept out of module import: SciPy's
+    #: optimizers and signal tools cost ≈ 0.4–0.9 s each to import, paid by every learner
+    #: process otherwise); a timed build imports them first (``cli._build``)
+    build_imports: tuple[str, ...] = ()
 
     def resolve(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Every parameter's value: ``given`` checked, defaults for the rest."""
@@ -121,10 +125,12 @@ def register(
     build: Callable[..., Factorization],
     params: tuple[Param, ...] | list[Param] = (),
     restore: Callable[[int, str], Factorization | None] | None = None,
+    build_imports: tuple[str, ...] | list[str] = (),
 ) -> Mechanism:
     """Make a mechanism nameable. ``build(n, **params)`` returns its factorization for
     horizon ``n``; ``restore(n, digest)`` (solved kinds) the exact one cached under
-    ``digest`` when it was built, or ``None``. A name can be registered once."""
+    ``digest`` when it was built, or ``None``; ``build_imports`` the modules ``build``
+    imports inside its functions. A name can be registered once."""
     if not name or name != name.strip() or name in RESERVED:
         raise ValueError(f"{name!r} cannot name a mechanism")
     if name in _REGISTRY:
@@ -132,7 +138,7 @@ def register(
     params = tuple(params)
     if len({p.name for p in params}) != len(params):
         raise ValueError(f"mechanism {name!r} declares a parameter twice")
-    mechanism = Mechanism(name, description, build, params, restore)
+    mechanism = Mechanism(name, description, build, params, restore, tuple(build_imports))
     _REGISTRY[name] = mechanism
     return mechanism
 
