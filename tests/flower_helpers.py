@@ -140,12 +140,24 @@ def stop_ray_head() -> None:
         head.stop()
 
 
-def backend_config() -> dict[str, Any]:
-    """Flower's Ray backend on this process's head (2 CPUs, one per virtual SuperNode
-    actor, as :data:`LOCAL_BACKEND`), or a fresh local Ray without the ``ray`` CLI."""
+def backend_config(actors: int = 1) -> dict[str, Any]:
+    """Flower's Ray backend on this process's head (2 CPUs), or a fresh local Ray without
+    the ``ray`` CLI, with ``actors`` ClientApp actors (``client_resources`` of ``2 /
+    actors`` CPUs each).
+
+    Why one actor by default: each actor is a new Ray worker process that imports Flower,
+    Ray and the app, ≈ 3 s of CPU on these 2 cores, more than a toy run's training; the
+    suite runs some 40 simulations. The learners' state still goes through
+    ``context.state`` (or the offload folder) between rounds either way: Flower ships a
+    node's Context to whichever actor runs its message. The tests whose point is that the
+    state survives the round trip run two actors (``actors=2``), so a learner moves
+    between processes there."""
+    if actors not in (1, 2):
+        raise ValueError("the test Ray head has 2 CPUs: 1 or 2 actors")
     if not RAY.exists():
-        return LOCAL_BACKEND
-    return {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        return {**LOCAL_BACKEND, "client_resources": {"num_cpus": 2 // actors,
+                                                      "num_gpus": 0.0}}
+    return {"client_resources": {"num_cpus": 2 // actors, "num_gpus": 0.0},
             "init_args": {"address": ray_head().address, "logging_level": "ERROR",
                           "log_to_driver": False}}
 
