@@ -139,7 +139,8 @@ def test_flwr_run_of_a_run_every_learner_refuses_is_marked_failed(tmp_path: Path
     with flwr_env(PYTHONPATH=pythonpath) as env:
         proc = subprocess.run(
             [str(FLWR), "run", str(app), "--stream",
-             "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"],
+             # one actor (2 CPUs each): every learner refuses, nothing to spread
+             "--federation-config", "num-supernodes=2 client-resources-num-cpus=2"],
             env=env, cwd=app, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0  # Flower's CLI: submitted, whatever the outcome
         runs: list = []
