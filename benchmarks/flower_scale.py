@@ -135,6 +135,7 @@ class RunSpec:
     offload: str  # the ``state-offload`` of the "ours" variant
     offload_dir: str
     times_dir: str
+    dtype: str = "float64"  # the model's (plain and ours alike)
     eta: float = 0.05
     epsilon: float = 2.0
     delta: float = 1e-3
@@ -238,16 +239,18 @@ def child(spec: RunSpec, result_path: Path) -> None:
     settings = PrivacySettings(mechanism=spec.mechanism, epsilon=spec.epsilon,
                                delta=spec.delta, clip_norm=spec.clip,
                                horizon=spec.rounds * spec.tau)
-    initial = ArrayRecord([np.zeros(spec.dim)])
+    initial = ArrayRecord([np.zeros(spec.dim, dtype=spec.dtype)])
 
     if spec.variant == "plain":
         def inner(msg: Message, context: Context) -> Message:
             learner = int(context.node_config["partition-id"])
             grad = linear_gradient(spec.dim, learner)
             pos = int(context.state["pos"]["p"]) if "pos" in context.state else 0
-            x = msg.content["arrays"].to_numpy_ndarrays()[0].astype(np.float64)
+            received = msg.content["arrays"].to_numpy_ndarrays()[0]
+            x = received.astype(np.float64)
             for t in range(spec.tau):
                 x = x - spec.eta * grad([x], pos + t)[0]
+            x = x.astype(received.dtype)  # the reply in the model's dtype, as ours
             context.state["pos"] = MetricRecord({"p": pos + spec.tau})
             return Message(RecordDict({"arrays": ArrayRecord([x]),
                                        "metrics": MetricRecord({"num-examples": spec.tau})}),
@@ -397,7 +400,7 @@ def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dic
     row: dict[str, Any] = {
         "learners": spec.learners, "dim": spec.dim, "fraction": spec.fraction,
         "rounds": spec.rounds, "tau": spec.tau, "actors": spec.actors,
-        "mechanism": spec.mechanism, "variant": spec.variant,
+        "mechanism": spec.mechanism, "variant": spec.variant, "dtype": spec.dtype,
         "state_offload": spec.state_offload or "",
         "peak_tree_rss_gib": sampler.peak_rss / GIB,
         "peak_tree_pss_gib": sampler.peak_pss / GIB if sampler.peak_pss else float("nan"),
@@ -453,7 +456,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         lines.append(
-            f"| {row['learners']:,} × {row['dim']:,} | {row['fraction']:g} | {row['variant']}"
+            f"| {row['learners']:,} × {row['dim']:,}"
+            f"{' (float32)' if row.get('dtype') == 'float32' else ''} "
+            f"| {row['fraction']:g} | {row['variant']}"
             f"{'' if row['variant'] != 'ours' else ' (' + row['state_offload'] + ')'} "
             f"| {fmt(row.get('s_per_round'), '.2f')} | {fmt(row.get('ratio'), '.2f')} "
             f"| {fmt(row.get('client_ms'), '.1f')} | {fmt(row.get('aggregate_s'), '.2f')} "
@@ -469,6 +474,94 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- one message, in-process
+
+#: where a learner's train message spends its time (cumulative cProfile seconds of these
+#: functions, the recurrence without the draws it calls; "other" is the rest of the
+#: message: the round's arithmetic, clipping, privacy metadata, Flower's records)
+PROFILE_PARTS = (
+    ("noise: draws", "streams.py", "_draw"),
+    ("noise: recurrence", "blt.py", "next"),
+    ("load (read + checks)", "session.py", "open"),
+    ("commit (write)", "session.py", "commit"),
+    ("gradient (the task's)", "flower_scale.py", "gradient"),
+)
+
+
+def profile_message(dim: int, dtype: str, messages: int, offload: str = "on"
+                    ) -> dict[str, float]:
+    """One learner's train messages through ``make_client_app`` in this process (BLT,
+    τ = 4, the state offloaded to a file, the simulation rules): the median ms per message,
+    then ms per message of each :data:`PROFILE_PARTS` under cProfile."""
+    import cProfile
+    import pstats
+
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
+    from flwr.common import MessageType
+
+    from flwr_corrnoise.flower import make_client_app, session
+
+    session.in_simulation = lambda: True  # the simulation rules, as in a Ray actor
+    tau = 4
+    with tempfile.TemporaryDirectory() as tmp:
+        defaults = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-3, "clip-norm": 1.0,
+                    "num-server-rounds": 4 * messages + 4, "local-steps": tau,
+                    "learning-rate": 0.05, "seed": 0, "calibration": "exact",
+                    "state-offload": offload, "state-offload-dir": tmp}
+        app = make_client_app(lambda c: linear_gradient(dim, int(c.node_config["partition-id"])),
+                              config_defaults=defaults)
+        ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 3}, state=RecordDict(),
+                      run_config={})
+        x = np.zeros(dim, dtype=dtype)
+
+        def one(r: int) -> None:
+            md = Metadata(run_id=1, message_id=f"m{r}", src_node_id=0, dst_node_id=7,
+                          reply_to_message_id="", group_id="1", created_at=time.time(),
+                          ttl=3600.0, message_type=MessageType.TRAIN)
+            config = ConfigRecord({"local-steps": tau, "learning-rate": 0.05,
+                                   "server-round": r})
+            msg = Message(content=RecordDict({"arrays": ArrayRecord([x]), "config": config}),
+                          metadata=md)
+            reply = app(msg, ctx)
+            assert not reply.has_error(), reply.error
+
+        one(1)  # the learner's first message creates its stream
+        wall = []
+        for r in range(2, 2 + messages):
+            t0 = time.perf_counter()
+            one(r)
+            wall.append(time.perf_counter() - t0)
+        prof = cProfile.Profile()
+        prof.enable()
+        for r in range(2 + messages, 2 + 2 * messages):
+            one(r)
+        prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    total = sum(tt for (_, _, name), (_, _, tt, _, _) in stats.items())
+    out = {"message ms": 1e3 * statistics.median(wall)}
+    for label, filename, function in PROFILE_PARTS:
+        cum = sum(ct for (f, _, name), (_, _, _, ct, _) in stats.items()
+                  if f.endswith(filename) and name == function)
+        out[label] = 1e3 * cum / messages
+    out["noise: recurrence"] -= out["noise: draws"]  # the kernel's step calls the draw
+    out["profiled message ms"] = 1e3 * total / messages
+    out["other"] = out["profiled message ms"] - sum(out[label] for label, _, _ in PROFILE_PARTS)
+    return out
+
+
+def message_table(dims: list[int], dtypes: list[str], messages: int) -> str:
+    """:func:`profile_message` for every (d, dtype), as a markdown table."""
+    rows = [(d, dt, profile_message(d, dt, messages)) for d in dims for dt in dtypes]
+    labels = ["message ms", "profiled message ms", *[label for label, _, _ in PROFILE_PARTS],
+              "other"]
+    lines = [f"load average {os.getloadavg()[0]:.1f}", "",
+             "| d | dtype | " + " | ".join(labels) + " |",
+             "|---|---|" + "---|" * len(labels)]
+    for d, dt, r in rows:
+        lines.append(f"| {d:,} | {dt} | " + " | ".join(f"{r[k]:.1f}" for k in labels) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -481,6 +574,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--mechanism", default="blt", choices=mechanism_names())
+    p.add_argument("--dtype", default="float64", choices=("float64", "float32"),
+                   help="the model's dtype (a float32 model's learners keep float32 "
+                   "noise buffers)")
     p.add_argument("--offload", default="auto", choices=OFFLOAD_MODES,
                    help="state-offload of the 'ours' variant")
     p.add_argument("--max-rss-gib", type=float, default=14.0,
@@ -489,10 +585,16 @@ def main() -> None:
     p.add_argument("--tmp", default=None, help="parent of the runs' FLWR_HOME and offload "
                    "folders (default: the temp dir)")
     p.add_argument("--out", type=Path, default=None, help="CSV of every run")
+    p.add_argument("--message-profile", type=int, metavar="MESSAGES", default=0,
+                   help="instead of simulations: profile MESSAGES train messages of one "
+                   "learner in this process at each --dims (float64 and float32 models)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child(RunSpec(**json.loads(Path(args.child[0]).read_text())), Path(args.child[1]))
+        return
+    if args.message_profile:
+        print(message_table(args.dims, ["float64", "float32"], args.message_profile))
         return
     if args.rounds < 3:
         p.error("--rounds must be ≥ 3 (the median is over rounds 2..R)")
@@ -509,6 +611,7 @@ def main() -> None:
                                        fraction=args.fraction, rounds=args.rounds,
                                        tau=args.tau, actors=args.actors,
                                        mechanism=args.mechanism, offload=args.offload,
+                                       dtype=args.dtype,
                                        offload_dir=str(Path(tmp) / "offload"),
                                        times_dir=str(Path(tmp) / "client-times"))
                         print(f"[{variant}] {learners} learners × d = {dim}, fraction "

@@ -20,13 +20,22 @@ import numpy as np
 
 MAGIC = b"FCNPK1\n"
 _ALLOWED_KINDS = "biufU"  # bool, ints, floats, fixed-width unicode: no objects, no pickle
+#: arrays of at least this many bytes start at a multiple of :data:`ALIGN` bytes from the
+#: start of the pack (the header is padded with spaces, and such an array's header entry
+#: names the zero bytes before it as a fourth field). Why: a state file is read into one
+#: buffer that its arrays view (``unpack(copy=False)``), and a stream that keeps such a
+#: view as its buffers runs its recurrence 2.5× slower on misaligned float64 data.
+#: Packs without a large array are byte for byte what they were before.
+ALIGN_MIN = 4096
+ALIGN = 64
 
 
 def pack_chunks(arrays: dict[str, np.ndarray]) -> list[bytes | memoryview]:
     """The pieces of :func:`pack`'s output, in order, without joining them: a writer that
     streams them to a file (:mod:`~flwr_corrnoise.state_offload`) copies no array. A
     contiguous little-endian array is passed as a view of its own memory."""
-    header, chunks = [], []
+    header, chunks, offset = [], [], 0
+    aligned = any(np.asarray(v).nbytes >= ALIGN_MIN for v in arrays.values())
     for name, value in arrays.items():
         arr = np.asarray(value)
         if arr.dtype.kind not in _ALLOWED_KINDS:
@@ -34,9 +43,17 @@ def pack_chunks(arrays: dict[str, np.ndarray]) -> list[bytes | memoryview]:
         arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
         if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
             arr = arr.copy(order="C")
-        header.append([name, arr.dtype.str, list(arr.shape)])
+        entry: list = [name, arr.dtype.str, list(arr.shape)]
+        pad = -offset % ALIGN if aligned and arr.nbytes >= ALIGN_MIN else 0
+        if pad:
+            entry.append(pad)
+            chunks.append(bytes(pad))
+        header.append(entry)
         chunks.append(memoryview(arr.reshape(-1)).cast("B") if arr.size else b"")
+        offset += pad + arr.nbytes
     head = json.dumps(header).encode()
+    if aligned:  # the data starts at a multiple of ALIGN (JSON ignores trailing spaces)
+        head += b" " * (-(len(MAGIC) + 4 + len(head)) % ALIGN)
     return [MAGIC, len(head).to_bytes(4, "little"), head, *chunks]
 
 
@@ -65,7 +82,11 @@ def unpack(data: bytes | bytearray | memoryview, *, copy: bool = True
         raise ValueError(f"corrupt array-pack header: {err}") from err
     offset, out = start + size, {}
     try:
-        for name, dtype_str, shape in header:
+        for name, dtype_str, shape, *rest in header:
+            pad = int(rest[0]) if rest else 0
+            if len(rest) > 1 or not 0 <= pad < ALIGN:
+                raise ValueError(f"array {name!r}: bad header entry")
+            offset += pad
             dtype = np.dtype(dtype_str)
             if dtype.kind not in _ALLOWED_KINDS or any(int(s) < 0 for s in shape):
                 raise ValueError(f"array {name!r}: bad dtype {dtype_str} or shape {shape}")

@@ -349,12 +349,18 @@ class LearnerState:
         seed: int | None,
         *,
         secure: bool = False,
+        dtype: Any = None,
     ) -> LearnerState:
         """A fresh learner. ``seed=None`` draws the noise seed from OS entropy.
 
         ``secure=True``: the noise comes from ChaCha20 keyed by OS entropy, on a
         power-of-two grid (:mod:`~flwr_corrnoise.secure_noise`); it takes no seed, and the
-        state records none (its key lives only in the stream's state)."""
+        state records none (its key lives only in the stream's state).
+
+        ``dtype``: the stream's float dtype — float32 for a float32 model (its buffers,
+        draws, recurrence and release in float32: :meth:`~flwr_corrnoise.streams.
+        NoiseStream.create`), float64 otherwise (the default; secure streams always). It
+        is the stream's for its whole life: a restored state keeps the dtype it records."""
         cal = settings.calibration()
         noise = None
         if secure and seed is not None:
@@ -364,7 +370,8 @@ class LearnerState:
         if cal is not None:
             noise = NoiseStream.create(settings.mechanism, settings.horizon, shapes, cal.std,
                                        seed, secure=secure,
-                                       factorization=settings.factorization())
+                                       factorization=settings.factorization(),
+                                       dtype=None if secure else dtype)
             digest = noise.factorization.digest
         return cls(noise=noise, seed=seed, binding=settings.binding(digest),
                    learner_id=cls.new_id())
@@ -426,17 +433,22 @@ class LearnerState:
         stores this, whatever its stream's backend."""
         return arraypack.pack(self.state_dict())
 
-    def state_dict(self, *, flat: bool = False) -> dict[str, np.ndarray]:
+    def state_dict(self, *, flat: bool = False, copy: bool = True) -> dict[str, np.ndarray]:
         """The named arrays :meth:`to_bytes` packs: the counters, the stream's state, the
         seed, the binding, the identity and generation. The stream's state is one packed
         ``noise`` array, or with ``flat=True`` its own arrays as ``noise/<name>`` (no packed
         copy of the buffers: an offloaded state is written this way, chunk by chunk);
-        :meth:`from_state_dict` reads both."""
+        :meth:`from_state_dict` reads both. ``flat=True, copy=False``: the stream's rows
+        are its live buffers (:meth:`~flwr_corrnoise.streams.NoiseStream.state_dict`), for
+        a caller that writes them out before the stream steps again."""
         arrays: dict[str, np.ndarray] = {
             "counters": np.array([self.step, self.position, self.rounds], dtype=np.int64),
         }
         if self.noise is not None and flat:
-            arrays.update({f"noise/{k}": v for k, v in self.noise.state_dict().items()})
+            # a backend that overrides state_dict (torch) copies its rows to the host anyway
+            view = not copy and type(self.noise).state_dict is NoiseStream.state_dict
+            saved = self.noise.state_dict(copy=False) if view else self.noise.state_dict()
+            arrays.update({f"noise/{k}": v for k, v in saved.items()})
         elif self.noise is not None:
             arrays["noise"] = np.frombuffer(self.noise.to_bytes(), dtype=np.uint8)
         if self.seed is not None:
@@ -459,20 +471,23 @@ class LearnerState:
             arrays = arraypack.unpack_any(data)
         except (OSError, ValueError, KeyError, EOFError, TypeError) as err:
             raise ValueError(f"unreadable learner state: {err}") from err
-        return cls.from_state_dict(arrays, device)
+        return cls.from_state_dict(arrays, device, adopt=True)  # arrays: fresh copies
 
     @classmethod
     def from_state_dict(cls, arrays: Mapping[str, np.ndarray],
-                        device: Any = None) -> LearnerState:
+                        device: Any = None, *, adopt: bool = False) -> LearnerState:
         """Inverse of :meth:`state_dict` (what :meth:`from_bytes` reads; an offloaded
         simulation state is read straight into these arrays, :mod:`~flwr_corrnoise.
-        state_offload`)."""
+        state_offload`). ``adopt=True``: the stream may keep the flat rows array as its
+        buffers (no copy; ``arrays`` is handed over, :func:`~flwr_corrnoise.streams.
+        restore_stream`)."""
         try:
             step, position, rounds = (int(x) for x in arrays["counters"])
             flat = {k.removeprefix("noise/"): v for k, v in arrays.items()
                     if k.startswith("noise/")}
             noise = (_stream_from_bytes(memoryview(arrays["noise"]), device)
-                     if "noise" in arrays else restore_stream(flat, device) if flat else None)
+                     if "noise" in arrays else
+                     restore_stream(flat, device, adopt=adopt) if flat else None)
             seed = int(str(arrays["seed"])) if "seed" in arrays else None
             binding = json.loads(str(arrays["binding"])) if "binding" in arrays else None
             learner_id = str(arrays["identity"]) if "identity" in arrays else None
@@ -500,7 +515,7 @@ def _stream_from_bytes(blob: bytes | memoryview, device: Any = None) -> NoiseStr
     Why no torch import here: the core must not depend on torch; a caller that passes a
     device is torch code (:mod:`flwr_corrnoise.torch`), whose import registered the backend,
     and anyone else reading a torch state gets restore_stream's error naming the import."""
-    return restore_stream(arraypack.unpack_any(blob), device)
+    return restore_stream(arraypack.unpack_any(blob), device, adopt=True)  # fresh copies
 
 
 #: a secure stream's clip norm is at most this many noise stds (the grid's exact range)
@@ -891,7 +906,8 @@ def local_rounds(
         z = np.tile(x, (len(states), 1))
         total = np.zeros_like(z)
         if settings.private:  # one recurrence per group of streams, for the whole round
-            noise = StreamGroup.partition([state.noise for state in states])  # type: ignore[misc]
+            noise = StreamGroup.partition([state.noise for state in states],  # type: ignore[misc]
+                                          ahead=int(tau))
         for _ in range(int(tau)):
             rows = _batch_rows(batch, z, [state.position for state in states])
             computes = None if rows is not None else [

@@ -134,8 +134,8 @@ def test_a_missing_or_truncated_file_is_lost_never_a_fresh_start(tmp_path: Path)
 def test_a_round_whose_handle_never_reached_the_driver_is_redone(tmp_path: Path) -> None:
     """The actor wrote generation 2 but the driver kept generation 1's handle (the reply
     and context never came back): the next load continues generation 1 — nothing of
-    generation 2 was released — and removes the orphan; a learner never has more than two
-    files."""
+    generation 2 was released — and the next commit removes the orphan; after a commit a
+    learner never has more than two files."""
     ctx = context()
     store = storage(ctx, tmp_path)
     state = LearnerState.create(SETTINGS, [(DIM,)], seed=3)
@@ -144,14 +144,21 @@ def test_a_round_whose_handle_never_reached_the_driver_is_redone(tmp_path: Path)
     advance(state)
     store.write(state, {})
     assert len(files(tmp_path)) == 2
+    orphan = Path(OffloadHandle.from_record(ctx.state[STATE_KEY]).path)
     ctx.state[STATE_KEY] = kept  # the driver's context from before the lost round
-    back = store.read()
+    back = store.read()  # only reads
     assert back.generation == 1 and back.step == 0
-    assert [p.name.split("-")[0] for p in files(tmp_path)] == ["g1"]
+    assert [p.name.split("-")[0] for p in files(tmp_path)] == ["g1", "g2"]
+    loaded = Path(OffloadHandle.from_record(kept).path)
+    advance(back)
+    store.write(back, {})
+    assert not orphan.exists() and loaded.exists()  # the loaded file stays for the driver
+    assert len(files(tmp_path)) == 2
     for _ in range(3):
         advance(back)
         store.write(back, {})
-        assert len(files(tmp_path)) <= 2
+        assert len(files(tmp_path)) == 2
+    assert not loaded.exists()
     assert state_offload.read(OffloadHandle.from_record(ctx.state[STATE_KEY]))
 
 
@@ -174,3 +181,28 @@ def test_a_torch_stream_state_round_trips_offloaded(tmp_path: Path) -> None:
     assert type(back.noise) is TorchNoiseStream and back.step == 2
     for a, b in zip(back.noise.next(), state.noise.next(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_commit_rewrites_a_stale_file_in_place(tmp_path: Path) -> None:
+    """From the third commit on, the new state is written over the pages of the file two
+    generations back (renamed out of the way first): the same inode under the new name,
+    holding exactly the new state, and the loaded file untouched."""
+    ctx = context()
+    store = storage(ctx, tmp_path)
+    state = LearnerState.create(SETTINGS, [(DIM,)], seed=5)
+    store.write(state, {})
+    first = Path(OffloadHandle.from_record(ctx.state[STATE_KEY]).path)
+    inode = first.stat().st_ino
+    for _ in range(2):
+        state = store.read()
+        loaded = Path(OffloadHandle.from_record(ctx.state[STATE_KEY]).path).read_bytes()
+        advance(state)
+        store.write(state, {})
+    newest = Path(OffloadHandle.from_record(ctx.state[STATE_KEY]).path)
+    assert newest.stat().st_ino == inode and not first.exists()
+    assert len(files(tmp_path)) == 2 and not list(tmp_path.rglob(".*.tmp"))
+    back = store.read()
+    assert back.generation == 3 and back.step == 6
+    np.testing.assert_array_equal(back.noise.next(), state.noise.next())
+    previous = [p for p in files(tmp_path) if p != newest]
+    assert previous[0].read_bytes() == loaded  # the file the driver's handle named

@@ -206,3 +206,84 @@ def test_private_steps_is_private_step_row_by_row(mechanism: str) -> None:
         np.testing.assert_allclose(out, signal + noise, rtol=0, atol=1e-15)
     else:
         np.testing.assert_array_equal(out, [[3.0, 4.0, 0.0], [0.1, 0.0, 0.2], [0, 0, 0]])
+
+
+# -- rows drawn ahead (GroupCursor, ahead = τ) -----------------------------------------------
+
+def test_drawing_a_rounds_rows_at_once_is_the_same_numbers_in_the_same_order() -> None:
+    """The premise: standard_normal(out=k×d) from the keyed Philox is k calls of
+    standard_normal(d), the numbers and the generator's state after them bit for bit."""
+    a, b = (NoiseStream.create("independent", N, DIM, 1.0, seed=5)._rng for _ in range(2))
+    block = np.empty((4, DIM))
+    a.standard_normal(out=block)
+    np.testing.assert_array_equal(block, np.array([b.standard_normal(DIM) for _ in range(4)]))
+    from flwr_corrnoise.noise_keys import pack_generator
+
+    np.testing.assert_array_equal(pack_generator(a), pack_generator(b))
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+@pytest.mark.parametrize("ahead", [3, 4])
+def test_a_group_drawing_ahead_equals_separate_streams_across_a_restore(name: str,
+                                                                         ahead: int) -> None:
+    """Rounds of `ahead` steps with the rows drawn ahead (every mechanism: the tree draws
+    several rows a step, banded-inverse reads positions and so draws row by row), a
+    restore from bytes between rounds: the increments and the states are the separate
+    streams' (the generator words exactly)."""
+    grouped, alone = streams(name), streams(name)
+    got, want = [], []
+    for r in range(3):
+        with StreamGroup(grouped, ahead=ahead) as group:
+            got.extend(group.next() for _ in range(ahead))
+        want.extend(np.array([s.next() for s in alone]) for _ in range(ahead))
+        for a, b in zip(grouped, alone, strict=True):
+            assert np.array_equal(a.state_dict()["rng"], b.state_dict()["rng"])
+        if r == 1:  # continue from restored states
+            grouped = [NoiseStream.from_bytes(s.to_bytes()) for s in grouped]
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("used", [0, 1, 3])
+def test_a_group_closed_before_using_its_rows_puts_the_generators_back(used: int) -> None:
+    """Closed after `used` of 4 rows drawn ahead (or a member's own call closing it): each
+    generator stands where `used` single draws leave it, and the streams go on as
+    separate streams do; a rollback to a checkpoint before the group still restores."""
+    grouped, alone = streams("blt"), streams("blt")
+    tokens = [s.checkpoint() for s in grouped]
+    group = StreamGroup(grouped, ahead=4)
+    first = [group.next() for _ in range(used)]
+    grouped[1].state_dict() if used == 1 else group.close()  # a member's call closes it
+    assert not group._open
+    want = [np.array([s.next() for s in alone]) for _ in range(used)]
+    np.testing.assert_allclose(np.array(first).reshape(-1), np.array(want).reshape(-1),
+                               rtol=1e-13, atol=1e-13)
+    for a, b in zip(grouped, alone, strict=True):
+        assert np.array_equal(a.state_dict()["rng"], b.state_dict()["rng"])
+        np.testing.assert_allclose(a.next(), b.next(), rtol=1e-13, atol=1e-13)
+    for s, token in zip(grouped, tokens, strict=True):  # the round undone
+        s.rollback(token)
+    fresh = streams("blt")
+    for a, b in zip(grouped, fresh, strict=True):
+        np.testing.assert_array_equal(a.next(), b.next())
+
+
+def test_rows_are_drawn_ahead_only_where_the_generator_allows() -> None:
+    """A group draws ahead when asked and every member is a float64 Philox stream; never
+    past the horizon; a secure member keeps the row-by-row draw."""
+    from flwr_corrnoise.streams import GroupCursor
+
+    plain = streams("independent")
+    assert GroupCursor(plain, plain[0]._ops, ahead=4)._ahead == 4
+    assert GroupCursor(plain, plain[0]._ops)._ahead == 1
+    secure = [NoiseStream.create("independent", N, DIM, STD, secure=True) for _ in range(2)]
+    assert GroupCursor(secure, secure[0]._ops, ahead=4)._ahead == 1
+    near_end = streams("independent", n=6)
+    for s in near_end:
+        for _ in range(4):
+            s.next()
+    with StreamGroup(near_end, ahead=4) as group:
+        group.next()
+        assert group._cursor._rows.shape[1] == 2  # the 2 steps left
+        group.next()
+        with pytest.raises(HorizonExhaustedError):
+            group.next()

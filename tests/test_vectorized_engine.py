@@ -201,3 +201,67 @@ def test_the_sweep_runs_each_data_seeds_jobs_in_one_worker() -> None:
     a, b = chunks(tune, 2)
     assert abs(len(a) - len(b)) <= 1 and {j.setup.mechanism for j in a} == {"none", "blt",
                                                                              "toeplitz"}
+
+
+@pytest.mark.parametrize("setup", [
+    LogRegSetup(rounds=6, test_size=150),  # the paper's n·τ = 80 ≤ d: certified optima
+    SMALL.with_(rounds=5),  # n·τ = 18 > d = 12: every optimum from round_optimum
+    SMALL.with_(rounds=4, drift=0.3),  # a test set per round
+], ids=["paper", "more-points-than-d", "drift"])
+def test_the_sweep_evaluators_rows_are_the_plain_evaluators(setup: LogRegSetup) -> None:
+    """SweepEvaluator (rows computed for all rounds at once when read, optima from
+    round_optima) against LogRegEvaluator (one round at a time, round_optimum per round):
+    every key of every row, a non-finite model's row included."""
+    from flwr_corrnoise.apps.logreg_task import LogRegEvaluator
+
+    rng = np.random.default_rng(3)
+    models = [rng.normal(scale=0.5 * r, size=setup.dim) for r in range(setup.rounds + 1)]
+    models[2][0] = np.inf
+    plain, sweep = LogRegEvaluator(setup), SweepEvaluator(setup)
+    for r, x in enumerate(models):
+        plain(r, [x])
+        assert sweep(r, [x]) is None  # recorded; computed when read
+    assert len(sweep.rows) == len(plain.rows) == setup.rounds + 1
+    for a, b in zip(plain.rows, sweep.rows, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-12, atol=1e-14, err_msg=key)
+    assert np.isnan(sweep.rows[2]["test-loss"]) and np.isnan(sweep.rows[2]["online-loss"])
+    assert sweep.summary() == pytest.approx(plain.summary(), rel=1e-12, abs=1e-14, nan_ok=True)
+    sweep(setup.rounds + 1, [models[0]])  # rows read earlier, then more recorded: appended
+    assert [row["round"] for row in sweep.rows] == list(range(setup.rounds + 2))
+
+
+def test_the_batched_separability_certificate_is_sound() -> None:
+    """certified_separable accepts only rounds is_separable calls separable (its own
+    candidate strictly separates them) and refuses a non-separable or degenerate one."""
+    from flwr_corrnoise.metrics import is_separable, round_optimum
+    from simulations.logreg import certified_separable, round_optima
+
+    rng = np.random.default_rng(0)
+    feats = rng.normal(size=(4, 5, 8))
+    labels = rng.choice([-1.0, 1.0], size=(4, 5))
+    feats[1, 1], labels[1, :2] = feats[1, 0], [1.0, -1.0]  # one point with both labels
+    feats[2, 3] = 0.0  # a zero point: no strict margin
+    ok = certified_separable(feats, labels)
+    assert ok.tolist() == [True, False, False, True]
+    assert [is_separable(f, y) for f, y in zip(feats, labels, strict=True)] == [
+        True, False, False, True]
+    assert not certified_separable(rng.normal(size=(2, 9, 8)), np.ones((2, 9))).any()
+    # the sweep's optima are round_optimum's, round by round
+    setup = LogRegSetup(rounds=5, test_size=10, data_seed=11)
+    ev = SweepEvaluator(setup)
+    expected = [round_optimum(*ev.round_data(r)) for r in range(setup.rounds)]
+    np.testing.assert_array_equal(round_optima(setup), expected)
+
+
+def test_softplus_is_the_logistic_losss_logaddexp() -> None:
+    """The sweep evaluator's softplus equals logaddexp(0, z) (metrics.logistic_loss) to
+    rounding, at every scale of z, with no overflow."""
+    from simulations.logreg import softplus
+
+    z = np.concatenate([[-1e308, -800.0, -40.0, -1e-300, 0.0, 1e-300, 40.0, 800.0, 1e308],
+                        np.random.default_rng(0).normal(scale=30.0, size=1000)])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # underflow is fine
+        out = softplus(z)
+    np.testing.assert_allclose(out, np.logaddexp(0.0, z), rtol=4e-16, atol=0)

@@ -70,6 +70,13 @@ __all__ = [
 ]
 
 
+def model_dtype(parameters: Iterable[np.ndarray]) -> np.dtype:
+    """float32 if every array of the model is float32, else float64: the dtype a fresh
+    learner's noise stream is made in (a float32 model gets float32 buffers and noise)."""
+    dtypes = {np.asarray(p).dtype for p in parameters}
+    return np.dtype(np.float32) if dtypes == {np.dtype(np.float32)} else np.dtype(np.float64)
+
+
 class CorrNoiseLearner:
     """Binds the shared local round to one Flower ``Context`` through a
     :class:`~flwr_corrnoise.flower.session.LearnerSession`.
@@ -115,13 +122,17 @@ class CorrNoiseLearner:
         Returns the noised update and the privacy metadata (nothing data-dependent)."""
         tau, eta = round_config(config)
         shapes = [tuple(np.shape(p)) for p in parameters]
-        with self.session.transaction(config, shapes, steps=tau) as tx:
+        dtype = model_dtype(parameters)
+        with self.session.transaction(config, shapes, steps=tau, dtype=dtype) as tx:
             result = local_round(parameters, self.gradient, tx.state, self.settings, tau, eta)
             tx.diagnostics = result.diagnostics
         self.last = tx
         metrics = self.session.privacy_metrics(result.state)
         metrics["num-examples"] = float(tau)
-        return result.update, metrics
+        update = result.update
+        if dtype == np.float32:  # the reply in the model's dtype (post-processing)
+            update = [np.asarray(u, dtype=np.float32) for u in update]
+        return update, metrics
 
     def reply(self, msg: Message, update: list[np.ndarray], num_examples: float,
               user_metrics: Mapping[str, Any] | None = None) -> Message:

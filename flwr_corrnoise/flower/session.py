@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
-from .. import state_offload
+from .. import arraypack, state_offload
 from ..learner import (
     PRIVACY_METRICS,
     LearnerState,
@@ -275,7 +275,7 @@ class LearnerStorage:
         if data is None and arrays is None:
             return None
         try:
-            state = (LearnerState.from_state_dict(arrays) if arrays is not None
+            state = (LearnerState.from_state_dict(arrays, adopt=True) if arrays is not None
                      else LearnerState.from_bytes(data))  # type: ignore[arg-type]
         except PrivacyConfigError:
             raise
@@ -299,14 +299,18 @@ class LearnerStorage:
         state.generation += 1
         try:
             offload = self.offload  # None with a state-dir (the constructor's rule)
-            arrays = (state.state_dict(flat=True)
-                      if offload is not None and offload.mode != "off" else None)
-            if offload is not None and arrays is not None and offload.wants(
-                    sum(np.asarray(a).nbytes for a in arrays.values())):
-                handle = state_offload.write(
-                    offload.folder(self.context.run_id, self.context.node_id, self.key),
-                    arrays, identity=state.learner_id, generation=state.generation)
-                record = ConfigRecord(handle.to_record())
+            if offload is not None and offload.mode != "off":
+                # the stream's live buffers, no copy: written (or packed) before it steps
+                arrays = state.state_dict(flat=True, copy=False)
+                if offload.wants(sum(np.asarray(a).nbytes for a in arrays.values())):
+                    loaded = self._handle()  # the driver's handle until it gets the new one
+                    handle = state_offload.write(
+                        offload.folder(self.context.run_id, self.context.node_id, self.key),
+                        arrays, identity=state.learner_id, generation=state.generation,
+                        keep=None if loaded is None else loaded.path)
+                    record = ConfigRecord(handle.to_record())
+                else:  # small (auto): these arrays are the bytes, serialized once
+                    record = ConfigRecord({"learner": arraypack.pack(arrays)})
             else:
                 data = state.to_bytes()  # serialized once, for disk and context.state
                 if self.store is not None:
@@ -406,11 +410,14 @@ class LearnerSession:
         *,
         steps: int | None = None,
         check: Callable[[LearnerState], None] | None = None,
+        dtype: Any = None,
     ) -> LearnerTransaction:
         """One round on this learner's state (:class:`LearnerTransaction`): use it as
         ``with session.transaction(config, shapes, steps=τ) as tx: …`` and reply with
-        ``tx.reply(msg, arrays, num_examples=…)`` after the block."""
-        return LearnerTransaction(self, config, shapes, steps=steps, check=check)
+        ``tx.reply(msg, arrays, num_examples=…)`` after the block. ``dtype``: the model's
+        float dtype, for a learner's first stream (:meth:`load`)."""
+        return LearnerTransaction(self, config, shapes, steps=steps, check=check,
+                                  dtype=dtype)
 
     # -- state --------------------------------------------------------------------------------
     def locked(self) -> AbstractContextManager[None]:
@@ -433,7 +440,7 @@ class LearnerSession:
                  "exact" if cal.sensitivity_exact else "certified bound", cal.std,
                  cal.noise_multiplier)
 
-    def load(self, shapes: list[tuple[int, ...]]) -> LearnerState:
+    def load(self, shapes: list[tuple[int, ...]], dtype: Any = None) -> LearnerState:
         """The stored state, checked against the current settings, or a fresh one on the
         learner's first round; a lost or corrupt state is an error, never a fresh start.
 
@@ -442,11 +449,18 @@ class LearnerSession:
         back, copied in from another learner, or a ledger left without its state (wiped)
         is refused (:class:`~flwr_corrnoise.persistence.StateIntegrityError`, code 4104).
         Loading only reads: a refused load releases nothing and changes nothing on disk.
+
+        ``dtype``: the model's float dtype; a fresh learner's stream is float32 for a
+        float32 model (:meth:`~flwr_corrnoise.learner.LearnerState.create`), float64
+        otherwise. A stored stream keeps the dtype it was made in, whatever the model's
+        dtype now (a strategy may send float64 after a float32 start): its noise goes on
+        in the arithmetic it started in, never converted.
         """
         state = self.storage.read()
         if state is None:
             self.log_start()
-            return LearnerState.create(self.settings, shapes, self.seed, secure=self.secure)
+            return LearnerState.create(self.settings, shapes, self.seed, secure=self.secure,
+                                       dtype=dtype)
         where = self.storage.where
         state.check_binding(self.settings)
         if self.secure and state.noise is not None and not state.noise.secure:
@@ -584,8 +598,10 @@ class LearnerTransaction:
         *,
         steps: int | None = None,
         check: Callable[[LearnerState], None] | None = None,
+        dtype: Any = None,
     ) -> None:
         self.session = session
+        self.dtype = dtype
         self.config = dict(config)
         self.shapes = [tuple(int(d) for d in s) for s in shapes]
         self.steps = steps
@@ -616,7 +632,7 @@ class LearnerTransaction:
         session.check_proposal(self.config)
         self._exit.enter_context(session.locked())
         try:
-            state = session.load(self.shapes)
+            state = session.load(self.shapes, self.dtype)
             if self.check is not None:
                 self.check(state)
             unit = "rounds" if session.kind == "round" else "steps"

@@ -87,6 +87,7 @@ class CorrNoiseFedAvg(FedAvg):
         self.server_learning_rate = float(server_learning_rate)
         self.proposal = privacy.proposal() if privacy is not None else {}
         self._models: dict[int, list[np.ndarray]] = {}
+        self._dtypes: dict[int, list[np.dtype]] = {}
         #: per-learner privacy report, keyed by node id (latest round the learner answered)
         self.privacy: dict[int, dict[str, float]] = {}
         #: per-round log: accepted, rejected (with reasons) and error replies
@@ -200,9 +201,13 @@ class CorrNoiseFedAvg(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self._models[server_round] = [
-            np.asarray(a, dtype=np.float64) for a in arrays.to_numpy_ndarrays()
-        ]
+        received = arrays.to_numpy_ndarrays()
+        self._models[server_round] = [np.asarray(a, dtype=np.float64) for a in received]
+        # the global model stays in the dtype it came in (a float32 model stays float32:
+        # its learners' streams are float32, and the next round sends half the bytes)
+        self._dtypes[server_round] = [
+            a.dtype if np.issubdtype(a.dtype, np.floating) else np.dtype(np.float64)
+            for a in received]
         for key, value in self.round_config().items():
             config[key] = value
         messages = list(super().configure_train(server_round, arrays, config, grid))
@@ -219,6 +224,7 @@ class CorrNoiseFedAvg(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         x = self._models.pop(server_round)
+        dtypes = self._dtypes.pop(server_round, None)
         replies = list(replies)
         accepted: list[tuple[float, list[np.ndarray]]] = []
         errors: list[dict[str, Any]] = []
@@ -273,4 +279,6 @@ class CorrNoiseFedAvg(FedAvg):
         if spent:
             summary["epsilon-spent-max"] = max(spent)
         self.watch.observe(self.round_offset + server_round, replies, len(accepted))
+        if dtypes is not None:  # aggregated in float64, sent on in the model's dtype
+            new = [n.astype(dt, copy=False) for n, dt in zip(new, dtypes, strict=True)]
         return ArrayRecord(new), MetricRecord(summary)

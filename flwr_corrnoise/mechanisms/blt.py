@@ -40,7 +40,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import minimize
 
 from . import cache
 from .base import Factorization
@@ -217,6 +216,7 @@ def optimize_blt(n: int, buffers: int = DEFAULT_BUFFERS, starts: int = 4,
         theta0 = np.clip(1.0 - gaps, 1e-3, 1 - 1e-9)
         omega0 = np.full(buffers, 0.5 / buffers)
         z0 = np.concatenate((np.log(theta0 / (1 - theta0)), np.log(omega0)))
+        from scipy.optimize import minimize  # lazily: scipy.optimize costs ≈ 0.4 s to import
         res = minimize(_objective, z0, args=(n, buffers, participation), method="L-BFGS-B",
                        options={"maxiter": 2000})
         if res.fun < best_val:
@@ -356,6 +356,10 @@ class BLTState:
     consts: dict[str, Array] = field(default_factory=dict)
     #: the stacked state whose columns ``buf`` is (``streaming.shared_base``)
     shared: tuple[BLTState, int, int] | None = None
+    #: a checkpoint token holds ``buf`` itself: the next step writes its result to a new
+    #: array instead of updating ``buf`` in place (copy on write; see
+    #: :meth:`BLTKernel.checkpoint`)
+    frozen: bool = False
 
 
 class BLTKernel(StreamKernel):
@@ -365,15 +369,19 @@ class BLTKernel(StreamKernel):
     """
 
     kind = "blt"
+    adopts_rows = True
 
     def __init__(self, theta: np.ndarray, omega: np.ndarray) -> None:
         self.theta = np.asarray(theta, dtype=np.float64)
         self.omega = np.asarray(omega, dtype=np.float64)
 
     def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> BLTState:
-        state = BLTState(buf=ops.zeros(len(rows) if rows else self.theta.size, dim))
-        for i, r in enumerate(rows):
-            state.buf[i] = r
+        if getattr(rows, "ndim", 1) == 2:  # handed over as one array (adopts_rows)
+            state = BLTState(buf=rows)
+        else:
+            state = BLTState(buf=ops.zeros(len(rows) if len(rows) else self.theta.size, dim))
+            for i, r in enumerate(rows):
+                state.buf[i] = r
         state.consts = {"theta": ops.const(self.theta[:, None]), "omega": ops.const(self.omega)}
         return state
 
@@ -384,23 +392,38 @@ class BLTKernel(StreamKernel):
         theta, omega = state.consts["theta"], state.consts["omega"]
         dim = r.shape[1]
         chunk = ops.chunk or dim
+        # a checkpoint holds ``r``: write the new buffers to a fresh array (copy on write)
+        out = ops.zeros(r.shape[0], dim) if state.frozen else r
         # in cache-sized column chunks, so the k×d buffers cross memory once per step
         for lo in range(0, dim, chunk):
             sl = slice(lo, lo + chunk)
             part = r[:, sl]
             ops.sub_matvec(e[sl], omega, part)
+            if out is not r:
+                target = out[:, sl]
+                target += part  # the same floats as updating ``part`` in place
+                part = target
             ops.decay_add(part, theta, e[sl])
+        state.buf, state.frozen = out, False
         return e
 
     def save(self, state: BLTState) -> Saved:
         return [], [state.buf[i] for i in range(state.buf.shape[0])]
 
+    def rows_view(self, state: BLTState) -> Array:
+        return state.buf
+
     def checkpoint(self, state: BLTState, ops: ArrayOps) -> object:
-        return ops.copy(state.buf)  # updated in place every step: buffers·d floats
+        """The buffers themselves, not a copy: the state is marked ``frozen``, so the next
+        step writes a new array and the token's stays as it was (copy on write). Why: a
+        Flower round takes two nested checkpoints (the transaction's and the round's), and
+        each copy of ``buffers·d`` floats cost as much as one step's recurrence."""
+        state.frozen = True
+        return state.buf
 
     def rollback(self, state: BLTState, token: object) -> None:
         state.shared = None
-        state.buf[...] = token
+        state.buf, state.frozen = token, True  # the token may be rolled back to again
 
     def check(self, state: BLTState, step: int, dim: int) -> None:
         if tuple(state.buf.shape) != (self.theta.size, dim):
@@ -418,6 +441,8 @@ class BLTKernel(StreamKernel):
         column views :meth:`unstack` handed out and none has moved since."""
         base = shared_base(states)
         if base is not None:
+            # a member's checkpoint holds its columns of the base: copy on write
+            base.frozen = base.frozen or any(s.frozen for s in states)
             return base
         out = BLTState(buf=ops.zeros(self.theta.size, len(states) * dim),
                        consts=states[0].consts)
@@ -427,7 +452,8 @@ class BLTKernel(StreamKernel):
 
     def unstack(self, ops: ArrayOps, state: BLTState, count: int, dim: int) -> list[BLTState]:
         return [BLTState(buf=state.buf[:, i * dim:(i + 1) * dim], consts=state.consts,
-                         shared=(state, i, count)) for i in range(count)]
+                         shared=(state, i, count), frozen=state.frozen)
+                for i in range(count)]
 
     def peak_rows(self, horizon: int) -> int:
         return int(self.theta.size)
@@ -458,4 +484,5 @@ register(
                   "datum (1: the paper's one-pass stream)", valid=lambda k: k >= 1,
                   constraint="≥ 1")],
     restore=_restore,
+    build_imports=("scipy.optimize",),
 )

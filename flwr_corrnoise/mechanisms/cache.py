@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,8 @@ def load(key: str, names: tuple[str, ...]) -> dict[str, np.ndarray] | None:
     try:
         with np.load(path, allow_pickle=False) as f:
             return {name: np.array(f[name]) for name in names}
-    except (OSError, ValueError, KeyError, EOFError) as err:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        # BadZipFile: a member whose bytes fail their CRC-32 (a damaged file)
         log.warning("ignoring unreadable cache %s: %s", path, err)
         return None
 

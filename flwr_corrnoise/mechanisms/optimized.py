@@ -19,8 +19,13 @@ in 23 s (``docs/benchmarks.md``).
 ``C`` is chosen lower triangular (``X = CᵀC`` by a reversed Cholesky), so ``C⁻¹`` is lower
 triangular too and the noise increment ``e[k] = (C⁻¹ξ)[k]`` only uses ``ξ_0..ξ_k``: the
 mechanism is causal and can be streamed. The dual vector ``v`` is cached on disk
-(``$FLWR_CORRNOISE_CACHE`` or ``~/.cache/flwr_corrnoise``); loading rebuilds ``C`` with one
-eigendecomposition.
+(``$FLWR_CORRNOISE_CACHE`` or ``~/.cache/flwr_corrnoise``), and so are ``C`` and ``C⁻¹``
+themselves, write-once under the dual's digest (:func:`load_factors`): rebuilding them from
+``v`` takes one ``N×N`` eigendecomposition (≈ 16 s at N = 4000 on one core) whose last bits
+depend on the BLAS thread count, reading them back a fraction of a second and the same bits
+in every process. A factors file is used only if it names the dual's digest and passes
+checks against ``v`` that need no eigendecomposition (:func:`check_factors`); otherwise
+``C`` is rebuilt from ``v`` and the file replaced.
 """
 
 from __future__ import annotations
@@ -84,9 +89,16 @@ def lower_triangular_root(X: np.ndarray) -> np.ndarray:
 
 def primal_from_dual(X: np.ndarray) -> np.ndarray:
     """Rescale ``X(v)`` to unit diagonal (feasible, sensitivity exactly 1) and factor it."""
+    return primal_and_scale(X)[0]
+
+
+def primal_and_scale(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`primal_from_dual` and the scale ``s = √diag(X)`` it divided out: with
+    ``r = √v``, ``(C·diag(r∘s))ᵀ(C·diag(r∘s))`` is the square root of ``diag(r)·S·diag(r)``
+    that ``X(v)`` came from, which :func:`check_factors` tests a cached ``C`` against."""
     d = np.sqrt(np.diag(X))
     Xn = X / (d[:, None] * d[None, :])
-    return lower_triangular_root(Xn)
+    return lower_triangular_root(Xn), d
 
 
 def solve_dual(
@@ -94,11 +106,12 @@ def solve_dual(
     gap: float = DEFAULT_GAP,
     max_iter: int = 500,
     progress: Callable[[int, float, float], None] | None = None,
-) -> tuple[np.ndarray, dict[str, float], np.ndarray, float]:
+) -> tuple[np.ndarray, dict[str, float], np.ndarray, float, np.ndarray]:
     """Run the fixed point until the certified relative gap is below ``gap``.
 
     Returns the dual vector, a report (iterations, seconds, objective, lower bound, gap),
-    the last feasible ``C`` and its certified lower bound.
+    the last feasible ``C``, its certified lower bound and its scale
+    (:func:`primal_and_scale`).
     ``progress(iteration, objective, lower_bound)`` is called after each iteration; without
     one, each iteration is logged at INFO (a solve can take minutes: the CLI shows these).
     """
@@ -108,14 +121,14 @@ def solve_dual(
     A = np.tril(np.ones((n, n)))
     v = np.ones(n)
     best: dict[str, float] = {}
-    C = np.eye(n)
+    C, scale = np.eye(n), np.ones(n)
     lb = 0.0
     shown = SolveProgress(n, gap, start)
     if progress is None:
         shown.begin()
     for it in range(1, max_iter + 1):
         point = evaluate_dual(S, v)
-        C = primal_from_dual(point.X)
+        C, scale = primal_and_scale(point.X)
         objective = frobenius_error(A, C)
         lb = point.lower_bound
         rel_gap = objective / lb - 1.0
@@ -135,7 +148,7 @@ def solve_dual(
             break
         v = v * np.diag(point.X)
     best["seconds"] = time.perf_counter() - start
-    return v, best, C, lb
+    return v, best, C, lb, scale
 
 
 #: a solve at N at least this large takes seconds (N = 1024: ≈ 4 s on 2 cores): say so
@@ -211,6 +224,123 @@ def frobenius_error(A: np.ndarray, C: np.ndarray) -> float:
     return float(np.sum(Y * Y))
 
 
+# -- C and C⁻¹ cached under the dual's digest ------------------------------------------------
+
+#: the layout of a cached ``C``/``C⁻¹`` pair (part of its cache key)
+FACTORS_VERSION = 1
+#: the most a cached pair may miss :func:`check_factors`'s identities by (relative); a
+#: genuine pair misses them by ≤ 1e-12 at N ≤ 4000, another dual's by ≥ 1e-4
+FACTORS_TOL = 1e-8
+
+
+def factors_key(n: int, digest: str) -> str:
+    """The cache key of the ``C``/``C⁻¹`` pair of the dual whose digest is ``digest``."""
+    return f"{cache.digest_key(Optimized.name, n, digest)}-factors-v{FACTORS_VERSION}"
+
+
+def pack_lower(m: np.ndarray) -> np.ndarray:
+    """The lower triangle of the square ``m``, row by row (half the bytes on disk)."""
+    return m[np.tri(m.shape[0], dtype=bool)]
+
+
+def unpack_lower(packed: np.ndarray, n: int) -> np.ndarray:
+    """The ``n×n`` lower-triangular matrix whose :func:`pack_lower` is ``packed``."""
+    if packed.shape != (n * (n + 1) // 2,):
+        raise ValueError(f"a packed triangle of {packed.size} numbers is not of order {n}")
+    out = np.zeros((n, n))
+    out[np.tri(n, dtype=bool)] = packed
+    return out
+
+
+def workload_matvec(x: np.ndarray) -> np.ndarray:
+    """``S·x`` for ``S = AᵀA`` (:func:`workload_gram`) in ``O(N)``: ``(S·x)_i =
+    (N − i)·Σ_{j≤i} x_j + Σ_{j>i} (N − j)·x_j``."""
+    n = x.shape[0]
+    weights = n - np.arange(n, dtype=float)
+    tail = weights * x
+    tail = tail.sum() - np.cumsum(tail)
+    return weights * np.cumsum(x) + tail
+
+
+def check_factors(v: np.ndarray, C: np.ndarray, Cinv: np.ndarray,
+                  scale: np.ndarray) -> str | None:
+    """Why the pair ``C``, ``C⁻¹`` (lower triangular) is not the factorization of the dual
+    point ``v`` with scale ``s`` (:func:`primal_and_scale`), or ``None`` if it is — by
+    three identities that need no eigendecomposition (``O(N²)``):
+
+    * every column of ``C`` has unit norm (the sensitivity the noise is calibrated for);
+    * ``M² = diag(r)·S·diag(r)`` for ``M = diag(r∘s)·CᵀC·diag(r∘s)``, ``r = √v``: ``M`` is
+      then the one positive semi-definite square root that :func:`evaluate_dual` takes,
+      and ``C`` the unique lower-triangular factor of its rescaling, i.e. the ``C`` of
+      ``v`` (:func:`primal_from_dual`);
+    * ``C·(C⁻¹·u) = u``.
+
+    The last two on a probe ``u`` drawn from OS entropy, so that no file, however made,
+    can be built to pass them without satisfying them."""
+    n = v.shape[0]
+    if C.shape != (n, n) or Cinv.shape != (n, n) or scale.shape != (n,):
+        return "shapes that do not match the dual"
+    if not (np.all(np.isfinite(C)) and np.all(np.isfinite(Cinv))
+            and np.all(np.isfinite(scale)) and np.all(scale > 0)):
+        return "non-finite numbers or a non-positive scale"
+    norms = np.sqrt(np.einsum("ij,ij->j", C, C))
+    if np.max(np.abs(norms - 1.0)) > FACTORS_TOL:
+        return "columns of C that are not of unit norm"
+    u = np.random.default_rng().standard_normal(n)
+    r = np.sqrt(v)
+    w = r * scale
+
+    def m(x: np.ndarray) -> np.ndarray:
+        return w * (C.T @ (C @ (w * x)))
+
+    target = r * workload_matvec(r * u)
+    if np.linalg.norm(m(m(u)) - target) > FACTORS_TOL * np.linalg.norm(target):
+        return "a C that is not the square-root factor of this dual"
+    if np.linalg.norm(C @ (Cinv @ u) - u) > FACTORS_TOL * np.linalg.norm(u):
+        return "a C⁻¹ that is not the inverse of C"
+    return None
+
+
+def load_factors(v: np.ndarray, digest: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(C, C⁻¹, scale)`` of the dual point ``v`` (digest ``digest``) from the cache, or
+    ``None``: absent, unreadable, written for another digest or order, or failing
+    :func:`check_factors` (a warning says which; the caller rebuilds and replaces it)."""
+    n = v.shape[0]
+    key = factors_key(n, digest)
+    if not cache.path_for(key).exists():
+        return None
+    stored = cache.load(key, ("digest", "C", "Cinv", "scale"))
+    why = None
+    if stored is None:
+        why = "unreadable"
+    elif str(stored["digest"]) != digest:
+        why = "written for another factorization"
+    else:
+        try:
+            C = unpack_lower(np.asarray(stored["C"], dtype=np.float64), n)
+            Cinv = unpack_lower(np.asarray(stored["Cinv"], dtype=np.float64), n)
+        except ValueError as err:
+            why = str(err)
+        else:
+            scale = np.asarray(stored["scale"], dtype=np.float64)
+            why = check_factors(v, C, Cinv, scale)
+    if why is not None:
+        log.warning("flwr-corrnoise: ignoring the cached optimized factors %s (%s); "
+                    "rebuilding them from the dual", cache.path_for(key), why)
+        return None
+    return C, Cinv, scale
+
+
+def store_factors(digest: str, C: np.ndarray, Cinv: np.ndarray, scale: np.ndarray,
+                  *, replace: bool = False) -> None:
+    """Cache ``C``, ``C⁻¹`` and the scale under ``digest``, write-once (``replace``: over
+    a file that :func:`load_factors` refused)."""
+    n = C.shape[0]
+    arrays = {"digest": np.array(digest), "C": pack_lower(C), "Cinv": pack_lower(Cinv),
+              "scale": np.asarray(scale, dtype=np.float64)}
+    (cache.store if replace else cache.store_once)(factors_key(n, digest), **arrays)
+
+
 class Optimized(Factorization):
     """Dense optimized factorization with certified optimality gap.
 
@@ -230,23 +360,45 @@ class Optimized(Factorization):
     ) -> None:
         super().__init__(n)
         v, report = self._load(gap) if use_cache else (None, None)
+        solved = None
         if v is None or report is None:
-            v, report, C, lb = solve_dual(self.n, gap=gap, progress=progress)
+            v, report, C, lb, scale = solve_dual(self.n, gap=gap, progress=progress)
+            solved = (C, scale, lb)
             if use_cache:
                 self._store(v, report, gap)
-        else:
-            point = evaluate_dual(workload_gram(self.n), v)
-            C, lb = primal_from_dual(point.X), point.lower_bound
         self.dual = v
         if use_cache:  # write-once copy under the digest: streams restore exactly this one
             cache.store_once(cache.digest_key(self.name, self.n, self.digest), v=v,
                              report=json.dumps(report))
         self.report = report
-        self.C = C
-        self.lower_bound = lb
+        self._set_factors(solved, use_cache)
+
+    def _set_factors(self, solved: tuple[np.ndarray, np.ndarray, float] | None,
+                     use_cache: bool) -> None:
+        """``C`` (and ``C⁻¹``, the lower bound) of :attr:`dual`: the factors cached under
+        the digest (:func:`load_factors`) if there are valid ones — so that every process
+        streams the same bits —, else those of the solve that just ran, else rebuilt with
+        one eigendecomposition; in both last cases cached."""
         self._Cinv: np.ndarray | None = None
         self._row_errors: np.ndarray | None = None
         self._prefix_sens: np.ndarray | None = None
+        digest = self.digest
+        existed = use_cache and cache.path_for(factors_key(self.n, digest)).exists()
+        loaded = load_factors(self.dual, digest) if existed else None
+        if loaded is not None:
+            self.C, self._Cinv, scale = loaded
+            # T(v) = tr(M) = ‖C·diag(r∘s)‖_F²: evaluate_dual's bound, to rounding
+            weighted = self.C * (np.sqrt(self.dual) * scale)[None, :]
+            trace = float(np.einsum("ij,ij->", weighted, weighted))
+            self.lower_bound = trace * trace / float(np.sum(self.dual))
+        elif solved is not None:
+            self.C, scale, self.lower_bound = solved
+        else:
+            point = evaluate_dual(workload_gram(self.n), self.dual)
+            self.C, scale = primal_and_scale(point.X)
+            self.lower_bound = point.lower_bound
+        if use_cache and loaded is None:
+            store_factors(digest, self.C, self.Cinv, scale, replace=existed)
 
     def defining_arrays(self) -> dict[str, np.ndarray]:
         return {"dual": self.dual}
@@ -256,13 +408,9 @@ class Optimized(Factorization):
         """The factorization of a given dual point (how a stream restores its own)."""
         self = cls.__new__(cls)
         Factorization.__init__(self, n)
-        point = evaluate_dual(workload_gram(self.n), np.asarray(v, dtype=float))
-        self.C, self.lower_bound = primal_from_dual(point.X), point.lower_bound
         self.dual = np.asarray(v, dtype=float)
         self.report = dict(report)
-        self._Cinv = None
-        self._row_errors = None
-        self._prefix_sens = None
+        self._set_factors(None, use_cache=True)
         return self
 
     # -- cache ----------------------------------------------------------------------------

@@ -73,15 +73,22 @@ class ArrayOps(Protocol):
 
 
 class NumpyOps:
-    """:class:`ArrayOps` for float64 NumPy arrays (the host stream)."""
+    """:class:`ArrayOps` for NumPy arrays of one float dtype (the host stream): float64,
+    or float32 for a float32 model (:data:`NUMPY_OPS32`; half the state, half the memory
+    traffic of the recurrence)."""
 
-    chunk: int | None = 1 << 15  # 4 buffers × 32k floats = 1 MB: stays in cache
+    chunk: int | None = 1 << 15  # 4 buffers × 32k floats ≤ 1 MB: stays in cache
+
+    def __init__(self, dtype: type[np.floating] = np.float64) -> None:
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"a NumPy noise stream is float32 or float64, not {self.dtype}")
 
     def zeros(self, rows: int, dim: int) -> np.ndarray:
-        return np.zeros((rows, dim))
+        return np.zeros((rows, dim), dtype=self.dtype)
 
     def const(self, values: np.ndarray) -> np.ndarray:
-        return np.asarray(values, dtype=np.float64)
+        return np.asarray(values, dtype=self.dtype)
 
     def copy(self, a: np.ndarray) -> np.ndarray:
         return a.copy()
@@ -98,6 +105,18 @@ class NumpyOps:
 
 
 NUMPY_OPS = NumpyOps()
+NUMPY_OPS32 = NumpyOps(np.float32)
+
+
+def numpy_ops(dtype: Any) -> NumpyOps:
+    """The shared :class:`NumpyOps` of ``dtype`` (float64 or float32): one object per
+    dtype, so that streams of one dtype can share a group (``streams.group_key``)."""
+    dtype = np.dtype(dtype)
+    if dtype == NUMPY_OPS32.dtype:
+        return NUMPY_OPS32
+    if dtype == NUMPY_OPS.dtype:
+        return NUMPY_OPS
+    raise ValueError(f"a NumPy noise stream is float32 or float64, not {dtype}")
 
 
 #: what a kernel serializes: ``(levels, rows)``, the ``levels`` and ``rows`` entries of
@@ -131,6 +150,18 @@ class StreamKernel(ABC):
 
     #: the stream kind recorded in states and shown in docs
     kind: str = ""
+    #: whether :meth:`init` may take ``rows`` as one ``rows×dim`` array and keep it as its
+    #: state (no copy; the caller hands the array over: a state file read into a fresh
+    #: buffer). Kernels that do not say so get a list of rows and copy them.
+    adopts_rows: bool = False
+
+    def rows_view(self, state: Any) -> Array | None:
+        """The rows :meth:`save` would return, as one ``rows×dim`` array that *is* the
+        state (no copy), where the kernel keeps them so; ``None`` otherwise. Why: a state
+        written to a file straight away (:mod:`~flwr_corrnoise.state_offload`) need not
+        be copied first; anything that keeps the rows must copy them (``next`` updates
+        them in place)."""
+        return None
 
     @abstractmethod
     def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> Any:

@@ -1,0 +1,75 @@
+"""Issue 22's stores at toy size: Ray's object store beside the file offload
+(``benchmarks/state_handling.py --ray``), and a float32 model's learners keeping float32
+states through a whole Flower simulation (``benchmarks/flower_scale.py --dtype float32``).
+Timings are not compared."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script: str, *args: str) -> tuple[str, list[list[str]]]:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in proc.stdout.splitlines() if line.startswith("| ")]
+    return proc.stdout, rows
+
+
+@pytest.mark.slow  # starts a local Ray instance (≈ 10 s)
+def test_state_handling_measures_rays_object_store() -> None:
+    """Three stores per d; the object store, like the file, leaves the driver a handle of
+    under 1 KB whatever d (an object id), where ``context.state`` keeps ≥ 4·d floats."""
+    out, rows = run("state_handling.py", "--dims", "2000", "20000", "--repeats", "2",
+                    "--ray", "--dtype", "float32")
+    assert "float32 buffers" in out
+    body = {(r[0], r[1]): r for r in rows[1:]}
+    stores = ("in context.state", "offloaded to a file", "in Ray's object store")
+    assert set(body) == {(d, s) for d in ("2,000", "20,000") for s in stores}
+    for d in ("2,000", "20,000"):
+        for store in stores[1:]:
+            assert body[(d, store)][6].endswith(" B")
+            assert all(float(body[(d, store)][i]) >= 0 for i in (2, 3, 4, 5))
+        kept = body[(d, "in context.state")][6]
+        assert kept.endswith("KB") and float(kept.split()[0]) * 1e3 >= 4 * 4 * int(
+            d.replace(",", ""))
+
+
+@pytest.mark.slow  # one Flower simulation on Ray (≈ 20 s)
+def test_a_float32_model_keeps_float32_states_in_a_simulation(tmp_path: Path) -> None:
+    """A float32 model, CorrNoiseFedAvg and ``make_client_app``, every state offloaded: each
+    state file holds float32 buffers (4·d·4 bytes and a header, not 4·d·8) in every round —
+    the strategy sends the model on in float32 and each learner's stream stays float32."""
+    out = tmp_path / "scale.csv"
+    dim = 20_000
+    run("flower_scale.py", "--learners", "10", "--dims", str(dim), "--rounds", "3",
+        "--fraction", "0.5", "--offload", "on", "--variants", "ours", "--dtype", "float32",
+        "--out", str(out))
+    (row,) = list(csv.DictReader(out.open()))
+    assert row["status"] == "ok" and row["dtype"] == "float32"
+    files = int(row["offload_files"])
+    assert files >= 1
+    per_file = float(row["offload_mib"]) * 2**20 / files  # on-disk bytes (blocks)
+    assert 4 * dim * 4 <= per_file < 4 * dim * 4 + 16 * 2**10
+
+
+def test_message_profile_splits_a_train_message() -> None:
+    """``flower_scale.py --message-profile``: one row per (d, dtype); the named parts and
+    "other" add up to the profiled message (the recurrence is counted without its draws)."""
+    _, rows = run("flower_scale.py", "--dims", "3000", "--message-profile", "2")
+    header, body = rows[0], rows[1:]
+    assert [(r[0], r[1]) for r in body] == [("3,000", "float64"), ("3,000", "float32")]
+    for r in body:
+        values = dict(zip(header[2:], (float(v) for v in r[2:]), strict=True))
+        assert values["message ms"] > 0 and values["noise: draws"] > 0
+        parts = sum(v for k, v in values.items() if k not in ("message ms",
+                                                                "profiled message ms"))
+        assert parts == pytest.approx(values["profiled message ms"], abs=0.2)
