@@ -45,6 +45,7 @@ def test_mechanisms_table(steps: str) -> None:
                                          "tree", "independent"]
 
 
+@pytest.mark.slow
 def test_torch_step() -> None:
     pytest.importorskip("torch")
     rows = run("torch_step.py", "--batch-sizes", "1", "--steps", "2", "--repeats", "1",
@@ -59,6 +60,7 @@ def test_torch_step() -> None:
                for r in rows[1:])
 
 
+@pytest.mark.slow
 def test_toeplitz_stream() -> None:
     """The regenerated Toeplitz increment equals the stored one (the script checks it and
     exits non-zero otherwise); the regenerated stream's work per step, (k + 1)·d Gaussian
@@ -75,6 +77,7 @@ def test_toeplitz_stream() -> None:
             "Toeplitz, regenerated (counter-based)"} <= set(names)
 
 
+@pytest.mark.slow
 def test_noise_keys() -> None:
     rows = run("noise_keys.py", "--dims", "100", "2000", "--repeats", "2",
                "--block-elements", "20000")
@@ -102,6 +105,7 @@ def test_flower_scale(tmp_path: Path) -> None:
     assert out.read_text().count("\n") == 4  # header + one line per run
 
 
+@pytest.mark.slow
 def test_cli_startup() -> None:
     """benchmarks/cli_startup.py at toy size: one row per command, in order, each with a
     wall time, an import time, the CLI's build seconds where it prints them (mechanism),

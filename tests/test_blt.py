@@ -67,6 +67,7 @@ def test_closed_forms_at_long_horizons_match_the_recursion(n: int) -> None:
     assert params.sensitivity_squared(n) == pytest.approx(float(c @ c), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_optimized_blt_beats_toeplitz_and_is_near_optimal() -> None:
     for n in (64, 256, 1024):
         blt = BufferedToeplitz(n, use_cache=False)

@@ -64,6 +64,7 @@ def test_zero_gradient_and_bad_method() -> None:
     assert make_set("nuclear", 6, 1.0, (2, 3), lmo="lanczos").lmo_method == "lanczos"
 
 
+@pytest.mark.slow
 def test_frank_wolfe_same_with_every_lmo() -> None:
     """Algorithm 4 (the warm-started loop PD-OCG runs) ends at the same point whichever way
     the top pair is found."""

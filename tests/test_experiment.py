@@ -18,6 +18,7 @@ from simulations import logreg
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_logreg_script_toy_size(tmp_path: Path) -> None:
     out = tmp_path / "lr"
     code = logreg.main([
@@ -97,6 +98,7 @@ def test_main_job_runs_the_demo(tmp_path: Path) -> None:
     assert rep.returncode == 0 and "ε spent 2 of 2" in rep.stdout
 
 
+@pytest.mark.slow
 def test_the_demo_setting_tells_the_story() -> None:
     """The demo's claims, on its own setting and tuned step sizes, at one seed each on the
     in-process engine (the figure's engine): no noise learns well (≥ 0.85), correlated

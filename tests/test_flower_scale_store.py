@@ -61,6 +61,7 @@ def test_a_float32_model_keeps_float32_states_in_a_simulation(tmp_path: Path) ->
     assert 4 * dim * 4 <= per_file < 4 * dim * 4 + 16 * 2**10
 
 
+@pytest.mark.slow
 def test_message_profile_splits_a_train_message() -> None:
     """``flower_scale.py --message-profile``: one row per (d, dtype); the named parts and
     "other" add up to the profiled message (the recurrence is counted without its draws)."""

@@ -145,6 +145,7 @@ def test_moved_names_are_gone_from_the_package() -> None:
     assert not (PACKAGE / "experiments").exists() and not (PACKAGE / "simulations").exists()
 
 
+@pytest.mark.slow
 def test_importing_the_whole_library_registers_no_dataset_task_and_touches_nothing() -> None:
     """In a fresh interpreter outside the repository (so ``experiments`` cannot be found by
     accident): import every module of the package; nothing of the repository gets imported,

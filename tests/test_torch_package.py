@@ -39,6 +39,7 @@ def run_python(code: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_the_torch_package_imports_no_flower() -> None:
     """Every module under ``flwr_corrnoise.torch`` imports without Flower, and importing the
     package registers the torch stream backend: a learner state holding a torch stream is

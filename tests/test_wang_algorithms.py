@@ -89,6 +89,7 @@ def test_strongly_convex_noise_off_equals_reference():
                               * (2 + math.log2(algo.T)))
 
 
+@pytest.mark.slow
 def test_pd_ocg_noise_off_equals_reference_and_many_cg_iterations_reach_projection():
     algo = _build("pd-ocg", **{"cg-iters": 5})
     res = run(algo, BASE["steps"], 3, {"epsilon": np.full(4, np.inf)})
@@ -111,6 +112,7 @@ def test_pd_ocg_noise_off_equals_reference_and_many_cg_iterations_reach_projecti
 
 @pytest.mark.parametrize("K", [L2Ball(6, 1.0), NuclearBall((3, 4), 1.0)],
                          ids=["l2", "nuclear"])
+@pytest.mark.slow
 def test_conditional_gradient_converges_to_proximal_argmin(K):
     rng = np.random.default_rng(0)
     zhat = rng.normal(size=(3, K.dim)) * np.array([[0.2], [3.0], [30.0]])

@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from simulations import wang
 
@@ -16,6 +17,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.slow
 def test_toy_experiments(tmp_path: Path) -> None:
     out = str(tmp_path / "w")
     common = ["--synthetic", "--out", out]
