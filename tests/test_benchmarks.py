@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -89,12 +90,16 @@ def test_noise_keys() -> None:
 
 @pytest.mark.slow  # three Flower simulations, each starting its own Ray (≈ 1 min)
 def test_flower_scale(tmp_path: Path) -> None:
-    """benchmarks/flower_scale.py at toy size (20 learners × d = 1000, 3 rounds): the table
-    has one row per variant, and the offload folder holds one or two state files per learner
-    that trained with state-offload = on, and none with it off. Timings are not compared."""
+    """benchmarks/flower_scale.py at toy size (20 learners × d = 20 000, 3 rounds, a
+    float32 model): the table has one row per variant, and the offload folder holds one or
+    two state files per learner that trained with state-offload = on, and none with it off.
+    Each file holds float32 buffers (4·d·4 bytes and a header, not 4·d·8) after every round:
+    the strategy sends the model on in float32 and each learner's stream stays float32.
+    Timings are not compared."""
     out = tmp_path / "scale.csv"
-    rows = run("flower_scale.py", "--learners", "20", "--dims", "1000", "--rounds", "3",
-               "--fraction", "0.5", "--offload", "on", "--out", str(out))
+    dim = 20_000
+    rows = run("flower_scale.py", "--learners", "20", "--dims", str(dim), "--rounds", "3",
+               "--fraction", "0.5", "--offload", "on", "--dtype", "float32", "--out", str(out))
     header = rows[0]
     by = {r[2]: dict(zip(header, r, strict=True)) for r in rows[1:]}
     assert set(by) == {"plain", "ours (on)", "ours-off"}
@@ -102,7 +107,12 @@ def test_flower_scale(tmp_path: Path) -> None:
     trained = int(by["ours (on)"]["trained r2 → R"].split("→")[1])
     assert trained <= int(by["ours (on)"]["offload files"]) <= 2 * trained
     assert by["ours-off"]["offload files"] == "0" and by["plain"]["offload files"] == "–"
-    assert out.read_text().count("\n") == 4  # header + one line per run
+    lines = list(csv.DictReader(out.open()))
+    assert len(lines) == 3  # one line per run
+    (ours,) = [r for r in lines if r["offload_files"] not in ("", "0", "–")]
+    assert ours["dtype"] == "float32"
+    per_file = float(ours["offload_mib"]) * 2**20 / int(ours["offload_files"])  # on disk
+    assert 4 * dim * 4 <= per_file < 4 * dim * 4 + 16 * 2**10
 
 
 @pytest.mark.slow

@@ -1,11 +1,11 @@
 """Issue 22's stores at toy size: Ray's object store beside the file offload
-(``benchmarks/state_handling.py --ray``), and a float32 model's learners keeping float32
-states through a whole Flower simulation (``benchmarks/flower_scale.py --dtype float32``).
-Timings are not compared."""
+(``benchmarks/state_handling.py --ray``), and the split of one learner message
+(``benchmarks/flower_scale.py --message-profile``). A float32 model's learners keeping
+float32 states through a whole Flower simulation is ``tests/test_benchmarks.py::
+test_flower_scale``. Timings are not compared."""
 
 from __future__ import annotations
 
-import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -41,24 +41,6 @@ def test_state_handling_measures_rays_object_store() -> None:
         kept = body[(d, "in context.state")][6]
         assert kept.endswith("KB") and float(kept.split()[0]) * 1e3 >= 4 * 4 * int(
             d.replace(",", ""))
-
-
-@pytest.mark.slow  # one Flower simulation on Ray (≈ 20 s)
-def test_a_float32_model_keeps_float32_states_in_a_simulation(tmp_path: Path) -> None:
-    """A float32 model, CorrNoiseFedAvg and ``make_client_app``, every state offloaded: each
-    state file holds float32 buffers (4·d·4 bytes and a header, not 4·d·8) in every round —
-    the strategy sends the model on in float32 and each learner's stream stays float32."""
-    out = tmp_path / "scale.csv"
-    dim = 20_000
-    run("flower_scale.py", "--learners", "10", "--dims", str(dim), "--rounds", "3",
-        "--fraction", "0.5", "--offload", "on", "--variants", "ours", "--dtype", "float32",
-        "--out", str(out))
-    (row,) = list(csv.DictReader(out.open()))
-    assert row["status"] == "ok" and row["dtype"] == "float32"
-    files = int(row["offload_files"])
-    assert files >= 1
-    per_file = float(row["offload_mib"]) * 2**20 / files  # on-disk bytes (blocks)
-    assert 4 * dim * 4 <= per_file < 4 * dim * 4 + 16 * 2**10
 
 
 @pytest.mark.slow
