@@ -31,6 +31,7 @@ import pickle
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,30 +58,48 @@ def summary(commit: list[float], ship: list[float], load: list[float],
     return out
 
 
-def measure(dim: int, mode: str, repeats: int, root: Path,
-            dtype: str = "float64") -> dict[str, float]:
-    """``context.state`` (``mode = "off"``) or a file (``"on"``), through the session's
-    own :class:`LearnerStorage`."""
-    ctx = Context(run_id=1, node_id=dim, node_config={}, state=RecordDict(), run_config={})
-    storage = LearnerStorage(ctx, STATE_KEY, None, OffloadPolicy(mode, root))
-    state = LearnerState.create(SETTINGS, [(dim,)], seed=1, dtype=dtype)
-    commit, ship, load, size = [], [], [], 0
+def time_rounds(state: LearnerState, ctx: Context, repeats: int,
+                commit: Callable[[LearnerState, Context], None],
+                load: Callable[[Context], LearnerState]) -> dict[str, float]:
+    """``repeats`` learner-rounds of one store: a step, ``commit`` (the state into the
+    store and its handle into ``ctx``), the Context pickled and unpickled (Flower ships it
+    to the actor and back), ``load`` from the unpickled Context; each part timed."""
+    commit_s, ship_s, load_s, size = [], [], [], 0
     for _ in range(repeats):
         state.noise.next()
         state.advance()
         t0 = time.perf_counter()
-        storage.write(state, {})
+        commit(state, ctx)
         t1 = time.perf_counter()
         blob = pickle.dumps(ctx, protocol=pickle.HIGHEST_PROTOCOL)
-        storage.context = ctx = pickle.loads(blob)
+        ctx = pickle.loads(blob)
         t2 = time.perf_counter()
-        state = storage.read()
+        state = load(ctx)
         t3 = time.perf_counter()
-        commit.append(t1 - t0)
-        ship.append(t2 - t1)
-        load.append(t3 - t2)
+        commit_s.append(t1 - t0)
+        ship_s.append(t2 - t1)
+        load_s.append(t3 - t2)
         size = len(blob)
-    return summary(commit, ship, load, size)
+    return summary(commit_s, ship_s, load_s, size)
+
+
+def new_context(dim: int) -> Context:
+    return Context(run_id=1, node_id=dim, node_config={}, state=RecordDict(), run_config={})
+
+
+def measure(dim: int, mode: str, repeats: int, root: Path,
+            dtype: str = "float64") -> dict[str, float]:
+    """``context.state`` (``mode = "off"``) or a file (``"on"``), through the session's
+    own :class:`LearnerStorage`."""
+    ctx = new_context(dim)
+    storage = LearnerStorage(ctx, STATE_KEY, None, OffloadPolicy(mode, root))
+
+    def load(shipped: Context) -> LearnerState:
+        storage.context = shipped
+        return storage.read()
+
+    return time_rounds(LearnerState.create(SETTINGS, [(dim,)], seed=1, dtype=dtype), ctx,
+                       repeats, lambda state, _: storage.write(state, {}), load)
 
 
 class RayStore:
@@ -94,14 +113,7 @@ class RayStore:
     def measure(self, dim: int, repeats: int, dtype: str) -> dict[str, float]:
         import ray
 
-        ctx = Context(run_id=1, node_id=dim, node_config={}, state=RecordDict(),
-                      run_config={})
-        state = LearnerState.create(SETTINGS, [(dim,)], seed=1, dtype=dtype)
-        commit, ship, load, size = [], [], [], 0
-        for _ in range(repeats):
-            state.noise.next()
-            state.advance()
-            t0 = time.perf_counter()
+        def commit(state: LearnerState, ctx: Context) -> None:
             state.generation += 1
             ref = ray.put(state.state_dict(flat=True, copy=False))
             old = ctx.state[STATE_KEY]["object"] if STATE_KEY in ctx.state else None
@@ -110,20 +122,18 @@ class RayStore:
                 self.refs.pop(bytes(old), None)  # type: ignore[arg-type]
             ctx.state[STATE_KEY] = ConfigRecord({"object": ref.binary(),
                                                  "generation": state.generation})
-            t1 = time.perf_counter()
-            blob = pickle.dumps(ctx, protocol=pickle.HIGHEST_PROTOCOL)
-            ctx = pickle.loads(blob)
-            t2 = time.perf_counter()
+
+        def load(ctx: Context) -> LearnerState:
             arrays = ray.get(self.refs[bytes(ctx.state[STATE_KEY]["object"])])  # type: ignore[arg-type]
             state = LearnerState.from_state_dict(arrays, adopt=True)  # read-only: copied
-            t3 = time.perf_counter()
             assert not np.shares_memory(state.noise._state.buf, arrays["noise/rows"])
-            commit.append(t1 - t0)
-            ship.append(t2 - t1)
-            load.append(t3 - t2)
-            size = len(blob)
-        self.refs.clear()
-        return summary(commit, ship, load, size)
+            return state
+
+        try:
+            return time_rounds(LearnerState.create(SETTINGS, [(dim,)], seed=1, dtype=dtype),
+                               new_context(dim), repeats, commit, load)
+        finally:
+            self.refs.clear()
 
 
 def measure_ray(dims: list[int], repeats: int, dtype: str) -> list[dict[str, float]]:
