@@ -202,14 +202,19 @@ def test_tls_deployment_survives_a_supernode_crash(workdir: Path) -> None:
                                                              "checkpoint-dir": str(ckpt)}))
         wait_until(lambda: (s := learner_state(dep, 1)) is not None and s.step >= TAU,
                    240, "learner 1 to finish a round", dep)
+        offsets = log_sizes(dep)
         dep.kill_node(1)
         killed_at = learner_state(dep, 1)
-        # Node 1 stays down until the round it was in has ended with the SuperLink's
-        # "node unavailable" reply for it (checkpointed). Restarted earlier, it could be
-        # admitted again before the ServerApp's next poll saw it offline, and that round
-        # would wait out its 90 s timeout for a reply the new process never sends.
-        wait_until(lambda: unavailable_rounds(ckpt), 240,
-                   "the SuperLink to declare node 1 unavailable", dep)
+        # Node 1 stays down until the ServerApp has seen it go. Restarted earlier, it could
+        # be admitted again before the ServerApp's next poll saw it offline, and that round
+        # would wait out its 90 s timeout for a reply the new process never sends. Which
+        # sign comes depends on where the kill lands: killed inside a round (its reply not
+        # yet sent), that round ends with the SuperLink's "node unavailable" reply for it
+        # (checkpointed); killed between rounds, the next round's sampling waits for a
+        # third node ("2 connected (minimum required: 3)") and no round ever misses it.
+        wait_until(lambda: unavailable_rounds(ckpt)
+                   or logged_since(dep, offsets, "2 connected (minimum required: 3)"),
+                   240, "the ServerApp to see node 1 gone", dep)
         dep.restart_node(1)
         summary = finish(dep, run)
         missed = unavailable_rounds(ckpt)
@@ -262,6 +267,21 @@ def checkpoint_meta(path: Path) -> dict[str, Any]:
 def json_round(path: Path) -> int:
     """The round number in a checkpoint file."""
     return int(checkpoint_meta(path)["round"])
+
+
+def log_sizes(dep: LocalDeployment) -> dict[Path, int]:
+    """Every log file's size now, so that :func:`logged_since` reads only what follows."""
+    return {p: p.stat().st_size for p in dep.logs.glob("*.log")}
+
+
+def logged_since(dep: LocalDeployment, offsets: dict[Path, int], text: str) -> bool:
+    """Whether any log got a line containing ``text`` after ``offsets`` were taken."""
+    for path in dep.logs.glob("*.log"):
+        with open(path, "rb") as f:
+            f.seek(offsets.get(path, 0))
+            if text.encode() in f.read():
+                return True
+    return False
 
 
 def unavailable_rounds(ckpt: Path) -> list[int]:
