@@ -13,6 +13,7 @@ from flwr_corrnoise.learner import (
     aggregate,
     check_update,
     local_round,
+    privacy_metrics,
 )
 from flwr_corrnoise.mechanisms import build_factorization
 from flwr_corrnoise.privacy import calibrate
@@ -59,6 +60,23 @@ def test_round_matches_algorithm_1_by_hand() -> None:
     assert res.state is state
     assert res.metrics["epsilon-spent"] <= 2.0
     assert res.metrics["noise-std"] == pytest.approx(std)
+
+
+def test_round_metrics_are_the_round_s_privacy_metrics_computed_when_read() -> None:
+    """A round's metrics are ``privacy_metrics`` at the step count the round ended on —
+    also when read after the same state has trained again — and ε spent is not computed
+    until they are read (the in-process engines never read them)."""
+    settings = PrivacySettings("blt", 2.0, 1e-3, clip_norm=0.5, horizon=12)
+    state = LearnerState.create(settings, SHAPES, seed=5)
+    first = local_round(params0(), quad_grad(np.arange(7.0)), state, settings, tau=3, eta=0.1)
+    assert first.metrics._value is None  # type: ignore[attr-defined]
+    second = local_round(params0(), quad_grad(np.arange(7.0)), state, settings, tau=3, eta=0.1)
+    assert dict(first.metrics) == privacy_metrics(settings, 3)
+    assert dict(second.metrics) == privacy_metrics(settings, 6)
+    assert first.metrics["steps"] == 3.0 and second.metrics["steps"] == 6.0
+    assert 0 < first.metrics["epsilon-spent"] < second.metrics["epsilon-spent"] <= 2.0
+    with pytest.raises(TypeError):
+        first.metrics["steps"] = 0.0  # type: ignore[index]
 
 
 def test_clipping_bounds_each_step() -> None:
