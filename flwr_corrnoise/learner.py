@@ -813,8 +813,8 @@ def private_steps(
         over = norms > settings.clip_norm
         if over.any():
             g[over] *= (settings.clip_norm / norms[over])[:, None]
-        for c, clipped in zip(counts, over.tolist(), strict=True):
-            c.clipped += clipped
+            for i in np.flatnonzero(over).tolist():
+                counts[i].clipped += 1
         if noise is not None:
             g = _add_noise(g, noise)
         elif len(states) == 1:  # the one-stream group: the stream's own add_next
@@ -842,8 +842,11 @@ def _gradient_rows(count: int, size: int, counts: Sequence[StepCounts],
         if g.shape != (count, size):
             raise ValueError(f"gradient rows of shape {g.shape}, expected {(count, size)}")
         finite = np.isfinite(g).all(axis=1)
-        if not finite.all():
-            g[~finite] = 0.0
+        if finite.all():  # the common case: every learner's step counts, none zeroed
+            for c in counts:
+                c.last = ""
+            return g
+        g[~finite] = 0.0
         for c, ok in zip(counts, finite.tolist(), strict=True):
             c.zeroed("" if ok else NONFINITE)
         return g
@@ -966,7 +969,8 @@ def local_rounds(
     for state in states:
         if state.step not in metrics:
             metrics[state.step] = RoundMetrics(settings, state.step)
-    return [RoundResult(update=split_flat(total[i] / tau, shapes), state=state,
+    total /= tau  # ĝ of every learner at once (the same floats as row by row)
+    return [RoundResult(update=split_flat(total[i], shapes), state=state,
                         metrics=metrics[state.step],
                         diagnostics=counts[i].diagnostics(int(tau)))
             for i, state in enumerate(states)]
