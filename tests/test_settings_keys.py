@@ -136,6 +136,25 @@ def test_an_apps_own_keys_are_not_taken_for_typos() -> None:
     assert settings_keys._distance("num-learners", "min-learners") == 3
 
 
+def test_a_key_is_compared_with_the_table_once_per_process() -> None:
+    """A learner checks its run and node config on every message; an app key's edit
+    distances to the whole table are computed once (``suggest`` is memoized), and the
+    memoized answer is the computed one, for misses and near misses alike."""
+    settings_keys.suggest.cache_clear()
+    cfg = {"num-learners": 20, "results-dir": "x", "app-key-of-mine": 1}
+    settings_keys.check_keys(cfg, "run config")
+    misses = settings_keys.suggest.cache_info().misses
+    for _ in range(3):
+        settings_keys.check_keys(cfg, "run config")
+    info = settings_keys.suggest.cache_info()
+    assert info.misses == misses == len(cfg) and info.hits == 3 * len(cfg)
+    for name in ("epsilom", "clip_norm", "num-learners", "app-key-of-mine"):
+        assert settings_keys.suggest(name) == settings_keys.suggest.__wrapped__(name)
+    assert settings_keys.suggest("epsilom") == "epsilon"
+    with pytest.raises(ConfigKeyError, match="did you mean 'epsilon'"):
+        settings_keys.check_keys({"epsilom": 0.5}, "run config")  # also when memoized
+
+
 def test_no_silent_horizon_of_one() -> None:
     with pytest.raises(PrivacyConfigError, match="'local-steps' is missing"):
         PrivacySettings.from_config({"num-server-rounds": 10})
