@@ -175,10 +175,11 @@ def suggest(name: str) -> str | None:
     """The table key ``name`` is a near miss of, or ``None`` (memoized: a function of the
     name and the fixed table only).
 
-    Why memoized: every message a learner answers reads its run and node config, and an
-    app's own keys (``num-learners``, ``partition-id``) are compared with every table key
-    each time — ≈ 27 edit distances in pure Python, 9 ms of a learner's message in a Ray
-    actor (``benchmarks/flower_scale.py``), as much as drawing its noise.
+    Why memoized: every message a learner answers reads its run and node config, and each
+    of an app's own keys (``num-learners``, ``num-partitions``) was compared with every
+    table key each time — 26 edit distances in pure Python, ≈ 0.9 ms a key: the
+    reference app's nine keys made its learner message 13.0 ms instead of 2.0 ms
+    (docs/benchmarks.md § 3).
 
     Near means: the same key up to case, ``_`` for ``-`` or spaces (``clip_norm``), or at
     most ``max(1, len(key) // 6)`` edits away (one edit for ``epsilon``, two for
