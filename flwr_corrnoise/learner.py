@@ -1002,16 +1002,39 @@ def aggregate(
 
     Averages over the learners that answered; with no valid update the model is kept.
     """
-    if not updates:
-        return [np.array(p, dtype=np.float64, copy=True) for p in params]
-    scale = eta_g * eta * tau / len(updates)
-    out = []
-    for j, p in enumerate(params):
-        total = np.zeros(np.shape(p), dtype=np.float64)
-        for u in updates:
-            total += u[j]
-        out.append(np.asarray(p, dtype=np.float64) - scale * total)
-    return out
+    running = UpdateSum(params)
+    for u in updates:
+        running.add(u)
+    return running.step(eta, eta_g, tau)
+
+
+class UpdateSum:
+    """The server step's sum of updates, one update at a time: :func:`aggregate` is
+    ``add`` for each update in order, then ``step``.
+
+    Why one at a time: a server that deserializes every reply before summing holds all of
+    them at once (1000 replies at d = 10⁶: 8 GB in float64); added as each is checked, it
+    holds one. The floats are :func:`aggregate`'s whatever the caller: each parameter's
+    sum is taken in the order the updates are added (float32 updates widen exactly)."""
+
+    def __init__(self, params: Sequence[np.ndarray]) -> None:
+        self.params = params
+        self.total = [np.zeros(np.shape(p), dtype=np.float64) for p in params]
+        self.count = 0
+
+    def add(self, update: Sequence[np.ndarray]) -> None:
+        """Add one learner's update (already checked: :func:`check_update`)."""
+        for total, u in zip(self.total, update, strict=True):
+            total += u
+        self.count += 1
+
+    def step(self, eta: float, eta_g: float, tau: int) -> list[np.ndarray]:
+        """``x^{r+1} = x^r − η_g·η·τ·mean ĝ``; with nothing added, a copy of ``x^r``."""
+        if not self.count:
+            return [np.array(p, dtype=np.float64, copy=True) for p in self.params]
+        scale = eta_g * eta * tau / self.count
+        return [np.asarray(p, dtype=np.float64) - scale * total
+                for p, total in zip(self.params, self.total, strict=True)]
 
 
 def check_update(update: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> None:

@@ -150,3 +150,15 @@ def test_state_handling() -> None:
         kept = body[(d, "in context.state")][6]
         assert kept.endswith("KB") and float(kept.split()[0]) * 1e3 >= 4 * 8 * int(
             d.replace(",", ""))
+
+
+def test_server_aggregate() -> None:
+    """benchmarks/server_aggregate.py at toy size: the aggregation's peak memory is a few
+    updates' worth, not the replies' (40 replies of 20 000 floats: 6.1 MiB all at once).
+    Timings are not compared."""
+    rows = run("server_aggregate.py", "--dim", "20000", "--replies", "40", "--repeats", "1")
+    (row,) = rows[1:]
+    assert row[0] == "40 × 20,000"
+    peak, update = float(row[2]), float(row[3])
+    assert update == pytest.approx(20000 * 8 / 2**20, abs=0.05)
+    assert peak < 10 * update  # held one at a time (all 40 at once: ≥ 40 × update)

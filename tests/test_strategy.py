@@ -109,6 +109,53 @@ def test_malformed_reply_is_rejected_and_does_not_skew(bad: RecordDict, reason: 
     assert rej["node"] == 2 and reason in rej["reason"]
 
 
+def test_replies_are_summed_in_learner_order_one_at_a_time() -> None:
+    """Replies arrive in any order and some are malformed: the model is ``aggregate`` of
+    the valid updates in learner-id order, to the bit (float32 replies widen exactly);
+    each reply's arrays are read only when its turn in that order comes, and the records
+    (rejections, ε reports) keep the order the replies came in."""
+    from flwr_corrnoise.learner import UpdateSum, aggregate
+
+    rng = np.random.default_rng(7)
+    x = [rng.standard_normal(5), rng.standard_normal((2, 3))]
+    strat = strategy_at_round_1(x)
+    ids = [4, 0, 3, 1, 2, 5]
+    ups = {i: [rng.standard_normal(5).astype(np.float32 if i % 2 else np.float64),
+               rng.standard_normal((2, 3))] for i in ids}
+    bad = {3: [np.full(5, np.nan), np.zeros((2, 3))], 5: [np.ones(4), np.zeros((2, 3))]}
+    replies = [reply(update(bad.get(i, ups[i]), **{"learner-id": i, "epsilon-spent": 0.1 * i}),
+                     10 + i) for i in ids]
+    read: list[int] = []
+    added: list[int] = []
+    real_add = UpdateSum.add
+
+    def spy(self, upd):  # how many replies were read when each update is added
+        added.append(len(read))
+        real_add(self, upd)
+
+    for msg, i in zip(replies, ids, strict=True):
+        arrays = msg.content["arrays"]
+        arrays.to_numpy_ndarrays = (lambda a=arrays, i=i: (read.append(i),
+                                                           ArrayRecord.to_numpy_ndarrays(a))[1])
+    UpdateSum.add = spy
+    try:
+        new, metrics = strat.aggregate_train(1, replies)
+    finally:
+        UpdateSum.add = real_add
+    valid = [i for i in sorted(ids) if i not in bad]
+    want = aggregate(x, [[np.asarray(u, dtype=np.float64) for u in ups[i]] for i in valid],
+                     0.1, 2.0, 4)
+    for a, b in zip(new.to_numpy_ndarrays(), want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert read == sorted(ids)  # in learner order, each once
+    assert added == [1, 2, 3, 5]  # each valid update added as soon as it was read
+    assert [r["node"] for r in strat.rounds[-1]["rejected"]] == [13, 15]  # reply order
+    assert strat.rounds[-1]["learners"] == [float(i) for i in valid]
+    assert list(strat.rounds[-1]["epsilon-spent"]) == [f"learner-{i}" for i in ids
+                                                       if i not in bad]
+    assert metrics["num-updates"] == 4 and metrics["num-rejected"] == 2
+
+
 def test_error_replies_are_recorded_and_model_kept_when_nobody_answers() -> None:
     x = [np.array([1.0, -1.0]), np.zeros((2, 2))]
     strat = strategy_at_round_1(x)

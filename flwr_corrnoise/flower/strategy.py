@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from ..learner import NOISELESS, PrivacySettings, aggregate, check_update
+from ..learner import NOISELESS, PrivacySettings, UpdateSum, check_update
 from ..settings_keys import lookup, reading, require
 from .checkpoint import ServerCheckpoint, ServerProgress
 from .monitor import RoundWatch, learner_key, log_summary, privacy_report, start_config
@@ -220,17 +220,23 @@ class CorrNoiseFedAvg(FedAvg):
                 msg.metadata.ttl = min(msg.metadata.ttl, self._message_ttl)
         return messages
 
+    @staticmethod
+    def _reject(server_round: int, node: int, err: Exception) -> dict[str, Any]:
+        """The record (and the log line) of a reply that cannot count."""
+        log.warning("round %d: rejected the reply of learner %d: %s", server_round, node, err)
+        return {"node": node, "reason": f"{type(err).__name__}: {err}"}
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         x = self._models.pop(server_round)
         dtypes = self._dtypes.pop(server_round, None)
         replies = list(replies)
-        accepted: list[tuple[float, list[np.ndarray]]] = []
         errors: list[dict[str, Any]] = []
-        rejected: list[dict[str, Any]] = []
-        reports: dict[str, dict[str, float]] = {}
-        for msg in replies:
+        rejected: list[tuple[int, dict[str, Any]]] = []
+        # the replies that may count: (learner order, reply index, node, message, metrics)
+        candidates: list[tuple[float, int, int, Message, dict[str, Any]]] = []
+        for i, msg in enumerate(replies):
             node = int(msg.metadata.src_node_id)
             if msg.has_error():
                 errors.append({"node": node, "code": msg.error.code, "reason": msg.error.reason})
@@ -238,33 +244,40 @@ class CorrNoiseFedAvg(FedAvg):
                             msg.error.reason)
                 continue
             try:
-                update = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
-                check_update(update, x)
                 metrics = dict(msg.content["metrics"]) if "metrics" in msg.content else {}
             except Exception as err:  # malformed reply: reject it, keep the run going
-                rejected.append({"node": node, "reason": f"{type(err).__name__}: {err}"})
-                log.warning("round %d: rejected the reply of learner %d: %s", server_round,
-                            node, err)
+                rejected.append((i, self._reject(server_round, node, err)))
                 continue
-            order = float(metrics.get("learner-id", node))
-            accepted.append((order, [np.asarray(u, dtype=np.float64) for u in update]))
+            candidates.append((float(metrics.get("learner-id", node)), i, node, msg, metrics))
+        # a fixed summation order (by learner id) makes runs reproducible bit for bit; each
+        # reply's arrays are read, checked and added in that order, so the server holds one
+        # update at a time, not all of them (UpdateSum)
+        candidates.sort(key=lambda item: item[0])
+        running = UpdateSum(x)
+        accepted: list[tuple[int, float, dict[str, Any], int]] = []
+        for order, i, node, msg, metrics in candidates:
+            try:
+                update = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]
+                check_update(update, x)
+            except Exception as err:  # malformed reply: reject it, keep the run going
+                rejected.append((i, self._reject(server_round, node, err)))
+                continue
+            running.add(update)
+            accepted.append((i, order, metrics, node))
+        new = running.step(self.learning_rate, self.server_learning_rate, self.local_steps)
+        # what the replies report, in the order they came (as the records always were)
+        reports: dict[str, dict[str, float]] = {}
+        for _, order, metrics, node in sorted(accepted, key=lambda item: item[0]):
             report = {k: float(metrics[k]) for k in PRIVACY_KEYS if k in metrics}
             if report:  # keyed by partition id (learner-id) where the learner names one
                 self.privacy[int(order)] = {**report,
                                             "round": float(self.round_offset + server_round)}
                 reports[learner_key(metrics, node)] = report
-        # a fixed summation order (by learner id) makes runs reproducible bit for bit
-        accepted.sort(key=lambda item: item[0])
-        new = aggregate(
-            x,
-            [u for _, u in accepted],
-            self.learning_rate,
-            self.server_learning_rate,
-            self.local_steps,
-        )
+        rejected_records = [record for _, record in sorted(rejected, key=lambda r: r[0])]
         self.rounds.append(
             {"round": self.round_offset + server_round, "accepted": len(accepted),
-             "rejected": rejected, "errors": errors, "learners": [order for order, _ in accepted],
+             "rejected": rejected_records, "errors": errors,
+             "learners": [order for _, order, _, _ in accepted],
              # ε spent by each learner that answered, after this round (for reports)
              "epsilon-spent": {who: rep["epsilon-spent"] for who, rep in reports.items()
                                if "epsilon-spent" in rep}}
