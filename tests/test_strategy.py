@@ -109,7 +109,8 @@ def test_malformed_reply_is_rejected_and_does_not_skew(bad: RecordDict, reason: 
     assert rej["node"] == 2 and reason in rej["reason"]
 
 
-def test_replies_are_summed_in_learner_order_one_at_a_time() -> None:
+def test_replies_are_summed_in_learner_order_one_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Replies arrive in any order and some are malformed: the model is ``aggregate`` of
     the valid updates in learner-id order, to the bit (float32 replies widen exactly);
     each reply's arrays are read only when its turn in that order comes, and the records
@@ -137,11 +138,9 @@ def test_replies_are_summed_in_learner_order_one_at_a_time() -> None:
         arrays = msg.content["arrays"]
         arrays.to_numpy_ndarrays = (lambda a=arrays, i=i: (read.append(i),
                                                            ArrayRecord.to_numpy_ndarrays(a))[1])
-    UpdateSum.add = spy
-    try:
-        new, metrics = strat.aggregate_train(1, replies)
-    finally:
-        UpdateSum.add = real_add
+    monkeypatch.setattr(UpdateSum, "add", spy)
+    new, metrics = strat.aggregate_train(1, replies)
+    monkeypatch.undo()  # the reference below sums with the real UpdateSum
     valid = [i for i in sorted(ids) if i not in bad]
     want = aggregate(x, [[np.asarray(u, dtype=np.float64) for u in ups[i]] for i in valid],
                      0.1, 2.0, 4)
