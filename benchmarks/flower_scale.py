@@ -488,6 +488,16 @@ PROFILE_PARTS = (
 )
 
 
+def part_seconds(stats: dict[tuple[str, int, str], tuple], filename: str, function: str
+                 ) -> float:
+    """The cumulative seconds of the outermost function named ``function`` in
+    ``filename`` (cProfile's ``Stats.stats``). The outermost, not the sum: session.py's
+    ``LearnerTransaction.commit`` calls ``LearnerSession.commit``, and a sum counted the
+    write twice (the "commit" column of the tables before 2026-11-24 was ≈ 2× its time)."""
+    return max((ct for (f, _, name), (_, _, _, ct, _) in stats.items()
+                if f.endswith(filename) and name == function), default=0.0)
+
+
 def profile_message(dim: int, dtype: str, messages: int, offload: str = "on"
                     ) -> dict[str, float]:
     """One learner's train messages through ``make_client_app`` in this process (BLT,
@@ -540,9 +550,7 @@ def profile_message(dim: int, dtype: str, messages: int, offload: str = "on"
     total = sum(tt for (_, _, name), (_, _, tt, _, _) in stats.items())
     out = {"message ms": 1e3 * statistics.median(wall)}
     for label, filename, function in PROFILE_PARTS:
-        cum = sum(ct for (f, _, name), (_, _, _, ct, _) in stats.items()
-                  if f.endswith(filename) and name == function)
-        out[label] = 1e3 * cum / messages
+        out[label] = 1e3 * part_seconds(stats, filename, function) / messages
     out["noise: recurrence"] -= out["noise: draws"]  # the kernel's step calls the draw
     out["profiled message ms"] = 1e3 * total / messages
     out["other"] = out["profiled message ms"] - sum(out[label] for label, _, _ in PROFILE_PARTS)

@@ -115,6 +115,41 @@ def test_flower_scale(tmp_path: Path) -> None:
     assert 4 * dim * 4 <= per_file < 4 * dim * 4 + 16 * 2**10
 
 
+def test_flower_scale_message_profile() -> None:
+    """benchmarks/flower_scale.py --message-profile at toy size: a row per dtype, the parts
+    of a profiled message each counted once — no part larger than the profiled message, and
+    the rest ("other") not negative. (session.py has two nested ``commit`` functions; a sum
+    of both counted the write twice.) Timings are not compared."""
+    rows = run("flower_scale.py", "--message-profile", "3", "--dims", "5000")
+    header, body = rows[0], rows[1:]
+    assert [r[1] for r in body] == ["float64", "float32"]
+    for r in body:
+        by = dict(zip(header, r, strict=True))
+        parts = [float(by[k]) for k in ("noise: draws", "noise: recurrence",
+                                        "load (read + checks)", "commit (write)",
+                                        "gradient (the task's)")]
+        total = float(by["profiled message ms"])
+        assert all(0 < p < total for p in parts)
+        assert float(by["other"]) >= 0 and sum(parts) <= total
+
+
+def test_a_profiled_part_is_its_outermost_function_counted_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flower_scale.part_seconds``: of two nested functions of one name in one file (the
+    transaction's ``commit`` calling the session's), the outer one's cumulative time —
+    a sum would count the inner one's time twice."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from flower_scale import part_seconds
+
+    stats = {("x/session.py", 649, "commit"): (1, 1, 0.001, 0.030, {}),
+             ("x/session.py", 479, "commit"): (1, 1, 0.002, 0.028, {}),
+             ("x/session.py", 629, "open"): (1, 1, 0.001, 0.010, {}),
+             ("x/other.py", 1, "commit"): (1, 1, 0.001, 0.500, {})}
+    assert part_seconds(stats, "session.py", "commit") == 0.030
+    assert part_seconds(stats, "session.py", "open") == 0.010
+    assert part_seconds(stats, "session.py", "write") == 0.0
+
+
 @pytest.mark.slow
 def test_cli_startup() -> None:
     """benchmarks/cli_startup.py at toy size: one row per command, in order, each with a

@@ -138,3 +138,27 @@ def test_lower_bound_is_the_dual_bound_at_v_equal_one_and_below_everything() -> 
     assert rmse_lower_bound(n) == pytest.approx(math.sqrt(dual / n), rel=1e-10)
     for name in ("independent", "tree", "efficient-tree", "toeplitz", "optimized", "blt"):
         assert build_factorization(name, n).rmse >= rmse_lower_bound(n)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_step_after_a_checkpoint_writes_the_in_place_floats_to_a_new_array(dtype) -> None:
+    """Copy on write (``BLTKernel.next`` on a frozen state writes ``θ⊙r + e`` straight into
+    a fresh, uninitialised array, chunk by chunk): the increments and the buffers equal, bit
+    for bit, those of the same stream stepped with no checkpoint; the token keeps the
+    buffers as they were, so a rollback replays the same increments, twice. d spans two
+    full column chunks and a partial one, so every chunk of the fresh array is written."""
+    dim = 2 * (1 << 15) + 1234
+    plain = NoiseStream.create("blt", 16, dim, 1.5, seed=7, dtype=dtype)
+    cow = NoiseStream.create("blt", 16, dim, 1.5, seed=7, dtype=dtype)
+    for _ in range(2):  # buffers away from zero first
+        assert np.array_equal(plain.next(), cow.next())
+    before = cow._state.buf.copy()
+    token = cow.checkpoint()
+    first = [plain.next() for _ in range(3)]
+    for _ in range(2):
+        again = [cow.next() for _ in range(3)]
+        assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+        assert np.array_equal(cow._state.buf, plain._state.buf)
+        assert np.array_equal(token[2], before)  # the checkpoint's buffers never moved
+        cow.rollback(token)
+    assert np.array_equal(cow._state.buf, before)

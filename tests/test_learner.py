@@ -90,6 +90,28 @@ def test_clipping_bounds_each_step() -> None:
     assert "clipped-fraction" not in res.metrics  # data-dependent: never released
 
 
+def test_a_one_array_model_and_gradient_are_read_in_place_and_never_written() -> None:
+    """One float64 array is flattened as a view (``learner._flatten``, no copy): the round
+    must still never write to the caller's model or to the array the oracle returns, even
+    when the oracle hands back the same buffer every step and clipping scales it."""
+    settings = PrivacySettings("blt", 1.0, 1e-3, clip_norm=0.25, horizon=8)
+    model = np.arange(6.0).reshape(2, 3)
+    kept = np.full(6, 1e3)  # the oracle's own buffer: over the clip norm
+    calls = []
+
+    def grad(params, position):
+        calls.append(params[0].copy())
+        return [kept.reshape(2, 3)]
+
+    res = local_round([model], grad, LearnerState.create(settings, [(2, 3)], seed=1),
+                      settings, tau=3, eta=0.1)
+    assert np.array_equal(model, np.arange(6.0).reshape(2, 3))
+    assert np.array_equal(kept, np.full(6, 1e3))
+    assert res.diagnostics["clipped-steps"] == 3.0
+    assert np.array_equal(calls[0], model)  # step 1 sees the model, later steps move on
+    assert not np.array_equal(calls[1], model)
+
+
 def test_noiseless_round_is_plain_local_sgd() -> None:
     settings = PrivacySettings("none", horizon=10)
     state = LearnerState.create(settings, SHAPES, seed=None)

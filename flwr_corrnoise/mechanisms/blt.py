@@ -392,18 +392,15 @@ class BLTKernel(StreamKernel):
         theta, omega = state.consts["theta"], state.consts["omega"]
         dim = r.shape[1]
         chunk = ops.chunk or dim
-        # a checkpoint holds ``r``: write the new buffers to a fresh array (copy on write)
-        out = ops.zeros(r.shape[0], dim) if state.frozen else r
+        # a checkpoint holds ``r``: write the new buffers to a fresh array (copy on write:
+        # ``θ⊙r + e`` straight into it, the same floats as in place and no extra pass)
+        out = ops.empty(r.shape[0], dim) if state.frozen else r
         # in cache-sized column chunks, so the k×d buffers cross memory once per step
         for lo in range(0, dim, chunk):
             sl = slice(lo, lo + chunk)
             part = r[:, sl]
             ops.sub_matvec(e[sl], omega, part)
-            if out is not r:
-                target = out[:, sl]
-                target += part  # the same floats as updating ``part`` in place
-                part = target
-            ops.decay_add(part, theta, e[sl])
+            ops.decay_add(part, theta, e[sl], None if out is r else out[:, sl])
         state.buf, state.frozen = out, False
         return e
 

@@ -56,6 +56,10 @@ class ArrayOps(Protocol):
     def zeros(self, rows: int, dim: int) -> Array:
         """A ``rows×dim`` array of zeros in the stream's dtype and device."""
 
+    def empty(self, rows: int, dim: int) -> Array:
+        """A ``rows×dim`` array in the stream's dtype and device, to be overwritten whole
+        (no pass to zero it first)."""
+
     def const(self, values: np.ndarray) -> Array:
         """Mechanism coefficients (float64 NumPy) as an array of the stream's dtype/device."""
 
@@ -68,8 +72,10 @@ class ArrayOps(Protocol):
     def sub_matvec(self, e: Array, w: Array, r: Array) -> None:
         """``e −= w @ r`` in place (``w``: ``k`` weights, ``r``: ``k×m`` rows)."""
 
-    def decay_add(self, r: Array, theta: Array, e: Array) -> None:
-        """``r ← θ⊙r + e`` in place (``θ``: ``k×1``, ``e`` broadcast over the rows)."""
+    def decay_add(self, r: Array, theta: Array, e: Array, out: Array | None = None) -> None:
+        """``out ← θ⊙r + e`` (``θ``: ``k×1``, ``e`` broadcast over the rows); ``out`` is
+        ``r`` itself by default (in place), or a fresh array of ``r``'s shape — the same
+        floats either way, one pass."""
 
 
 class NumpyOps:
@@ -87,6 +93,9 @@ class NumpyOps:
     def zeros(self, rows: int, dim: int) -> np.ndarray:
         return np.zeros((rows, dim), dtype=self.dtype)
 
+    def empty(self, rows: int, dim: int) -> np.ndarray:
+        return np.empty((rows, dim), dtype=self.dtype)
+
     def const(self, values: np.ndarray) -> np.ndarray:
         return np.asarray(values, dtype=self.dtype)
 
@@ -99,9 +108,11 @@ class NumpyOps:
     def sub_matvec(self, e: np.ndarray, w: np.ndarray, r: np.ndarray) -> None:
         e -= w @ r
 
-    def decay_add(self, r: np.ndarray, theta: np.ndarray, e: np.ndarray) -> None:
-        r *= theta
-        r += e
+    def decay_add(self, r: np.ndarray, theta: np.ndarray, e: np.ndarray,
+                  out: np.ndarray | None = None) -> None:
+        out = r if out is None else out
+        np.multiply(r, theta, out=out)
+        out += e
 
 
 NUMPY_OPS = NumpyOps()

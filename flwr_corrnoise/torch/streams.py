@@ -68,6 +68,9 @@ class TorchOps:
     def zeros(self, rows: int, dim: int) -> torch.Tensor:
         return torch.zeros(rows, dim, dtype=self.dtype, device=self.device)
 
+    def empty(self, rows: int, dim: int) -> torch.Tensor:
+        return torch.empty(rows, dim, dtype=self.dtype, device=self.device)
+
     def const(self, values: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.float64)).to(self.device, self.dtype)
 
@@ -81,8 +84,10 @@ class TorchOps:
         # one gemv over the k×d buffers (``w @ r`` takes a slower path and a temporary)
         torch.addmv(e, r.t(), w, alpha=-1, out=e)
 
-    def decay_add(self, r: torch.Tensor, theta: torch.Tensor, e: torch.Tensor) -> None:
-        torch.addcmul(e, r, theta, out=r)  # one pass over the buffers instead of two
+    def decay_add(self, r: torch.Tensor, theta: torch.Tensor, e: torch.Tensor,
+                  out: torch.Tensor | None = None) -> None:
+        # one pass over the buffers instead of two
+        torch.addcmul(e, r, theta, out=r if out is None else out)
 
 
 class TorchNoiseStream(NoiseStream):
