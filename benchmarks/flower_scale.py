@@ -498,53 +498,78 @@ def part_seconds(stats: dict[tuple[str, int, str], tuple], filename: str, functi
                 if f.endswith(filename) and name == function), default=0.0)
 
 
+class LearnerMessages:
+    """Train messages through ``make_client_app`` in this process (BLT, τ = 4, the state
+    offloaded to a file, the simulation rules), to ``learners`` learners of one app: the
+    ClientApp call a Ray actor makes, without Ray. Use as a context manager (the offload
+    folder is a temporary directory)."""
+
+    tau = 4
+
+    def __init__(self, dim: int, dtype: str, rounds: int, learners: int = 1,
+                 offload: str = "on") -> None:
+        self.dim, self.dtype, self.rounds = dim, dtype, rounds
+        self.learners, self.offload = learners, offload
+
+    def __enter__(self) -> LearnerMessages:
+        from flwr.app import Context, RecordDict
+
+        from flwr_corrnoise.flower import make_client_app, session
+
+        session.in_simulation = lambda: True  # the simulation rules, as in a Ray actor
+        self._tmp = tempfile.TemporaryDirectory()
+        defaults = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-3, "clip-norm": 1.0,
+                    "num-server-rounds": self.rounds + 4, "local-steps": self.tau,
+                    "learning-rate": 0.05, "seed": 0, "calibration": "exact",
+                    "state-offload": self.offload, "state-offload-dir": self._tmp.name}
+        dim = self.dim
+        self.app = make_client_app(
+            lambda c: linear_gradient(dim, int(c.node_config["partition-id"])),
+            config_defaults=defaults)
+        self.contexts = [Context(run_id=1, node_id=7 + i, node_config={"partition-id": 3 + i},
+                                 state=RecordDict(), run_config={})
+                         for i in range(self.learners)]
+        self.x = np.zeros(dim, dtype=self.dtype)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tmp.cleanup()
+
+    def send(self, r: int, learner: int = 0) -> None:
+        """Learner ``learner``'s train message of server round ``r``."""
+        from flwr.app import ArrayRecord, ConfigRecord, Message, Metadata, RecordDict
+        from flwr.common import MessageType
+
+        ctx = self.contexts[learner]
+        md = Metadata(run_id=1, message_id=f"m{r}-{learner}", src_node_id=0,
+                      dst_node_id=ctx.node_id, reply_to_message_id="", group_id="1",
+                      created_at=time.time(), ttl=3600.0, message_type=MessageType.TRAIN)
+        config = ConfigRecord({"local-steps": self.tau, "learning-rate": 0.05,
+                               "server-round": r})
+        msg = Message(content=RecordDict({"arrays": ArrayRecord([self.x]), "config": config}),
+                      metadata=md)
+        reply = self.app(msg, ctx)
+        assert not reply.has_error(), reply.error
+
+
 def profile_message(dim: int, dtype: str, messages: int, offload: str = "on"
                     ) -> dict[str, float]:
-    """One learner's train messages through ``make_client_app`` in this process (BLT,
-    τ = 4, the state offloaded to a file, the simulation rules): the median ms per message,
+    """One learner's train messages (:class:`LearnerMessages`): the median ms per message,
     then ms per message of each :data:`PROFILE_PARTS` under cProfile."""
     import cProfile
     import pstats
 
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
-    from flwr.common import MessageType
-
-    from flwr_corrnoise.flower import make_client_app, session
-
-    session.in_simulation = lambda: True  # the simulation rules, as in a Ray actor
-    tau = 4
-    with tempfile.TemporaryDirectory() as tmp:
-        defaults = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-3, "clip-norm": 1.0,
-                    "num-server-rounds": 4 * messages + 4, "local-steps": tau,
-                    "learning-rate": 0.05, "seed": 0, "calibration": "exact",
-                    "state-offload": offload, "state-offload-dir": tmp}
-        app = make_client_app(lambda c: linear_gradient(dim, int(c.node_config["partition-id"])),
-                              config_defaults=defaults)
-        ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 3}, state=RecordDict(),
-                      run_config={})
-        x = np.zeros(dim, dtype=dtype)
-
-        def one(r: int) -> None:
-            md = Metadata(run_id=1, message_id=f"m{r}", src_node_id=0, dst_node_id=7,
-                          reply_to_message_id="", group_id="1", created_at=time.time(),
-                          ttl=3600.0, message_type=MessageType.TRAIN)
-            config = ConfigRecord({"local-steps": tau, "learning-rate": 0.05,
-                                   "server-round": r})
-            msg = Message(content=RecordDict({"arrays": ArrayRecord([x]), "config": config}),
-                          metadata=md)
-            reply = app(msg, ctx)
-            assert not reply.has_error(), reply.error
-
-        one(1)  # the learner's first message creates its stream
+    with LearnerMessages(dim, dtype, 4 * messages, offload=offload) as m:
+        m.send(1)  # the learner's first message creates its stream
         wall = []
         for r in range(2, 2 + messages):
             t0 = time.perf_counter()
-            one(r)
+            m.send(r)
             wall.append(time.perf_counter() - t0)
         prof = cProfile.Profile()
         prof.enable()
         for r in range(2 + messages, 2 + 2 * messages):
-            one(r)
+            m.send(r)
         prof.disable()
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     total = sum(tt for (_, _, name), (_, _, tt, _, _) in stats.items())
@@ -555,6 +580,27 @@ def profile_message(dim: int, dtype: str, messages: int, offload: str = "on"
     out["profiled message ms"] = 1e3 * total / messages
     out["other"] = out["profiled message ms"] - sum(out[label] for label, _, _ in PROFILE_PARTS)
     return out
+
+
+def message_cpu(dim: int, dtype: str, rounds: int, learners: int = 4) -> dict[str, float]:
+    """``learners`` learners' train messages in turn for ``rounds`` rounds, nothing traced
+    (so that a sampling profiler such as py-spy can be put around it, and two library
+    versions compared): the median CPU ms (``thread_time``) and wall ms per message, the
+    learners' first messages left out. The learners are at the same step count in every
+    round, as most of an actor's learners are, so ε spent is computed once per round
+    (memoized), as in an actor."""
+    with LearnerMessages(dim, dtype, 4 * rounds + 4, learners=learners) as m:
+        for i in range(learners):
+            m.send(1, i)
+        cpu, wall = [], []
+        for r in range(2, 2 + rounds):
+            for i in range(learners):
+                c0, t0 = time.thread_time(), time.perf_counter()
+                m.send(r, i)
+                cpu.append(time.thread_time() - c0)
+                wall.append(time.perf_counter() - t0)
+    return {"CPU ms": 1e3 * statistics.median(cpu), "wall ms": 1e3 * statistics.median(wall),
+            "messages": float(len(cpu))}
 
 
 def message_table(dims: list[int], dtypes: list[str], messages: int) -> str:
@@ -596,6 +642,11 @@ def main() -> None:
     p.add_argument("--message-profile", type=int, metavar="MESSAGES", default=0,
                    help="instead of simulations: profile MESSAGES train messages of one "
                    "learner in this process at each --dims (float64 and float32 models)")
+    p.add_argument("--message-cpu", type=int, metavar="ROUNDS", default=0,
+                   help="instead of simulations: 4 learners' train messages in turn for "
+                   "ROUNDS rounds in this process at each --dims and --dtype, untraced: "
+                   "the median CPU and wall ms per message (put py-spy around it, or run "
+                   "it at two commits to compare them)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -603,6 +654,15 @@ def main() -> None:
         return
     if args.message_profile:
         print(message_table(args.dims, ["float64", "float32"], args.message_profile))
+        return
+    if args.message_cpu:
+        print(f"load average {os.getloadavg()[0]:.1f}\n")
+        print("| d | dtype | messages | CPU ms / message | wall ms / message |\n"
+              "|---|---|---|---|---|")
+        for d in args.dims:
+            r = message_cpu(d, args.dtype, args.message_cpu)
+            print(f"| {d:,} | {args.dtype} | {r['messages']:.0f} | {r['CPU ms']:.2f} | "
+                  f"{r['wall ms']:.2f} |")
         return
     if args.rounds < 3:
         p.error("--rounds must be ≥ 3 (the median is over rounds 2..R)")

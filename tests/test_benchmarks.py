@@ -150,6 +150,40 @@ def test_a_profiled_part_is_its_outermost_function_counted_once(
     assert part_seconds(stats, "session.py", "write") == 0.0
 
 
+def test_flower_scale_message_cpu() -> None:
+    """benchmarks/flower_scale.py --message-cpu at toy size: one row per d, 4 learners ×
+    ROUNDS messages counted, positive CPU and wall ms. Timings are not compared."""
+    rows = run("flower_scale.py", "--message-cpu", "2", "--dims", "3000", "5000")
+    header, body = rows[0], rows[1:]
+    assert header == ["d", "dtype", "messages", "CPU ms / message", "wall ms / message"]
+    assert [(r[0], r[1], r[2]) for r in body] == [("3,000", "float64", "8"),
+                                                  ("5,000", "float64", "8")]
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in body)
+
+
+def test_message_shares_reads_py_spy_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/message_shares.py: only samples inside a train message count, the
+    one-time build does not, and a sample goes to the first part its frames name (the
+    draws before BLT's step that calls them)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from message_shares import REST, shares
+
+    send = "<module> (flower_scale.py:1);LearnerMessages.send (flower_scale.py:551)"
+    lines = [
+        f"{send};BLTKernel.next (blt.py:390);NoiseStream._draw (streams.py:447) 6",
+        f"{send};BLTKernel.next (blt.py:390);NumpyOps.decay_add (streaming.py:114) 2",
+        f"{send};LearnerTransaction.open (session.py:629);read (state_offload.py:199) 1",
+        f"{send};make_client_app.<locals>.round_ (client.py:222) 1",
+        f"{send};PrivacySettings.calibration;optimize_blt (blt.py:300) 50",
+        "<module> (flower_scale.py:1);main (flower_scale.py:600) 40",
+        "",
+    ]
+    total, parts = shares(lines)
+    assert total == 10
+    assert parts == {"noise: the 4·d Gaussian draws": 0.6, "noise: BLT's recurrence": 0.2,
+                     "load: read, check, rebuild the state": 0.1, REST: 0.1}
+
+
 @pytest.mark.slow
 def test_cli_startup() -> None:
     """benchmarks/cli_startup.py at toy size: one row per command, in order, each with a
