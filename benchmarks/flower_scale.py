@@ -140,6 +140,7 @@ class RunSpec:
     epsilon: float = 2.0
     delta: float = 1e-3
     clip: float = 1.0
+    ray_address: str = ""  # an existing Ray cluster's (``--ray-address``); "" = a fresh one
 
     @property
     def state_offload(self) -> str | None:
@@ -301,6 +302,9 @@ def child(spec: RunSpec, result_path: Path) -> None:
 
     backend = {"client_resources": dict(BACKEND["client_resources"]),
                "init_args": {**BACKEND["init_args"], "num_cpus": spec.actors}}
+    if spec.ray_address:  # join that cluster (its CPUs are its own: no num_cpus here)
+        backend["init_args"] = {"address": spec.ray_address, "logging_level": "ERROR",
+                                "log_to_driver": False}
     run_simulation(server_app=server, client_app=client, num_supernodes=spec.learners,
                    backend_config=backend)
     result_path.write_text(json.dumps(asdict(res)))
@@ -402,6 +406,8 @@ def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dic
         "rounds": spec.rounds, "tau": spec.tau, "actors": spec.actors,
         "mechanism": spec.mechanism, "variant": spec.variant, "dtype": spec.dtype,
         "state_offload": spec.state_offload or "",
+        # a run on an existing cluster: its actors are not in the tree measured here
+        "ray_address": spec.ray_address,
         "peak_tree_rss_gib": sampler.peak_rss / GIB,
         "peak_tree_pss_gib": sampler.peak_pss / GIB if sampler.peak_pss else float("nan"),
         "tree_procs": sampler.max_procs, "wall_s": wall,
@@ -638,6 +644,10 @@ def main() -> None:
     p.add_argument("--run-timeout", type=float, default=3600.0)
     p.add_argument("--tmp", default=None, help="parent of the runs' FLWR_HOME and offload "
                    "folders (default: the temp dir)")
+    p.add_argument("--ray-address", default="", help="run every simulation on this "
+                   "existing Ray cluster (at least --actors CPUs) instead of a fresh local "
+                   "one per run: no Ray start-up per run, but the memory columns then count "
+                   "the driver's process tree only — the actors belong to the cluster")
     p.add_argument("--out", type=Path, default=None, help="CSV of every run")
     p.add_argument("--message-profile", type=int, metavar="MESSAGES", default=0,
                    help="instead of simulations: profile MESSAGES train messages of one "
@@ -679,7 +689,7 @@ def main() -> None:
                                        fraction=args.fraction, rounds=args.rounds,
                                        tau=args.tau, actors=args.actors,
                                        mechanism=args.mechanism, offload=args.offload,
-                                       dtype=args.dtype,
+                                       dtype=args.dtype, ray_address=args.ray_address,
                                        offload_dir=str(Path(tmp) / "offload"),
                                        times_dir=str(Path(tmp) / "client-times"))
                         print(f"[{variant}] {learners} learners × d = {dim}, fraction "

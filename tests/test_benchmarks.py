@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.flower_helpers import RAY, ray_head
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -95,11 +97,19 @@ def test_flower_scale(tmp_path: Path) -> None:
     two state files per learner that trained with state-offload = on, and none with it off.
     Each file holds float32 buffers (4·d·4 bytes and a header, not 4·d·8) after every round:
     the strategy sends the model on in float32 and each learner's stream stays float32.
-    Timings are not compared."""
-    out = tmp_path / "scale.csv"
+    plain and ours run on this test worker's Ray head (``--ray-address``: no Ray start-up
+    per run, which under the suite's load was most of this test's time), ours-off on a
+    fresh local Ray as the script runs by default. Timings are not compared."""
     dim = 20_000
-    rows = run("flower_scale.py", "--learners", "20", "--dims", str(dim), "--rounds", "3",
-               "--fraction", "0.5", "--offload", "on", "--dtype", "float32", "--out", str(out))
+    toy = ["--learners", "20", "--dims", str(dim), "--rounds", "3", "--fraction", "0.5",
+           "--offload", "on", "--dtype", "float32"]
+    head = ["--ray-address", ray_head().address] if RAY.exists() else []
+    rows, lines = [], []
+    for variants, extra in ((["plain", "ours"], head), (["ours-off"], [])):
+        out = tmp_path / f"{variants[-1]}.csv"
+        got = run("flower_scale.py", *toy, "--variants", *variants, "--out", str(out), *extra)
+        rows += got[1:] if rows else got
+        lines += list(csv.DictReader(out.open()))
     header = rows[0]
     by = {r[2]: dict(zip(header, r, strict=True)) for r in rows[1:]}
     assert set(by) == {"plain", "ours (on)", "ours-off"}
@@ -107,8 +117,9 @@ def test_flower_scale(tmp_path: Path) -> None:
     trained = int(by["ours (on)"]["trained r2 → R"].split("→")[1])
     assert trained <= int(by["ours (on)"]["offload files"]) <= 2 * trained
     assert by["ours-off"]["offload files"] == "0" and by["plain"]["offload files"] == "–"
-    lines = list(csv.DictReader(out.open()))
     assert len(lines) == 3  # one line per run
+    address = head[1] if head else ""
+    assert [r["ray_address"] for r in lines] == [address, address, ""]
     (ours,) = [r for r in lines if r["offload_files"] not in ("", "0", "–")]
     assert ours["dtype"] == "float32"
     per_file = float(ours["offload_mib"]) * 2**20 / int(ours["offload_files"])  # on disk
