@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from experiments.cnn import CNNSetup, PaperCNN, cnn_data, run_cnn  # noqa: E402
+from tests.flower_helpers import RAY, ray_head  # noqa: E402
 from tests.test_idx import make_idx_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -98,8 +99,16 @@ def test_tuning_picks_eta_on_its_own_seed_and_resumes(root: Path, tmp_path: Path
         ("blt", 1): 0.05}  # NaN ranks last, ties go to the smaller η
 
 
-def test_script_writes_csv_plot_and_checks_flower(root: Path, tmp_path: Path) -> None:
+def test_script_writes_csv_plot_and_checks_flower(root: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CNN script at toy size, its Flower check included. That check's ``ray.init()``
+    joins this test worker's Ray head (``RAY_ADDRESS``, which ``ray.init`` reads when it is
+    given no address) instead of starting a Ray of its own: the same simulation, without
+    a Ray start-up in the suite's busiest minutes."""
     from simulations.cnn import HEADER, main
+
+    if RAY.exists():
+        monkeypatch.setenv("RAY_ADDRESS", ray_head().address)
 
     out = tmp_path / "out"
     assert main(["--dataset", "mnist", "--data-root", str(root), "--learners", "2",
