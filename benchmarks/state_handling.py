@@ -136,14 +136,19 @@ class RayStore:
             self.refs.clear()
 
 
-def measure_ray(dims: list[int], repeats: int, dtype: str) -> list[dict[str, float]]:
+def measure_ray(dims: list[int], repeats: int, dtype: str, address: str = ""
+                ) -> list[dict[str, float]]:
     """:class:`RayStore` in an actor of a local Ray instance (one CPU, an object store of
-    twice the largest state plus headroom)."""
+    twice the largest state plus headroom), or of the running cluster at ``address``
+    (its own object store, which must hold a few of the largest states)."""
     import ray
 
-    biggest = max(dims) * 4 * np.dtype(dtype).itemsize
-    ray.init(num_cpus=1, object_store_memory=max(200 << 20, 4 * biggest),
-             logging_level="ERROR", log_to_driver=False, include_dashboard=False)
+    if address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    else:
+        biggest = max(dims) * 4 * np.dtype(dtype).itemsize
+        ray.init(num_cpus=1, object_store_memory=max(200 << 20, 4 * biggest),
+                 logging_level="ERROR", log_to_driver=False, include_dashboard=False)
     try:
         actor = ray.remote(num_cpus=1)(RayStore).remote()
         return [ray.get(actor.measure.remote(dim, repeats, dtype)) for dim in dims]
@@ -160,8 +165,11 @@ def main() -> None:
                    help="the stream's (the model's) dtype")
     p.add_argument("--ray", action="store_true",
                    help="also measure Ray's object store (starts a local Ray instance)")
+    p.add_argument("--ray-address", default="", help="with --ray: use this running Ray "
+                   "cluster instead of starting one (one CPU free)")
     args = p.parse_args()
-    ray_rows = measure_ray(args.dims, args.repeats, args.dtype) if args.ray else None
+    ray_rows = (measure_ray(args.dims, args.repeats, args.dtype, args.ray_address)
+                if args.ray else None)
     print(f"load average {os.getloadavg()[0]:.1f}, {args.dtype} buffers\n")
     print("| d | state | commit ms | ship Context ms (×2 per round) | load ms "
           "| per round ms | kept in the driver per learner |")

@@ -126,24 +126,6 @@ def test_flower_scale(tmp_path: Path) -> None:
     assert 4 * dim * 4 <= per_file < 4 * dim * 4 + 16 * 2**10
 
 
-def test_flower_scale_message_profile() -> None:
-    """benchmarks/flower_scale.py --message-profile at toy size: a row per dtype, the parts
-    of a profiled message each counted once — no part larger than the profiled message, and
-    the rest ("other") not negative. (session.py has two nested ``commit`` functions; a sum
-    of both counted the write twice.) Timings are not compared."""
-    rows = run("flower_scale.py", "--message-profile", "3", "--dims", "5000")
-    header, body = rows[0], rows[1:]
-    assert [r[1] for r in body] == ["float64", "float32"]
-    for r in body:
-        by = dict(zip(header, r, strict=True))
-        parts = [float(by[k]) for k in ("noise: draws", "noise: recurrence",
-                                        "load (read + checks)", "commit (write)",
-                                        "gradient (the task's)")]
-        total = float(by["profiled message ms"])
-        assert all(0 < p < total for p in parts)
-        assert float(by["other"]) >= 0 and sum(parts) <= total
-
-
 def test_a_profiled_part_is_its_outermost_function_counted_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``flower_scale.part_seconds``: of two nested functions of one name in one file (the

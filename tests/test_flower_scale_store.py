@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.flower_helpers import RAY, ray_head
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,12 +26,14 @@ def run(script: str, *args: str) -> tuple[str, list[list[str]]]:
     return proc.stdout, rows
 
 
-@pytest.mark.slow  # starts a local Ray instance (≈ 10 s)
+@pytest.mark.slow  # Ray: the test worker's head, or a local Ray instance (≈ 10 s)
 def test_state_handling_measures_rays_object_store() -> None:
     """Three stores per d; the object store, like the file, leaves the driver a handle of
-    under 1 KB whatever d (an object id), where ``context.state`` keeps ≥ 4·d floats."""
+    under 1 KB whatever d (an object id), where ``context.state`` keeps ≥ 4·d floats. On
+    the test worker's Ray head where there is one (``--ray-address``: no Ray start-up)."""
+    head = ["--ray-address", ray_head().address] if RAY.exists() else []
     out, rows = run("state_handling.py", "--dims", "2000", "20000", "--repeats", "2",
-                    "--ray", "--dtype", "float32")
+                    "--ray", "--dtype", "float32", *head)
     assert "float32 buffers" in out
     body = {(r[0], r[1]): r for r in rows[1:]}
     stores = ("in context.state", "offloaded to a file", "in Ray's object store")
@@ -46,7 +50,9 @@ def test_state_handling_measures_rays_object_store() -> None:
 @pytest.mark.slow
 def test_message_profile_splits_a_train_message() -> None:
     """``flower_scale.py --message-profile``: one row per (d, dtype); the named parts and
-    "other" add up to the profiled message (the recurrence is counted without its draws)."""
+    "other" add up to the profiled message (the recurrence is counted without its draws),
+    each part counted once — none larger than the message, "other" not negative
+    (``part_seconds``: session.py's two nested ``commit`` functions were once summed)."""
     _, rows = run("flower_scale.py", "--dims", "3000", "--message-profile", "2")
     header, body = rows[0], rows[1:]
     assert [(r[0], r[1]) for r in body] == [("3,000", "float64"), ("3,000", "float32")]
@@ -56,3 +62,7 @@ def test_message_profile_splits_a_train_message() -> None:
         parts = sum(v for k, v in values.items() if k not in ("message ms",
                                                                 "profiled message ms"))
         assert parts == pytest.approx(values["profiled message ms"], abs=0.2)
+        named = [v for k, v in values.items() if k not in ("message ms", "other",
+                                                            "profiled message ms")]
+        assert all(0 < v < values["profiled message ms"] for v in named)
+        assert values["other"] >= 0
