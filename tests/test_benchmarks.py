@@ -143,6 +143,27 @@ def test_a_profiled_part_is_its_outermost_function_counted_once(
     assert part_seconds(stats, "session.py", "write") == 0.0
 
 
+@pytest.mark.slow
+def test_flower_overhead() -> None:
+    """benchmarks/flower_overhead.py (docs/benchmarks.md § 3) at toy size: plain FedAvg
+    and CorrNoiseFedAvg each take positive seconds per round, the ratio printed is theirs,
+    and the learner-code line follows. On the test worker's Ray head (``--ray-address``).
+    Timings are not compared."""
+    head = ["--ray-address", ray_head().address] if RAY.exists() else []
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flower_overhead.py"),
+                           "--rounds", "3", "--repeats", "1", "--mechanism", "blt", *head],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    pair = next(line for line in lines if line.startswith("repeat 1:"))
+    plain = float(pair.split("plain FedAvg ")[1].split()[0])
+    ours = float(pair.split("(blt) ")[1].split()[0])
+    assert plain > 0 and ours > 0
+    ratio = float(next(line for line in lines if line.startswith("median ratio")).split()[-1])
+    assert ratio == pytest.approx(ours / plain, abs=0.01)
+    assert any(line.startswith("learner code per learner-round") for line in lines)
+
+
 def test_flower_scale_message_cpu() -> None:
     """benchmarks/flower_scale.py --message-cpu at toy size: one row per d, 4 learners ×
     ROUNDS messages counted, positive CPU and wall ms. Timings are not compared."""
