@@ -92,14 +92,17 @@ def corrnoise_apps(setup: LogRegSetup, marks: list[float]) -> tuple[ServerApp, C
     return server, client
 
 
-def backend(ray_address: str = "") -> dict:
-    """:data:`BACKEND`, or the same actors on the running Ray cluster at ``ray_address``
-    (joining a cluster takes no ``num_cpus``: its CPUs are its own)."""
-    if not ray_address:
-        return BACKEND
-    return {"client_resources": dict(BACKEND["client_resources"]),
-            "init_args": {"address": ray_address, "logging_level": "ERROR",
-                          "log_to_driver": False}}
+def backend(ray_address: str = "", num_cpus: int | None = None) -> dict:
+    """:data:`BACKEND` (a fresh local Ray of ``num_cpus`` CPUs, 2 by default), or the same
+    actors on the running Ray cluster at ``ray_address`` (joining a cluster takes no
+    ``num_cpus``: its CPUs are its own)."""
+    if ray_address:
+        init_args = {"address": ray_address, "logging_level": "ERROR", "log_to_driver": False}
+    else:
+        init_args = {**BACKEND["init_args"]}
+        if num_cpus is not None:
+            init_args["num_cpus"] = num_cpus
+    return {"client_resources": dict(BACKEND["client_resources"]), "init_args": init_args}
 
 
 def per_round(build, setup: LogRegSetup, ray_address: str = "") -> float:

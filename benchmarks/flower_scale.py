@@ -73,7 +73,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 import numpy as np
-from flower_overhead import BACKEND
+from flower_overhead import backend
 
 try:
     import psutil
@@ -300,13 +300,8 @@ def child(spec: RunSpec, result_path: Path) -> None:
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=spec.rounds,
                        evaluate_fn=evaluate)
 
-    backend = {"client_resources": dict(BACKEND["client_resources"]),
-               "init_args": {**BACKEND["init_args"], "num_cpus": spec.actors}}
-    if spec.ray_address:  # join that cluster (its CPUs are its own: no num_cpus here)
-        backend["init_args"] = {"address": spec.ray_address, "logging_level": "ERROR",
-                                "log_to_driver": False}
     run_simulation(server_app=server, client_app=client, num_supernodes=spec.learners,
-                   backend_config=backend)
+                   backend_config=backend(spec.ray_address, num_cpus=spec.actors))
     result_path.write_text(json.dumps(asdict(res)))
 
 
