@@ -1,0 +1,340 @@
+"""The AES-128-CTR noise kernel (flwr_corrnoise/cipher_noise.py): a scalar reference bit for
+bit, rows by counter, state that continues bit for bit, keys, the law and its tail."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from scipy import stats
+
+from flwr_corrnoise import cipher_noise as cn
+from flwr_corrnoise.cipher_noise import CipherGaussian
+
+K = cn.CHUNK_PAIRS
+DTYPES = [np.float32, np.float64]
+
+
+# -- a straightforward scalar reference: the same cipher and counter, pure-Python bits -------
+def f32_of_int(x: int) -> np.float32:
+    """``x`` rounded to the nearest float32 (ties to even), in integer arithmetic."""
+    e = x.bit_length()
+    if e > 24:
+        shift = e - 24
+        q, rem = divmod(x, 1 << shift)
+        half = 1 << (shift - 1)
+        if rem > half or (rem == half and q & 1):
+            q += 1
+        x = q << shift
+    return np.float32(float(x))  # exact: x has at most 24 significant bits
+
+
+def ref_radius(w: int, v: int, dtype: type, below: int = 1 << 32) -> np.floating:
+    if w >= below:  # u = fl(w >> 1)·2⁻⁶³, R = √(−2·ln u), in the dtype
+        if dtype is np.float32:
+            u = f32_of_int(w >> 1) * np.float32(2.0**-63)
+            return np.sqrt(np.log(u) * np.float32(-2.0))
+        u64 = np.float64(float(w >> 1) * 2.0**-63)
+        return np.sqrt(np.log(u64) * -2.0)
+    u = math.ldexp(float(2 * (w * 2**64 + v) + 1), -129)  # the 128-bit refill uniform
+    r = np.sqrt(np.log(np.float64(u)) * np.float64(-2.0))
+    return np.float32(r) if dtype is np.float32 else r
+
+
+def exact_table(i: int) -> tuple[float, float]:
+    """``(cos, sin)(2πi/2048)`` at 200 bits, directly (no symmetry), correctly rounded."""
+    with mpmath.workprec(200):
+        x = 2 * mpmath.pi * i / (1 << cn.TABLE_BITS)
+        c, s = mpmath.cos(x), mpmath.sin(x)
+        # π is rounded at 200 bits: a value within 2⁻¹⁹⁰ of 0 is the exact zero
+        return (0.0 if abs(c) < 2**-190 else float(c)), (0.0 if abs(s) < 2**-190 else float(s))
+
+
+def ref_pair(radius_word: int, angle_word: int, refill_word: int, dtype: type,
+             below: int = 1 << 32) -> tuple[np.floating, np.floating]:
+    r = ref_radius(radius_word, refill_word, dtype, below)
+    if dtype is np.float32:
+        theta = f32_of_int(angle_word) * np.float32(2 * math.pi * 2.0**-32)
+        return np.cos(theta) * r, np.sin(theta) * r
+    i, f = angle_word >> (64 - cn.TABLE_BITS), angle_word & ((1 << (64 - cn.TABLE_BITS)) - 1)
+    phi = float(f) * (2 * math.pi * 2.0**-64)
+    t = phi * phi
+    sn = (t * (1.0 / 120.0) - 1.0 / 6.0) * t * phi + phi
+    cm = (t * (1.0 / 24.0) - 0.5) * t
+    c, s = exact_table(i)
+    rc, rs = c * float(r), s * float(r)
+    return np.float64(rc + (rc * cm - rs * sn)), np.float64(rs + (rs * cm + rc * sn))
+
+
+def aes_block(key: bytes, block: int) -> bytes:
+    """One AES block of the counter ``block`` (128-bit integer): ECB, no CTR code."""
+    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    return enc.update(block.to_bytes(16, "big"))
+
+
+def ref_row(key: bytes, t: int, d: int, dtype: type, below: int = 1 << 32) -> np.ndarray:
+    dom = 1 if dtype is np.float32 else 0
+    size = 12 if dtype is np.float32 else 16
+    pairs = (d + 1) // 2
+    start = (dom << 120) | (t << 64)
+    nblocks = -(-size * pairs // 16)
+    ks = b"".join(aes_block(key, start + b) for b in range(nblocks))
+    z = np.empty(d, dtype=dtype)
+    pos = 0
+    for first in range(0, pairs, K):
+        m = min(K, pairs - first)
+        chunk, pos = ks[pos : pos + size * m], pos + size * m
+        asize = size - 8
+        for j in range(m):
+            w = int.from_bytes(chunk[8 * j : 8 * j + 8], "little")
+            a = int.from_bytes(chunk[8 * m + asize * j : 8 * m + asize * (j + 1)], "little")
+            v = 0
+            if w < below:
+                refill = ((dom | 2) << 120) | (t << 64) | (first + j)
+                v = int.from_bytes(aes_block(key, refill)[:8], "little")
+            c, s = ref_pair(w, a, v, dtype, below)
+            z[2 * first + j] = c
+            if 2 * first + m + j < d:
+                z[2 * first + m + j] = s
+    return z
+
+
+KEY = bytes(range(16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [1, 2, 7, 10])
+def test_small_rows_equal_the_scalar_reference_bit_for_bit(dtype: type, d: int) -> None:
+    gen = CipherGaussian(KEY)
+    for t in (0, 1, 12345):
+        row = gen.row(t, d, dtype)
+        assert row.dtype == dtype
+        np.testing.assert_array_equal(row, ref_row(KEY, t, d, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_of_several_chunks_equals_the_reference(dtype: type) -> None:
+    d = 2 * K + 2 * 37 + 1  # two whole chunks and an odd tail
+    np.testing.assert_array_equal(CipherGaussian(KEY).row(3, d, dtype),
+                                  ref_row(KEY, 3, d, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_refill_path_end_to_end(dtype: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the refill threshold raised to 2⁶³ about half the pairs take the refill path
+    (its words from their own domain at the pair's index): the row still equals the
+    reference computed with the same threshold."""
+    monkeypatch.setattr(cn, "REFILL_BELOW", 1 << 63)
+    row = CipherGaussian(KEY).row(9, 41, dtype)
+    np.testing.assert_array_equal(row, ref_row(KEY, 9, 41, dtype, below=1 << 63))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adversarial_keystream_reaches_the_stated_maximum_radius(dtype: type) -> None:
+    """All-zero radius words and refill words: u = 2⁻¹²⁹, the largest radius, exactly the
+    stated cut; a chunk mixing extreme and random words equals the reference."""
+    m = 64
+    rng = np.random.default_rng(0)
+    ks = rng.integers(0, 256, 16 * m, dtype=np.uint8)
+    words = ks[: 8 * m].view("<u8")
+    words[::2] = 0  # w = 0: the refill path
+    words[1::4] = (1 << 32) - 1  # just below the threshold
+    words[3::8] = 1 << 32  # the smallest main-path word
+    refills = {j: (0 if j % 4 == 0 else int(rng.integers(0, 2**63)) * 2 + 1) for j in range(m)}
+    dt = np.dtype(dtype)
+    out = np.empty(2 * m, dtype=dt)
+    cn.pairs_from_keystream(ks, m, dt, lambda j: refills[j], out[:m], out[m:])
+    asize = 4 if dtype is np.float32 else 8
+    for j in range(m):
+        a = int.from_bytes(ks[8 * m + asize * j : 8 * m + asize * (j + 1)].tobytes(), "little")
+        c, s = ref_pair(int(words[j]), a, refills[j], dtype)
+        assert (out[j], out[m + j]) == (c, s)
+    radius = np.hypot(out[:m].astype(np.float64), out[m:].astype(np.float64))
+    extreme = radius[::4]  # w = 0 and v = 0: u = 2⁻¹²⁹
+    rtol = 1e-6 if dtype is np.float32 else 1e-14
+    np.testing.assert_allclose(extreme, cn.MAX_RADIUS, rtol=rtol)
+    assert radius.max() <= cn.MAX_RADIUS * (1 + rtol)
+    assert pytest.approx(13.37, abs=0.01) == cn.MAX_RADIUS
+
+
+def test_refill_words_come_from_their_own_domain() -> None:
+    for dom, t, p in [(0, 0, 0), (1, 5, 12345), (4, 2**55, 2**63)]:
+        expect = int.from_bytes(aes_block(KEY, ((dom | 2) << 120) | (t << 64) | p)[:8], "little")
+        assert cn._refill_word(KEY, dom, t, p) == expect
+
+
+def test_the_direction_table_is_correctly_rounded() -> None:
+    cos_t, sin_t = cn.direction_table()
+    assert cos_t.shape == (1 << cn.TABLE_BITS,) and not cos_t.flags.writeable
+    for i in range(1 << cn.TABLE_BITS):
+        assert (cos_t[i], sin_t[i]) == exact_table(i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_transform_is_accurate_to_a_few_ulps(dtype: type) -> None:
+    """Given the uniform ``u`` and the angle the kernel forms from the bits (their
+    discretization is the format's: ``u = fl(w >> 1)·2⁻⁶³``, a float32 angle
+    ``fl32(a)·fl32(2π·2⁻³²)``, a float64 angle exact from its 64 bits), each normal is
+    within 4 ulps (of its radius) of Box–Muller in exact arithmetic (mpmath, 120 bits): the
+    table, the polynomials, the ufuncs and the float steps lose nothing more."""
+    d = 400
+    row = CipherGaussian(KEY).row(4, d, dtype)
+    size = 12 if dtype is np.float32 else 16
+    start = ((1 if dtype is np.float32 else 0) << 120) | (4 << 64)
+    ks = b"".join(aes_block(KEY, start + b) for b in range(-(-size * d // 2 // 16)))
+    m, asize = d // 2, size - 8
+    worst = 0.0
+    with mpmath.workprec(120):
+        for j in range(m):
+            w = int.from_bytes(ks[8 * j : 8 * j + 8], "little")
+            a = int.from_bytes(ks[8 * m + asize * j : 8 * m + asize * (j + 1)], "little")
+            if dtype is np.float32:
+                u = mpmath.mpf(float(f32_of_int(w >> 1))) / mpmath.mpf(2) ** 63
+                theta = mpmath.mpf(float(f32_of_int(a) * np.float32(2 * math.pi * 2.0**-32)))
+            else:
+                u = mpmath.mpf(float(w >> 1)) / mpmath.mpf(2) ** 63
+                theta = 2 * mpmath.pi * mpmath.mpf(a) / mpmath.mpf(2) ** 64
+            r = mpmath.sqrt(-2 * mpmath.log(u))
+            ulp = float(np.spacing(np.asarray(float(r), dtype=dtype)))
+            for got, exact in ((row[j], r * mpmath.cos(theta)),
+                               (row[m + j], r * mpmath.sin(theta))):
+                worst = max(worst, abs(float(got) - float(exact)) / ulp)
+    assert worst <= 4.0
+
+
+# -- rows by counter --------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_t_is_the_same_whatever_was_drawn_before(dtype: type) -> None:
+    fresh = CipherGaussian.from_seed(11).row(5, 1000, dtype)
+    busy = CipherGaussian.from_seed(11)
+    busy.rows(0, 5, 1000, dtype)
+    busy.standard_normal(12345, dtype=dtype)
+    busy.row(6, 77, np.float64)
+    np.testing.assert_array_equal(busy.row(5, 1000, dtype), fresh)
+    cursor = CipherGaussian.from_seed(11)
+    drawn = [cursor.next_row(1000, dtype) for _ in range(6)]
+    np.testing.assert_array_equal(drawn[5], fresh)
+    assert cursor.position == 6
+    np.testing.assert_array_equal(np.stack(drawn),
+                                  CipherGaussian.from_seed(11).rows(0, 6, 1000, dtype))
+
+
+def test_different_rows_keys_and_dtypes_differ() -> None:
+    a, b = CipherGaussian.from_seed(1), CipherGaussian.from_seed(2)
+    rows = [a.row(0, 64), a.row(1, 64), b.row(0, 64), a.row(0, 64, np.float32)]
+    for i in range(len(rows)):
+        for j in range(i + 1, len(rows)):
+            assert not np.any(rows[i].astype(np.float64) == rows[j].astype(np.float64))
+    # seeds that share their low 64 bits still give unrelated keys (every bit is hashed)
+    assert cn.key_from_seed(5) != cn.key_from_seed(5 + 2**64)
+
+
+def test_out_arguments_are_checked_and_written() -> None:
+    gen = CipherGaussian(KEY)
+    out = np.empty(10, dtype=np.float32)
+    assert gen.row(2, 10, np.float32, out=out) is out
+    np.testing.assert_array_equal(out, gen.row(2, 10, np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gen.row(2, 10, np.float64, out=out)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        gen.row(2, 10, np.float16)
+    with pytest.raises(ValueError, match="row index"):
+        gen.row(2**56, 10)
+
+
+# -- the sequential stream and the state ------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sequential_draws_do_not_depend_on_how_they_are_cut(dtype: type) -> None:
+    n = 2 * (2 * K) + 999  # crosses two chunk boundaries
+    whole = CipherGaussian.from_seed(3).standard_normal(n, dtype=dtype)
+    gen = CipherGaussian.from_seed(3)
+    cuts = [1, 2 * K - 1, 10, 2 * K + 500]
+    parts = [gen.standard_normal(k, dtype=dtype) for k in [*cuts, n - sum(cuts)]]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+    assert gen.sequential == n
+
+
+def test_pack_unpack_continues_bit_for_bit() -> None:
+    gen = CipherGaussian.from_seed(17)
+    gen.next_row(100, np.float32)
+    gen.standard_normal(12347)
+    words = gen.pack()
+    assert words.dtype == np.uint64 and words.shape == (5,) and cn.is_packed(words)
+    again = CipherGaussian.unpack(words)
+    assert again.state == gen.state
+    after = [(g.next_row(300, np.float32), g.standard_normal(20000), g.next_row(9))
+             for g in (gen, again)]
+    for x, y in zip(*after, strict=True):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match="cipher-noise"):
+        CipherGaussian.unpack(words[:4])
+    bad = words.copy()
+    bad[0] += np.uint64(1)
+    with pytest.raises(ValueError, match="cipher-noise"):
+        CipherGaussian.unpack(bad)
+    assert "key" not in repr(gen) and str(gen.key) not in repr(gen)
+
+
+def test_keys_have_128_bits_from_os_entropy_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[int] = []
+    real = cn.secrets.token_bytes
+
+    def spy(n: int) -> bytes:
+        asked.append(n)
+        return real(n)
+
+    monkeypatch.setattr(cn.secrets, "token_bytes", spy)
+    keys = {CipherGaussian.from_seed(None).key for _ in range(32)}
+    keys |= {CipherGaussian.from_os_entropy().key for _ in range(32)}
+    assert asked == [16] * 64 and len(keys) == 64
+    assert max(k.bit_length() for k in keys) > 120  # 128-bit keys, not a 32/64-bit seed
+    with pytest.raises(ValueError, match="16 bytes"):
+        CipherGaussian(bytes(8))
+
+
+# -- the law and its tail ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moments_and_ks_against_the_normal(dtype: type) -> None:
+    """10⁶ draws (the suite's budget; ``benchmarks/cipher_noise.py --ks 10000000`` runs the
+    issue's 10⁷ once): mean, variance, skewness, kurtosis within 5 standard errors, and a
+    Kolmogorov–Smirnov test against N(0, 1), on rows and on the sequential stream."""
+    gen = CipherGaussian.from_seed(2024)
+    n = 10**6
+    for z in (gen.rows(0, 4, n // 4, dtype).reshape(-1), gen.standard_normal(n, dtype=dtype)):
+        z = z.astype(np.float64)
+        se = 1 / math.sqrt(n)
+        assert abs(z.mean()) < 5 * se
+        assert abs(z.var() - 1) < 5 * math.sqrt(2) * se
+        assert abs(stats.skew(z)) < 5 * math.sqrt(6) * se
+        assert abs(stats.kurtosis(z)) < 5 * math.sqrt(24) * se
+        assert stats.kstest(z, "norm").pvalue > 1e-3
+        # the tails, too: P(|z| > 3) and P(|z| > 4) within 5 binomial standard errors
+        for x in (3.0, 4.0):
+            p = 2 * stats.norm.sf(x)
+            assert abs(np.mean(np.abs(z) > x) - p) < 5 * math.sqrt(p / n) + 1e-7
+
+
+def test_the_tail_cut_and_eta_against_independent_computations() -> None:
+    # the stated figures: 24-bit uniforms cut at 5.8σ, 32-bit at 6.7σ, 53-bit at 8.6σ
+    for bits, figure in [(24, 5.77), (32, 6.66), (53, 8.57), (129, 13.37)]:
+        cut = cn.uniform_tail_cut(bits)
+        assert cut == pytest.approx(figure, abs=0.005)
+        assert cut == pytest.approx(math.sqrt(stats.chi2(2).isf(2.0**-bits)), rel=1e-9)
+    assert pytest.approx(cn.uniform_tail_cut(129), rel=1e-15) == cn.MAX_RADIUS
+    # η: the mass beyond the cut of a Gaussian pair's radius, by mpmath (2-D normal tail)
+    with mpmath.workdps(50):
+        r = mpmath.mpf(cn.MAX_RADIUS)
+        beyond = mpmath.quad(lambda x: x * mpmath.exp(-x * x / 2), [r, mpmath.inf])
+        assert float(beyond) == pytest.approx(2.0**-129, rel=1e-9)
+        one_d = 2 * mpmath.ncdf(-r)  # a single coordinate's tail is smaller still
+    assert float(beyond) <= cn.TAIL_TV_PER_PAIR and float(one_d) < float(beyond)
+    assert cn.tail_tv_per_draw() == cn.TAIL_TV_PER_PAIR / 2
+    assert cn.tail_tv(10**10) == pytest.approx(5e9 * 2.0**-128)
+    assert cn.tail_tv(3) == 2 * cn.TAIL_TV_PER_PAIR  # an odd count uses ⌈n/2⌉ pairs
+    # 10¹⁰ draws at ε = 8: (1 + e^ε)·η_total is negligible beside any δ in use
+    assert (1 + math.exp(8)) * cn.tail_tv(10**10) < 1e-25
+    # a 32-bit uniform would not be: 6.7σ gives η_total ≈ 1 at 10¹⁰ draws
+    assert cn.tail_tv(10**10, per_pair=2.0**-32) > 1
