@@ -31,7 +31,7 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from typing import Any, TypeVar
 
@@ -95,6 +95,10 @@ class PrivacySettings:
     #: how often one datum enters the ``horizon`` steps (default: once, paper 000's
     #: stream); the noise is calibrated to the sensitivity under it
     participation: Participation = ONCE
+    #: the most rounds the learner may take part in (``data-reuse = "every-round"`` per
+    #: step: the participation counts one use per round, so a round past this count would
+    #: use every datum once more than the ε accounts for); ``None``: the horizon bounds it
+    max_rounds: int | None = None
 
     def __post_init__(self) -> None:
         if self.mechanism != NOISELESS and self.mechanism not in MECHANISMS:
@@ -111,6 +115,11 @@ class PrivacySettings:
                     f"clip norm must be finite and > 0, got {self.clip_norm!r}")
             if self.method not in METHODS:
                 raise PrivacyConfigError(f"calibration method must be one of {METHODS}")
+        if self.max_rounds is not None and (isinstance(self.max_rounds, bool) or
+                                            int(self.max_rounds) != self.max_rounds or
+                                            self.max_rounds < 1):
+            raise PrivacyConfigError(
+                f"max_rounds must be a positive integer or None, got {self.max_rounds!r}")
         if not isinstance(self.participation, Participation):
             raise PrivacyConfigError(
                 f"participation must be a Participation, got {self.participation!r}")
@@ -159,6 +168,8 @@ class PrivacySettings:
         }
         if not self.participation.single:
             out["participation"] = self.participation.as_dict()
+        if self.max_rounds is not None:
+            out["max-rounds"] = int(self.max_rounds)
         return out
 
     # -- Flower config (kebab-case keys, as in context.run_config / node_config) ---------
@@ -178,15 +189,21 @@ class PrivacySettings:
             if horizon is None or horizon <= 0:
                 horizon = (require(cfg, "num-server-rounds", where, "it sets the horizon")
                            * require(cfg, "local-steps", where, "it sets the horizon"))
-            return cls(
+            base = cls(  # validated first: a bad mechanism or budget is named before the rest
                 mechanism=lookup(cfg, "mechanism", where),
                 epsilon=lookup(cfg, "epsilon", where),
                 delta=lookup(cfg, "delta", where),
                 clip_norm=lookup(cfg, "clip-norm", where),
                 horizon=int(horizon),
                 method=lookup(cfg, "calibration", where),
+            )
+            if not base.private:  # no noise: no participation to account
+                return base
+            return replace(
+                base,
                 participation=participation_from_config(cfg, where, int(horizon),
                                                         per_round=per_round),
+                max_rounds=None if per_round else rounds_bound(cfg, where),
             )
         except (TypeError, ValueError) as err:
             if isinstance(err, PrivacyConfigError):
@@ -252,6 +269,38 @@ def derive_seed(run_seed: int, learner: int) -> int:
     return int(sum(int(w) << (32 * i) for i, w in enumerate(words)))
 
 
+#: what a config must say when it declares no participation (no default: "each datum
+#: once" made every epoch-training app print an ε that did not hold, issue 32)
+PARTICIPATION_REQUIRED = (
+    "how often each datum is used must be declared — the ε depends on it and a Flower app "
+    "that trains epochs uses every example many times. Declare one of: data-reuse = "
+    "'every-round' (the app trains on its local dataset every round: the safe choice for "
+    "an ordinary train()), epochs = k (k passes in one order fixed once: use CyclicLoader, "
+    "which sets it), min-sep / max-participations, or data-reuse = 'once' (a stream: each "
+    "datum used once and discarded, paper 000's setting)")
+
+
+def _reuse(cfg: Mapping[str, Any], where: str) -> str | None:
+    raw = cfg.get("data-reuse")
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    reuse = str(raw).strip().lower()
+    if reuse not in ("once", "every-round"):
+        raise PrivacyConfigError(f"'data-reuse' in the {where} must be 'once' or "
+                                 f"'every-round', got {raw!r}")
+    return reuse
+
+
+def rounds_bound(cfg: Mapping[str, Any], where: str) -> int | None:
+    """The most rounds a per-step learner may take part in under its declared data use:
+    ``num-server-rounds`` with ``data-reuse = "every-round"`` (each round uses every datum
+    once more), else ``None`` (the horizon bounds the steps)."""
+    if _reuse(cfg, where) != "every-round":
+        return None
+    return int(require(cfg, "num-server-rounds", where,
+                       "with data-reuse = 'every-round' it bounds a datum's uses"))
+
+
 def participation_from_config(cfg: Mapping[str, Any], where: str, horizon: int, *,
                               per_round: bool = False) -> Participation:
     """How often one datum enters the ``horizon`` steps (or rounds), from the keys
@@ -260,27 +309,32 @@ def participation_from_config(cfg: Mapping[str, Any], where: str, horizon: int, 
     * ``data-reuse = "every-round"``: the app trains on its whole local dataset every
       round. Per round (``per_round``: the mod, central DP) a datum is in every one of the
       ``horizon`` rounds' updates; per step, it is used once per round at a step the
-      library cannot know (≤ ``num-server-rounds`` uses, any separation).
+      library cannot know (≤ ``num-server-rounds`` uses, any separation; a round past
+      ``num-server-rounds`` is refused, :attr:`PrivacySettings.max_rounds`).
     * ``epochs = k``: ``k`` passes over the data in one order fixed once
       (:class:`~flwr_corrnoise.data.loader.CyclicLoader`), ``horizon / k`` steps each.
     * ``min-sep = b`` / ``max-participations = k``: at most ``k`` uses (default: as many
       as fit), at least ``b`` steps apart (default 1).
-    * none of them: each datum once (``data-reuse = "once"``, the default).
+    * ``data-reuse = "once"``: each datum once (paper 000's stream).
+    * none of them: refused (:data:`PARTICIPATION_REQUIRED`). There is no default: the
+      library cannot see how the app's own loop uses its data, and "once" made every app
+      that trains epochs print an ε that did not hold.
     """
-    reuse = str(cfg.get("data-reuse") or "once").strip().lower()
-    if reuse not in ("once", "every-round"):
-        raise PrivacyConfigError(f"'data-reuse' in the {where} must be 'once' or "
-                                 f"'every-round', got {reuse!r}")
+    reuse = _reuse(cfg, where)
     epochs = lookup(cfg, "epochs", where, warn=False)
     min_sep = lookup(cfg, "min-sep", where, warn=False)
     max_p = lookup(cfg, "max-participations", where, warn=False)
+    if reuse is None and epochs is None and min_sep is None and max_p is None:
+        raise PrivacyConfigError(f"the {where}: {PARTICIPATION_REQUIRED}")
+    if reuse is not None and not (epochs is None and min_sep is None and max_p is None):
+        raise PrivacyConfigError(
+            f"the {where} declares data-reuse = {reuse!r} and epochs / min-sep / "
+            "max-participations: declare one participation")
     try:
         if reuse == "every-round":
             if per_round:
                 return Participation.every_step(horizon)
-            rounds = require(cfg, "num-server-rounds", where,
-                             "with data-reuse = 'every-round' it bounds a datum's uses")
-            return Participation.min_separation(1, int(rounds))
+            return Participation.min_separation(1, int(rounds_bound(cfg, where) or 0))
         return Participation.from_options(horizon, epochs=epochs, min_sep=min_sep,
                                           max_participations=max_p)
     except ParticipationError as err:
@@ -334,6 +388,10 @@ class LearnerState:
     #: a front end's own named arrays (the decentralized relay node's algorithm state),
     #: stored in this one format beside the counters (``payload/<name>`` when packed)
     payload: dict[str, np.ndarray] | None = None
+    #: the last server round this learner released (``-1``: none yet, or rounds without a
+    #: ``server-round``): a train message for it or an older round is refused, so one
+    #: learner never releases twice in one round, whatever the server sends
+    last_round: int = -1
 
     @staticmethod
     def new_id() -> str:
@@ -384,7 +442,8 @@ class LearnerState:
             return  # a state written before bindings existed: nothing to compare
         digest = self.noise.factorization.digest if self.noise is not None else ""
         now = settings.binding(str(self.binding.get("factorization", "")))
-        old = dict(self.binding)
+        # the loader's order is bound by the front end that knows the loader
+        old = {k: v for k, v in self.binding.items() if k != DATA_ORDER}
         if self.noise is not None and digest != old.get("factorization"):
             raise PrivacyConfigError(
                 f"the stored noise stream's factorization {digest[:16]}… is not the one the "
@@ -418,12 +477,14 @@ class LearnerState:
         (an interrupt, a failed commit) the same way, so no released noise is reused and
         no counter moves without a release."""
         token = self.noise.checkpoint() if self.noise is not None else None
-        return (self.step, self.position, self.rounds, self.generation, self.noise, token)
+        return (self.step, self.position, self.rounds, self.generation, self.last_round,
+                self.noise, token)
 
     def rollback(self, token: tuple[Any, ...]) -> None:
         """Undo everything since :meth:`checkpoint` (the stream object put back, too: a
         front end may have moved it to a device)."""
-        self.step, self.position, self.rounds, self.generation, self.noise, inner = token
+        (self.step, self.position, self.rounds, self.generation, self.last_round,
+         self.noise, inner) = token
         if inner is not None:
             self.noise.rollback(inner)  # type: ignore[union-attr]
 
@@ -460,6 +521,8 @@ class LearnerState:
             arrays["generation"] = np.array(self.generation, dtype=np.int64)
         for name, value in (self.payload or {}).items():
             arrays[f"payload/{name}"] = value
+        if self.last_round >= 0:
+            arrays["last-round"] = np.array(self.last_round, dtype=np.int64)
         return arrays
 
     @classmethod
@@ -492,6 +555,7 @@ class LearnerState:
             binding = json.loads(str(arrays["binding"])) if "binding" in arrays else None
             learner_id = str(arrays["identity"]) if "identity" in arrays else None
             generation = int(arrays["generation"]) if "generation" in arrays else 0
+            last_round = int(arrays["last-round"]) if "last-round" in arrays else -1
             payload = {k.removeprefix("payload/"): v for k, v in arrays.items()
                        if k.startswith("payload/")} or None
             if learner_id is not None and len(bytes.fromhex(learner_id)) != 16:
@@ -506,7 +570,7 @@ class LearnerState:
             raise ValueError("learner state is inconsistent: noise step != step counter")
         return cls(step=step, position=position, rounds=rounds, noise=noise, seed=seed,
                    binding=binding, learner_id=learner_id, generation=generation,
-                   payload=payload)
+                   payload=payload, last_round=last_round)
 
 
 def _stream_from_bytes(blob: bytes | memoryview, device: Any = None) -> NoiseStream:
@@ -517,6 +581,9 @@ def _stream_from_bytes(blob: bytes | memoryview, device: Any = None) -> NoiseStr
     and anyone else reading a torch state gets restore_stream's error naming the import."""
     return restore_stream(arraypack.unpack_any(blob), device, adopt=True)  # fresh copies
 
+
+#: the binding key of the loop's data order (:func:`bind_data_order`)
+DATA_ORDER = "data-order"
 
 #: a secure stream's clip norm is at most this many noise stds (the grid's exact range)
 SECURE_CLIP_LIMIT = 2**20
@@ -554,6 +621,44 @@ def check_horizon(settings: PrivacySettings, taken: int, more: int = 1,
         raise HorizonExhaustedError(
             f"this learner has taken {taken} of the {settings.horizon} {unit} its privacy "
             f"budget covers; {more} more would exceed it, so it stops contributing")
+
+
+def bind_data_order(state: LearnerState, digest: str) -> None:
+    """Record the loop's data order (:attr:`~flwr_corrnoise.data.loader.CyclicLoader.
+    order_digest`) in a fresh state's binding, and refuse a stored state made with another
+    order: the fixed-epoch participation the ε accounts for holds for one order fixed
+    before training, not for an order that changes between rounds."""
+    if state.binding is None:
+        return  # a state written before bindings existed: nothing to compare
+    stored = state.binding.get(DATA_ORDER)
+    if stored is None:
+        if state.step > 0:
+            raise PrivacyConfigError(
+                "this learner trained without a loader's fixed order; it refuses to continue "
+                "with one (start a new learner, or keep the loop it started with)")
+        state.binding[DATA_ORDER] = digest
+    elif stored != digest:
+        raise PrivacyConfigError(
+            "the loader's example order differs from the one this learner trained in (its "
+            "state records a digest of it): the fixed-epoch ε holds for one order fixed "
+            "before training, not for an order reshuffled between rounds. Build the "
+            "CyclicLoader with the same num_examples, batch_size, local_epochs and "
+            "order_seed every round")
+
+
+def check_rounds_left(state: LearnerState, settings: PrivacySettings) -> None:
+    """Refuse a round past the declared uses (:attr:`PrivacySettings.max_rounds`): with
+    ``data-reuse = "every-round"`` the ε counts one use of every datum per round for
+    ``num-server-rounds`` rounds, and a server that runs more rounds while the horizon
+    lasts would get them all (printed 2.00, true 3.17). A function of the counters only,
+    asked before anything runs."""
+    if settings.private and settings.max_rounds is not None \
+            and state.rounds >= settings.max_rounds:
+        raise HorizonExhaustedError(
+            f"this learner has taken part in {state.rounds} rounds, all that its declared "
+            f"data use covers (data-reuse = 'every-round' over {settings.max_rounds} "
+            "rounds: each round uses every datum once more); another round would exceed "
+            "the ε it reports, so it stops contributing")
 
 
 def check_round(state: LearnerState, settings: PrivacySettings, size: int, more: int = 0,

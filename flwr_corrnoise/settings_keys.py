@@ -73,10 +73,12 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("horizon", int, None, (APP, RUN, NODE), "both",
         "steps (per-step) or rounds (mod) the noise is calibrated for; default "
         "`num-server-rounds` × `local-steps` (per-step) or `num-server-rounds` (mod, central)"),
-    Key("data-reuse", str, "once", (APP, RUN, NODE), "both",
+    Key("data-reuse", str, None, (APP, RUN, NODE), "both",
+        "no default — declare it (or `epochs`, `min-sep`; `CyclicLoader` sets `epochs`): "
         "`every-round`: the app trains on its whole local dataset every round (the ε "
         "accounts for a datum in every round's update: mod, central; once per round at "
-        "any step: per-step); `once`: each datum used once (paper 000's stream)"),
+        "any step: per-step, and a round past `num-server-rounds` is refused); `once`: "
+        "each datum used once (paper 000's stream)"),
     Key("epochs", int, None, (APP, RUN, NODE), "both",
         "per-step: passes over the local data in one order fixed once (`CyclicLoader`); "
         "`horizon / epochs` steps each"),

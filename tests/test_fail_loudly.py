@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
+from flwr.superlink.grid import InMemoryGrid
 
 from flwr_corrnoise.flower import (
     CorrNoiseFedAvg,
@@ -19,14 +20,14 @@ from flwr_corrnoise.flower import (
     RunFailedError,
     privacy_metrics_aggr,
 )
-from flwr_corrnoise.flower.monitor import RoundWatch
+from flwr_corrnoise.flower.monitor import RoundWatch, simulation_grid
 from flwr_corrnoise.learner import PrivacySettings
 
 from .test_strategy import FakeGrid, reply, task_identity  # noqa: F401  (autouse fixture)
 
 X = [np.zeros(3)]
 RUN = {"num-server-rounds": 4, "local-steps": 2, "learning-rate": 0.1, "mechanism": "toeplitz",
-       "max-idle-rounds": 2}
+       "max-idle-rounds": 2, "data-reuse": "once"}
 
 
 def model_reply(node: int, learner: int, eps: float):
@@ -126,3 +127,53 @@ def test_start_up_summary_says_what_is_sent_and_how_it_averages(caplog) -> None:
 def test_watch_rejects_a_nonsense_limit() -> None:
     with pytest.raises(ValueError, match="max-idle-rounds"):
         RoundWatch(0, "x")
+
+
+class SimulationGrid(InMemoryGrid):
+    """Flower's simulation grid, without the link state behind it (only its type counts)."""
+
+    def __init__(self) -> None:  # no state factory: never sends anything here
+        pass
+
+    def get_node_ids(self):
+        return [1, 2, 3]
+
+
+LOST = "flwr-corrnoise: StateIntegrityError: the offloaded learner state ... was rolled back"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: CorrNoiseFedAvg.from_run_config({**RUN, "data-reuse": "once", "max-idle-rounds": 5}),
+    lambda: CorrNoiseLocalDPStrategy(FedAvg(fraction_evaluate=0.0),
+                                     {**RUN, "data-reuse": "once", "max-idle-rounds": 5}),
+])
+def test_a_lost_state_fails_a_simulation_in_the_round_it_arrives(make) -> None:
+    """One learner's 4104 (state lost or refused) in a simulation: RunFailedError in that
+    round, naming the node and the code, although the other learners released updates
+    and max-idle-rounds is far away. In a deployment the same reply is one refusal among
+    others (the run goes on; max-idle-rounds decides)."""
+    assert simulation_grid(SimulationGrid()) and not simulation_grid(FakeGrid())
+    for grid, fails in ((FakeGrid(), False), (SimulationGrid(), True)):
+        strat = make()
+        list(strat.configure_train(1, ArrayRecord(X), ConfigRecord({}), grid))
+        replies = [model_reply(1, 0, 0.5), refusal(2, code=4104, reason=LOST),
+                   model_reply(3, 2, 0.5)]
+        if not fails:
+            strat.aggregate_train(1, replies)
+            assert strat.watch.idle == 0
+            continue
+        with pytest.raises(RunFailedError) as info:
+            strat.aggregate_train(1, replies)
+        text = str(info.value)
+        assert "round 1: the learner on node 2 refused with code 4104" in text
+        assert "was rolled back" in text
+
+
+def test_other_refusals_do_not_fail_a_simulation_at_once() -> None:
+    """Only a lost state is fatal at once: a learner out of budget (4102) or refusing the
+    proposal (4101) is counted towards max-idle-rounds as before."""
+    strat = CorrNoiseFedAvg.from_run_config({**RUN, "data-reuse": "once", "max-idle-rounds": 5})
+    list(strat.configure_train(1, ArrayRecord(X), ConfigRecord({}), SimulationGrid()))
+    strat.aggregate_train(1, [refusal(1), refusal(2, code=4102, reason="horizon used up"),
+                              refusal(3, code=4105, reason="busy")])
+    assert strat.watch.idle == 1

@@ -273,7 +273,7 @@ def test_flower_learner_with_a_float32_model(simulated: None) -> None:
     ctx = Context(run_id=1, node_id=3, node_config={"partition-id": 3}, state=RecordDict(),
                   run_config={})
     defaults = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-3, "clip-norm": 1.0,
-                "horizon": 40, "calibration": "exact", "seed": 0}
+                "data-reuse": "once", "horizon": 40, "calibration": "exact", "seed": 0}
 
     def grad(params: list[np.ndarray], position: int) -> list[np.ndarray]:
         return [np.full(dim, 0.1)]

@@ -222,7 +222,7 @@ def test_equal_or_stricter_proposals_are_accepted() -> None:
 
 def test_settings_from_run_config() -> None:
     cfg = {"mechanism": "tree", "epsilon": 0.5, "delta": 1e-5, "clip-norm": 2.0,
-           "num-server-rounds": 10, "local-steps": 4}
+           "data-reuse": "once", "num-server-rounds": 10, "local-steps": 4}
     s = PrivacySettings.from_config(cfg)
     assert (s.mechanism, s.epsilon, s.delta, s.clip_norm, s.horizon) == ("tree", 0.5, 1e-5, 2.0, 40)
     with pytest.raises(PrivacyConfigError, match="unknown mechanism"):

@@ -55,7 +55,7 @@ K, D, TAU, ROUNDS, LR = 3, 4, 3, 3, 0.1
 #: the position of the datum that differs: round 2's second step
 POSITION = TAU + 1
 LEARNER = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-3, "clip-norm": 1.0,
-           "horizon": ROUNDS * TAU, "noise-seed": 17}
+           "data-reuse": "once", "horizon": ROUNDS * TAU, "noise-seed": 17}
 #: the odd data; "zero" (x = 0: a zero gradient) is the reference for the failing ones
 ODD = ("huge", "nan", "short", "long", "label")
 FAILING = ("nan", "short", "long", "label")

@@ -18,7 +18,7 @@ from flwr_corrnoise.persistence import MARKER_FILE, STATE_FILE, StateLostError, 
 
 SETUP = LogRegSetup(num_learners=2, dim=4, rounds=5, tau=2, eta=0.1, mechanism="blt")
 NODE = {"partition-id": 0, "mechanism": "blt", "epsilon": 2.0, "delta": 1e-3,
-        "clip-norm": 1.0, "horizon": 10}
+        "clip-norm": 1.0, "data-reuse": "once", "horizon": 10}
 CONFIG = {"local-steps": 2, "learning-rate": 0.1}
 
 

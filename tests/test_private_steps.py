@@ -21,7 +21,8 @@ from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message
 
 DIM, TAU, LR = 4, 3, 0.1
 CFG = {"partition-id": 0, "mechanism": "toeplitz", "epsilon": 2.0, "delta": 1e-3,
-       "clip-norm": 1.0, "num-server-rounds": 2, "local-steps": TAU, "seed": 9}
+       "clip-norm": 1.0, "data-reuse": "once",
+"num-server-rounds": 2, "local-steps": TAU, "seed": 9}
 
 
 def gradient(params: list[np.ndarray], position: int) -> list[np.ndarray]:
@@ -144,7 +145,8 @@ def test_secure_noise_step_is_trunc_g_of_the_clipped_gradient_plus_grid_noise() 
 
 def test_a_budget_too_large_for_the_secure_grid_is_refused_before_any_step() -> None:
     node = {"partition-id": 0, "mechanism": "independent", "epsilon": 1e14, "delta": 0.5,
-            "clip-norm": 1.0, "horizon": 2, "calibration": "zcdp", "secure-noise": True}
+            "clip-norm": 1.0, "data-reuse": "once",
+"horizon": 2, "calibration": "zcdp", "secure-noise": True}
     ctx = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
     reply = train(app(), ctx, np.zeros(DIM), 1)
     assert reply.has_error() and reply.error.code == 4101

@@ -138,7 +138,8 @@ def test_numpy_client_path_matches_the_core(simulated: None) -> None:
     a, b = data(3)
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0},
                   state=RecordDict(), run_config={"mechanism": "blt", "horizon": 40,
-                                                  "clip-norm": 0.5, "seed": 4})
+                                                  "clip-norm": 0.5, "data-reuse": "once",
+"seed": 4})
     model = linear_model()
     x0 = get_parameters(model)
     client = TorchCorrNoiseClient(ctx, model, torch.nn.functional.cross_entropy,

@@ -44,7 +44,7 @@ from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message
 
 DIM, TAU, ROUNDS = 4, 3, 3
 LEARNER = {"partition-id": 0, "mechanism": "blt", "epsilon": 2.0, "delta": 1e-3,
-           "clip-norm": 1.0, "horizon": ROUNDS * TAU}
+           "clip-norm": 1.0, "data-reuse": "once", "horizon": ROUNDS * TAU}
 #: the datum at this stream position differs between the two neighbours
 POSITION = 4
 NEIGHBOURS = {"small": 0.5, "huge": 1e9, "nonfinite": float("nan")}

@@ -210,7 +210,7 @@ def test_a_star_import_gives_the_new_names_without_a_warning() -> None:
 
 def test_old_strategy_names_build_the_same_strategy() -> None:
     run = {"num-server-rounds": 3, "local-steps": 2, "mechanism": "blt", "epsilon": 2.0,
-           "delta": 1e-3, "clip-norm": 0.5, "min-learners": 2}
+           "delta": 1e-3, "clip-norm": 0.5, "data-reuse": "once", "min-learners": 2}
     with pytest.warns(DeprecationWarning):
         old_local = flower.CorrNoiseLocalDP(FedAvg(), run)
     with pytest.warns(DeprecationWarning):
@@ -241,7 +241,7 @@ def test_the_library_paths_raise_no_deprecation_warning_of_ours() -> None:
         mod_reply = round_mod("small")(message(MessageType.TRAIN, x, 1), node())
         assert not step_reply.has_error() and not mod_reply.has_error()
         run = {"num-server-rounds": 3, "local-steps": 3, "learning-rate": 0.1,
-               "mechanism": "blt", "min-learners": 1}
+               "mechanism": "blt", "min-learners": 1, "data-reuse": "once"}
         local = CorrNoiseLocalDPStrategy(FedAvg(fraction_evaluate=0.0), run)
         list(local.configure_train(1, ArrayRecord([x]), ConfigRecord({}), FakeGrid()))
         central = CorrNoiseCentralDPStrategy.from_run_config(FedAvg(fraction_evaluate=0.0),

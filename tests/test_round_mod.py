@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from pathlib import Path
@@ -37,12 +38,18 @@ pytestmark = pytest.mark.usefixtures("simulated")  # reproducible seeds, as in a
 SETTINGS = PrivacySettings("toeplitz", epsilon=2.0, delta=1e-3, clip_norm=0.5, horizon=3)
 
 
+#: a new server round for every message that does not name one (a learner refuses a second
+#: message for a round it released)
+_ROUNDS = itertools.count(1)
+
+
 def train_message(x: list[np.ndarray], **config) -> Message:
+    config.setdefault("server-round", next(_ROUNDS))
     md = Metadata(run_id=1, message_id="in", src_node_id=0, dst_node_id=1,
                   reply_to_message_id="", group_id="1", created_at=time.time(), ttl=3600.0,
                   message_type=MessageType.TRAIN)
     return Message(content=RecordDict({"arrays": ArrayRecord(x),
-                                       "config": ConfigRecord({"server-round": 1, **config})}),
+                                       "config": ConfigRecord(config)}),
                    metadata=md)
 
 
@@ -96,7 +103,7 @@ def test_calibration_is_the_round_mechanisms_gaussian() -> None:
 
     rounds = 40
     settings = round_settings({"mechanism": "toeplitz", "epsilon": 2.0, "delta": 1e-3,
-                               "clip-norm": 0.3, "num-server-rounds": rounds})
+                               "clip-norm": 0.3, "data-reuse": "once", "num-server-rounds": rounds})
     assert settings.horizon == rounds
     _, C = build_factorization("toeplitz", rounds).matrices()
     np.testing.assert_allclose(build_factorization("toeplitz", rounds).matrices()[0] @ C,
@@ -152,7 +159,7 @@ def plain_app() -> ClientApp:
     """An ordinary Flower app, untouched except for the mod in its decorator."""
     app = ClientApp()
     mod = CorrNoiseRoundMod(config_defaults={"mechanism": "blt", "epsilon": 2.0,
-                                             "delta": 1e-3, "clip-norm": 0.4,
+                                             "delta": 1e-3, "clip-norm": 0.4, "data-reuse": "once",
                                              "num-server-rounds": SMALL.rounds,
                                              "seed": SMALL.seed})
 

@@ -362,7 +362,7 @@ def test_secure_state_refuses_a_seed_and_records_none() -> None:
 
 def _context(tmp_path: Path | None = None, **node: object) -> Context:
     cfg = {"partition-id": 0, "mechanism": "blt", "epsilon": 2.0, "delta": 1e-3,
-           "clip-norm": 1.0, "horizon": 6, **node}
+           "clip-norm": 1.0, "data-reuse": "once", "horizon": 6, **node}
     if tmp_path is not None:
         cfg["state-dir"] = str(tmp_path)
     return Context(run_id=1, node_id=1, node_config=cfg, state=RecordDict(),

@@ -61,7 +61,8 @@ def test_the_defaults_are_one_start_up_line_per_reader(caplog, simulated: None) 
     from flwr.serverapp.strategy import FedAvg
 
     settings_keys._warned.clear()
-    run = {"num-server-rounds": 5, "local-steps": 2, "learning-rate": 0.1}
+    run = {"num-server-rounds": 5, "local-steps": 2, "learning-rate": 0.1,
+           "data-reuse": "once"}
     with caplog.at_level(logging.WARNING, logger="flwr_corrnoise"):
         for node in (1, 2):  # two messages in one process: the line once
             LearnerSession(Context(run_id=1, node_id=node, node_config={"partition-id": 0},
@@ -160,7 +161,8 @@ def test_no_silent_horizon_of_one() -> None:
         PrivacySettings.from_config({"num-server-rounds": 10})
     with pytest.raises(PrivacyConfigError, match="'num-server-rounds' is missing"):
         PrivacySettings.from_config({"local-steps": 4})
-    assert PrivacySettings.from_config({"num-server-rounds": 10, "local-steps": 4}).horizon == 40
+    assert PrivacySettings.from_config({"num-server-rounds": 10, "local-steps": 4,
+                                        "data-reuse": "once"}).horizon == 40
 
 
 @pytest.mark.parametrize("missing", ["num-server-rounds", "local-steps", "learning-rate"])
@@ -177,7 +179,8 @@ def test_servers_and_learners_read_the_same_settings(simulated: None) -> None:
     from flwr.serverapp.strategy import FedAvg
 
     cfg = {"num-server-rounds": 5, "local-steps": 2, "learning-rate": 0.1,
-           "mechanism": "toeplitz", "epsilon": 1.5, "clip-norm": 0.5, "min-learners": 2}
+           "mechanism": "toeplitz", "epsilon": 1.5, "clip-norm": 0.5, "data-reuse": "once",
+           "min-learners": 2}
     strategy = CorrNoiseFedAvg.from_run_config(cfg)
     learner = LearnerSession(Context(run_id=1, node_id=1, node_config={"partition-id": 0},
                                      state=RecordDict(), run_config=cfg))

@@ -57,7 +57,7 @@ from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message
 
 DIM, TAU = 3, 2
 LEARNER = {"partition-id": 0, "mechanism": "blt", "epsilon": 2.0, "delta": 1e-3,
-           "clip-norm": 1.0, "horizon": 6 * TAU}
+           "clip-norm": 1.0, "data-reuse": "once", "horizon": 6 * TAU}
 
 
 def gradient(params: list[np.ndarray], position: int) -> list[np.ndarray]:

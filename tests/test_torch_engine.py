@@ -88,7 +88,7 @@ def test_private_device_engine_adds_each_learners_seeded_stream() -> None:
 
 def ctx(**node) -> Context:
     cfg = {"partition-id": 0, "mechanism": "blt", "epsilon": 2.0, "delta": 1e-3,
-           "clip-norm": 1.0, "horizon": 6, **node}
+           "clip-norm": 1.0, "data-reuse": "once", "horizon": 6, **node}
     return Context(run_id=1, node_id=1, node_config=cfg, state=RecordDict(),
                    run_config={"seed": 3})
 

@@ -58,6 +58,7 @@ _KEYS = {
     "fraction-train": "fraction_train",
     "labels": "labels",
     "noise-at": "noise_at",
+    "data-reuse": "data_reuse",
 }
 
 #: how labels are drawn (see ``flwr_corrnoise.data.synthetic`` and ``docs/data.md``):
@@ -99,6 +100,9 @@ class LogRegSetup:
     fraction_train: float = 1.0
     labels: str = "centred"
     noise_at: str = "step"  # "step" (paper 000), "round" (paper 001), "server" (paper 002)
+    #: the task is paper 000's stream: each datum used once, at one step (its declaration,
+    #: which every private config must make: the library has no default for it)
+    data_reuse: str = "once"
 
     def __post_init__(self) -> None:
         if self.labels not in LABEL_RULES:

@@ -21,6 +21,7 @@ Pure NumPy; :mod:`flwr_corrnoise.torch.loader` turns it into a torch ``batch_sam
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,17 @@ class CyclicLoader:
         ``epochs``, ``num-server-rounds``)."""
         return {"horizon": self.horizon, "local-steps": self.local_steps,
                 "epochs": self.epochs, "num-server-rounds": self.rounds}
+
+    @property
+    def order_digest(self) -> str:
+        """A digest of the order (SHA-256 of the index permutation and the batch size):
+        the learner's state records it on the first round and refuses a loader whose order
+        differs — an order reshuffled every round is not the fixed order the fixed-epoch
+        ε assumes (printed 2.00, true 2.2–2.5). A function of ``order_seed`` and the sizes,
+        not of the data."""
+        h = hashlib.sha256(np.asarray(self.order, dtype="<i8").tobytes())
+        h.update(f"/{self.batch_size}/{self.local_epochs}".encode())
+        return h.hexdigest()
 
     # -- the batches ----------------------------------------------------------------------
     def indices(self, step: int) -> np.ndarray:

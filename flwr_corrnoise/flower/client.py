@@ -99,7 +99,8 @@ class CorrNoiseLearner:
         self.gradient = gradient
         self.session = LearnerSession(context, kind="step", defaults=config_defaults,
                                       settings=settings, seed=seed,
-                                      release_metrics=release_metrics)
+                                      release_metrics=release_metrics,
+                                      stream_positions=True)
         self.settings = self.session.settings
         self.seed = self.session.seed
         self.store = self.session.store

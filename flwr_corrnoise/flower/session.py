@@ -44,7 +44,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -61,13 +61,15 @@ from ..learner import (
     PrivacySettings,
     StepCounts,
     check_round,
+    check_rounds_left,
     derive_seed,
     privacy_metrics,
 )
-from ..persistence import StateBusyError, StateLostError, StateStore
+from ..persistence import StateBusyError, StateIntegrityError, StateLostError, StateStore
 from ..privacy import PrivacyBudgetError
 from ..state_offload import OffloadHandle, OffloadPolicy
 from ..streams import HorizonExhaustedError
+from .release_ledger import RoundReplayError, SimulationReleaseLedger
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,7 @@ ERROR_CODES: dict[type[Exception], int] = {
     StateLostError: 4104,
     StateBusyError: 4105,
     QueryRefusedError: 4106,
+    RoundReplayError: 4107,  # a second release in one round (or an older round)
 }
 GENERIC_ERROR = 4100
 
@@ -99,6 +102,9 @@ GENERIC_ERROR = 4100
 #: adds)
 RELEASED_METRICS = frozenset(PRIVACY_METRICS) | {
     "rounds-noised", "num-examples", "learner-id", "server-round"}
+
+#: the config keys that declare how often a datum is used (one of them is required)
+PARTICIPATION_KEYS = ("data-reuse", "epochs", "min-sep", "max-participations")
 
 #: run-config keys that carry privacy settings, and the proposal key each one maps to
 RUN_CONFIG_PROPOSAL = {
@@ -128,6 +134,13 @@ def in_simulation() -> bool:
     cannot make a SuperNode start Ray, so it cannot switch a learner into the simulation
     rules (reproducible seeds, run config as the learner's own).
     """
+    return in_ray_actor()
+
+
+def in_ray_actor() -> bool:
+    """Whether this process is a Ray actor (what :func:`in_simulation` decides by; the
+    simulation's release ledger asks it directly, so that tests which only *treat* a direct
+    call under the simulation rules do not share ledgers between their fake runs)."""
     ray = sys.modules.get("ray")
     if ray is None:
         return False
@@ -269,7 +282,14 @@ class LearnerStorage:
         if self.store is not None:
             data = self.store.load()  # StateLostError if it trained before and lost it
         elif (handle := self._handle()) is not None:
-            arrays = state_offload.read(handle)  # checked against the handle's identity
+            if self.offload is None:  # not a simulation: no folder a handle may name
+                raise StateIntegrityError(
+                    f"context.state[{self.key!r}] holds a handle to an offloaded state "
+                    f"({handle.path}), but this learner does not offload (not a simulation): "
+                    f"refusing to train")
+            # checked against the learner's own folder, the newest file there, the MAC
+            arrays = state_offload.read(handle, self.offload.folder(
+                self.context.run_id, self.context.node_id, self.key))
         elif self.key in self.context.state:
             data = bytes(self.context.state[self.key]["learner"])  # type: ignore[index]
         if data is None and arrays is None:
@@ -304,8 +324,8 @@ class LearnerStorage:
                 arrays = state.state_dict(flat=True, copy=False)
                 if offload.wants(sum(np.asarray(a).nbytes for a in arrays.values())):
                     loaded = self._handle()  # the driver's handle until it gets the new one
-                    handle = state_offload.write(
-                        offload.folder(self.context.run_id, self.context.node_id, self.key),
+                    handle = state_offload.write(  # private folders, seen by every node
+                        offload.prepare(self.context.run_id, self.context.node_id, self.key),
                         arrays, identity=state.learner_id, generation=state.generation,
                         keep=None if loaded is None else loaded.path)
                     record = ConfigRecord(handle.to_record())
@@ -345,6 +365,7 @@ class LearnerSession:
         seed: int | str | None = "from-context",
         release_metrics: Iterable[str] = (),
         allow_evaluation: bool = False,
+        stream_positions: bool = False,
     ) -> None:
         if kind not in ("step", "round"):
             raise ValueError(f"kind must be 'step' or 'round', got {kind!r}")
@@ -353,6 +374,11 @@ class LearnerSession:
         self.defaults = dict(defaults or {})
         self.simulation = in_simulation()
         self.config = learner_config(context, self.defaults)
+        if stream_positions and not any(k in self.config for k in PARTICIPATION_KEYS):
+            # the strict modes address the data by stream position, which moves on by one
+            # datum per step: "each datum once" is what the library enforces there, not a
+            # guess (every other front end must declare its data use)
+            self.config["data-reuse"] = "once"
         node = context.node_config
         self.allowed = _names(release_metrics) | _names(node.get("release-metrics"))
         self.allow_evaluation = bool(allow_evaluation) or _flag(
@@ -365,6 +391,11 @@ class LearnerSession:
         self.storage = LearnerStorage(
             context, self.key, self.store,
             OffloadPolicy.from_config(self.config) if self.simulation else None)
+        #: in a simulation without a state-dir: the ledger that serializes this learner's
+        #: messages and refuses a stale state (:mod:`~flwr_corrnoise.flower.release_ledger`)
+        self.ledger = (SimulationReleaseLedger(context.run_id, context.node_id, self.key)
+                       if self.simulation and self.store is None and in_ray_actor()
+                       else None)
         self.settings = settings or self._settings_from_config()
         if seed == "from-context":
             self.seed = learner_seed(context, self.defaults)
@@ -420,10 +451,29 @@ class LearnerSession:
                                   dtype=dtype)
 
     # -- state --------------------------------------------------------------------------------
-    def locked(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def locked(self) -> Iterator[None]:
         """Hold the state directory's lock for the whole message (:meth:`LearnerStorage.
-        locked`)."""
-        return self.storage.locked()
+        locked`), and in a simulation the learner's release ledger
+        (:class:`~flwr_corrnoise.flower.release_ledger.SimulationReleaseLedger`)."""
+        with ExitStack() as stack:
+            if self.ledger is not None:
+                stack.enter_context(self.ledger.locked())
+            stack.enter_context(self.storage.locked())
+            yield
+
+    def check_fresh(self, state: LearnerState, server_round: int) -> None:
+        """Refuse a message that would release noise a second time: a round this learner
+        already released or an older one (the state's ``last_round``), or — in a
+        simulation — a state that is not the learner's latest (the release ledger)."""
+        if self.ledger is not None:
+            self.ledger.check(state.learner_id if state.generation else None,
+                              state.generation)
+        if server_round >= 0 and state.last_round >= server_round:
+            raise RoundReplayError(
+                f"this learner already released server round {state.last_round}; a train "
+                f"message for round {server_round} would release its noise a second time "
+                "(one release per learner per round), so it is refused")
 
     def log_start(self) -> None:
         """One start-up line with what the noise is calibrated to (a fresh learner): the
@@ -434,7 +484,10 @@ class LearnerSession:
             log.info("flwr-corrnoise learner: noiseless baseline (no clipping, no noise)")
             return
         log.info("flwr-corrnoise learner: %s, ε = %g, δ = %g over %d steps; participation: "
-                 "%s; sensitivity %.4g (%s); noise std %.4g (noise multiplier %.3g)",
+                 "%s; sensitivity %.4g (%s); noise std %.4g (noise multiplier %.3g). The ε "
+                 "assumes each datum is used as that participation says; the library cannot "
+                 "see which data your loop touches, so if it uses a datum more often (more "
+                 "epochs, a reshuffled order, more rounds), the ε printed does not hold",
                  self.settings.mechanism, cal.epsilon, cal.delta, self.settings.horizon,
                  cal.participation, cal.sensitivity,
                  "exact" if cal.sensitivity_exact else "certified bound", cal.std,
@@ -498,10 +551,20 @@ class LearnerSession:
         diag = {"server-round": server_round, "first-step": first_step,
                 **dict(diagnostics or {})}
         log.info("flwr-corrnoise learner diagnostics (local only, never sent): %s", diag)
-        self.storage.write(
-            state, {"server-round": server_round, "first-step": first_step,
-                    "steps": state.step - first_step, "position": position},
-            diagnostics={**diag, "time": time.time()})
+        last = state.last_round
+        if server_round >= 0:
+            state.last_round = server_round
+        try:
+            self.storage.write(
+                state, {"server-round": server_round, "first-step": first_step,
+                        "steps": state.step - first_step, "position": position},
+                diagnostics={**diag, "time": time.time()})
+        except BaseException:
+            state.last_round = last
+            raise
+        if self.ledger is not None:  # still under its lock (the transaction's)
+            self.ledger.record(str(state.learner_id), state.generation, state.step,
+                               server_round)
 
     # -- what leaves the learner ------------------------------------------------------------
     def privacy_metrics(self, state: LearnerState) -> dict[str, float]:
@@ -633,11 +696,13 @@ class LearnerTransaction:
         self._exit.enter_context(session.locked())
         try:
             state = session.load(self.shapes, self.dtype)
+            session.check_fresh(state, self.server_round)
             if self.check is not None:
                 self.check(state)
             unit = "rounds" if session.kind == "round" else "steps"
             check_round(state, session.settings, sum(math.prod(s) for s in self.shapes),
                         self.steps or 0, unit)
+            check_rounds_left(state, session.settings)
         except BaseException:
             self._exit.close()
             raise
@@ -653,6 +718,7 @@ class LearnerTransaction:
             self.diagnostics = dict(diagnostics)
         diag = self.diagnostics if self.diagnostics is not None else \
             self.counts.diagnostics(self.taken)
+        self.state.rounds += 1  # one place counts the rounds a learner took part in
         try:
             self.session.commit(self.state, first_step=self.first_step,
                                 position=self.position, server_round=self.server_round,

@@ -65,6 +65,7 @@ from ..learner import (
     PrivacyConfigError,
     PrivacySettings,
     StepCounts,
+    bind_data_order,
     check_horizon,
     private_step,
 )
@@ -172,7 +173,10 @@ class PrivateSteps:
         self.shapes = [tuple(a.shape) for a in self.received]
         self.size = sum(math.prod(s) for s in self.shapes)
         #: the round: proposal, lock, load, the data-independent refusals (no step yet)
-        self.round = self.session.transaction(self.config, self.shapes)
+        self.round = self.session.transaction(
+            self.config, self.shapes,
+            check=None if loader is None else
+            (lambda state: bind_data_order(state, loader.order_digest)))
         self.state: LearnerState = self.round.open()
         with _lock:  # from here on the guard closes the round if the train function fails
             _OPEN[id(msg)] = self
@@ -288,7 +292,6 @@ class PrivateSteps:
             log.error("PrivateSteps: the local model is non-finite or of other shapes; "
                       "releasing the received model (a zero update)")
             values = self.received
-        self.state.rounds += 1
         diagnostics = {**self.counts.diagnostics(self.steps), "model-replaced": float(not ok)}
         try:
             self.round.commit(diagnostics)  # before the reply leaves; aborts on failure

@@ -113,7 +113,7 @@ def make_torch_client_app(
 
     def device_round(msg: Message, context: Context) -> Message:
         session = LearnerSession(context, kind="step", defaults=defaults,
-                                 release_metrics=release_metrics)
+                                 release_metrics=release_metrics, stream_positions=True)
         config = dict(msg.content["config"])  # type: ignore[arg-type]
         tau, eta = round_config(config)
         params = msg.content["arrays"].to_numpy_ndarrays()  # type: ignore[union-attr]

@@ -111,7 +111,17 @@ class Participation:
         reading of ``epochs`` / ``min-sep`` / ``max-participations`` that the learner's
         config and the CLI share. ``epochs = k > 1``: ``k`` passes in one fixed cyclic
         order (``k`` must divide the horizon); ``min_sep``/``max_participations``: at most
-        that many uses (default: as many as fit), that far apart (default 1); none: once."""
+        that many uses (default: as many as fit), that far apart (default 1); none: once.
+
+        Zero, negative or fractional values are errors (``epochs = 0`` once returned the
+        one-pass noise: std 6.65 instead of 11.87)."""
+        for name, value in (("epochs", epochs), ("min-sep", min_sep),
+                            ("max-participations", max_participations)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float | np.integer) \
+                    or int(value) != value or value < 1:
+                raise ParticipationError(f"{name} must be a positive integer, got {value!r}")
         if epochs is not None and int(epochs) > 1:
             if min_sep is not None or max_participations is not None:
                 raise ParticipationError("set either epochs or min-sep/max-participations, "
