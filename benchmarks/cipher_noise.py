@@ -98,7 +98,7 @@ def floor(repeats: int) -> None:
     def transform(dtype: type, m: int) -> Callable[[], None]:
         out = out32 if dtype is np.float32 else out64
         dt = np.dtype(dtype)
-        return lambda: cn.pairs_from_keystream(ks, m, dt, lambda j: 0, out[:m],
+        return lambda: cn.pairs_from_keystream(ks, m, dt, lambda i, j: 0, out[:m],
                                                out[m:2 * m], ws)
 
     pieces: dict[str, tuple[Callable[[], object], int]] = {

@@ -123,13 +123,28 @@ def test_a_row_of_several_chunks_equals_the_reference(dtype: type) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_refill_path_end_to_end(dtype: type, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_short_rows_drawn_together_and_a_one_chunk_row_equal_the_reference(
+        dtype: type) -> None:
+    """Short rows come from one ECB context, several in one batch; a row of one chunk
+    longer than a quarter chunk from a CTR context: the same keystream either way."""
+    rows = CipherGaussian(KEY).rows(7, 5, 33, dtype)
+    for i in range(5):
+        np.testing.assert_array_equal(rows[i], ref_row(KEY, 7 + i, 33, dtype))
+    d = 2 * (K // 4) + 5
+    np.testing.assert_array_equal(CipherGaussian(KEY).row(2, d, dtype), ref_row(KEY, 2, d, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [41, 2 * (K // 4) + 3])
+def test_the_refill_path_end_to_end(dtype: type, d: int,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """With the refill threshold raised to 2⁶³ about half the pairs take the refill path
-    (its words from their own domain at the pair's index): the row still equals the
-    reference computed with the same threshold."""
+    (its words from their own domain at the pair's index), in a short row (ECB) and a long
+    one (CTR): the rows still equal the reference computed with the same threshold."""
     monkeypatch.setattr(cn, "REFILL_BELOW", 1 << 63)
-    row = CipherGaussian(KEY).row(9, 41, dtype)
-    np.testing.assert_array_equal(row, ref_row(KEY, 9, 41, dtype, below=1 << 63))
+    got = CipherGaussian(KEY).rows(9, 2, d, dtype)
+    for i in range(2):
+        np.testing.assert_array_equal(got[i], ref_row(KEY, 9 + i, d, dtype, below=1 << 63))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -146,7 +161,7 @@ def test_adversarial_keystream_reaches_the_stated_maximum_radius(dtype: type) ->
     refills = {j: (0 if j % 4 == 0 else int(rng.integers(0, 2**63)) * 2 + 1) for j in range(m)}
     dt = np.dtype(dtype)
     out = np.empty(2 * m, dtype=dt)
-    cn.pairs_from_keystream(ks, m, dt, lambda j: refills[j], out[:m], out[m:])
+    cn.pairs_from_keystream(ks, m, dt, lambda i, j: refills[j], out[:m], out[m:])
     asize = 4 if dtype is np.float32 else 8
     for j in range(m):
         a = int.from_bytes(ks[8 * m + asize * j : 8 * m + asize * (j + 1)].tobytes(), "little")
@@ -163,7 +178,7 @@ def test_adversarial_keystream_reaches_the_stated_maximum_radius(dtype: type) ->
 def test_refill_words_come_from_their_own_domain() -> None:
     for dom, t, p in [(0, 0, 0), (1, 5, 12345), (4, 2**55, 2**63)]:
         expect = int.from_bytes(aes_block(KEY, ((dom | 2) << 120) | (t << 64) | p)[:8], "little")
-        assert cn._refill_word(KEY, dom, t, p) == expect
+        assert cn._Keystream(KEY).refill_word(dom, t, p) == expect
 
 
 def test_the_direction_table_is_correctly_rounded() -> None:
@@ -276,6 +291,11 @@ def test_pack_unpack_continues_bit_for_bit() -> None:
     with pytest.raises(ValueError, match="cipher-noise"):
         CipherGaussian.unpack(bad)
     assert "key" not in repr(gen) and str(gen.key) not in repr(gen)
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(gen))  # e.g. to a Ray worker: no OpenSSL context
+    assert clone.state == gen.state
+    np.testing.assert_array_equal(clone.next_row(50), gen.next_row(50))
 
 
 def test_keys_have_128_bits_from_os_entropy_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
