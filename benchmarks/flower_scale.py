@@ -162,10 +162,13 @@ class RunResult:
 
 
 def dir_usage(path: Path) -> tuple[int, int]:
-    """(files, bytes on disk) under ``path``, recursively."""
+    """(state files, their bytes on disk) under ``path``, recursively (not the run marker
+    or a commit's temporary file)."""
     files = used = 0
     for root, _, names in os.walk(path):
         for name in names:
+            if not (name.startswith("g") and name.endswith(".state")):
+                continue
             try:
                 st = os.stat(os.path.join(root, name))
             except FileNotFoundError:  # replaced while we walk

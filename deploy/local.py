@@ -14,7 +14,14 @@ app reaches the SuperLink signed, through a Flower-Hub-compatible registry
 is refused by every SuperNode before it is installed.
 
 Flower's executables are started from beside ``sys.executable`` (the environment this
-package is installed in), not from ``PATH``.
+package is installed in), not from ``PATH``; and since ``flower-superlink`` and
+``flower-supernode`` start ``flower-superexec`` by name, that folder is put first on the
+``PATH`` of every process the deployment starts.
+
+A run that fails says so: ``flwr run`` exits 0 once its run ends, whatever the run's
+status, so :meth:`LocalDeployment.outcome` asks the SuperLink (``flwr ls --run-id``) and
+``python -m deploy.local`` exits 1 unless the run is ``finished:completed`` (a ServerApp
+that raised — e.g. ``RunFailedError`` — leaves it ``finished:failed``).
 
 Run it as a script to try a deployment (``python -m deploy.local --help``)::
 
@@ -29,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -64,6 +73,13 @@ def flower_bin(name: str) -> str:
     if not path.exists():
         raise FileNotFoundError(f"{name} is not installed beside {sys.executable}")
     return str(path)
+
+
+def flower_path() -> str:
+    """``PATH`` with this environment's bin folder first: Flower's processes start
+    ``flower-superexec`` (and the app processes) by name."""
+    return os.pathsep.join([str(Path(sys.executable).parent),
+                            *filter(None, [os.environ.get("PATH")])])
 
 
 def free_port() -> int:
@@ -138,6 +154,7 @@ class LocalDeployment:
             "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "PYTHONUNBUFFERED": "1",
+            "PATH": flower_path(),
         }
 
     def state_dir(self, i: int) -> Path:
@@ -317,6 +334,48 @@ class LocalDeployment:
         self.started.append(proc)  # type: ignore[arg-type]
         return proc
 
+    def run_id(self) -> int | None:
+        """The id of the last run ``flwr run`` started here (from ``logs/flwr-run.log``)."""
+        log = self.logs / "flwr-run.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found = re.findall(r"Successfully started run (\d+)", text)
+        return int(found[-1]) if found else None
+
+    def run_status(self, run_id: int) -> dict[str, Any]:
+        """The SuperLink's record of run ``run_id`` (``flwr ls --run-id --format json``:
+        ``status``, ``status-details``, …); ``{}`` if it cannot be read."""
+        res = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json")
+        try:
+            runs = json.loads(res.stdout).get("runs", [])
+        except (ValueError, AttributeError):
+            return {}
+        return dict(runs[0]) if runs else {}
+
+    def outcome(self, proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
+        """``(exit code, what happened)`` of a ``flwr run`` that has exited: its own
+        non-zero code, else 0 only if the SuperLink reports its run ``finished:completed``
+        (waiting up to ``timeout`` s for the run to finish), else 1. Why: ``flwr run``
+        exits 0 once its run ends whatever the run's status, so a ServerApp that raised
+        would otherwise look like a success."""
+        code = proc.wait()
+        if code != 0:
+            return int(code), f"flwr run exited with {code}"
+        run_id = self.run_id()
+        if run_id is None:
+            return 1, f"flwr run started no run (see {self.logs / 'flwr-run.log'})"
+        deadline = time.monotonic() + timeout
+        while True:
+            record = self.run_status(run_id)
+            status = str(record.get("status", ""))
+            if status.startswith("finished") or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        if status == "finished:completed":
+            return 0, f"run {run_id} {status}"
+        details = " ".join(str(record.get("status-details", "")).split())
+        return 1, f"run {run_id} {status or 'in an unknown state'}" + (
+            f": {details}" if details else "")
+
     def close(self) -> None:
         """Stop every process this deployment started: SIGTERM to each one's session,
         newest first (the SuperLink last), then wait for them all together — a Flower
@@ -390,8 +449,9 @@ def main(argv: list[str] | None = None) -> int:
                 if "[ROUND" in line or "flwr-corrnoise:" in line or "ERROR" in line:
                     print(line.strip(), flush=True)
             shown = len(text)
-        print(f"flwr run exited with {run.returncode}; results in {workdir / 'results'}")
-        return int(run.returncode)
+        code, what = dep.outcome(run)
+        print(f"flwr-corrnoise: {what}; results in {workdir / 'results'}", flush=True)
+        return code
 
 
 if __name__ == "__main__":

@@ -46,6 +46,13 @@ Anything else is refused with :class:`StateIntegrityError` before anything is re
 What a local check cannot see: the *whole* directory copied or restored together (state,
 marker, ledger and commits consistent with each other). That needs a counter outside the
 directory's reach; ``docs/threat-model.md`` says so.
+
+**Keys at rest.** The state holds the learner's noise-generator key (128 bits, or the
+ChaCha20 key of secure noise): whoever reads it can subtract the learner's noise from its
+releases. Every file here is created ``0600`` (:func:`open_private`, whatever the umask;
+an older, looser file is tightened when it is next written) and the state directory is
+``0700`` (tightened if it exists and is this user's; a directory of another user is left
+as it is, with a warning).
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 STATE_FILE = "learner.state"
@@ -66,6 +73,8 @@ LEDGER_FILE = "ledger.jsonl"
 COMMITS_FILE = "commits.jsonl"
 DIAGNOSTICS_FILE = "diagnostics.jsonl"
 LOCK_FILE = "learner.lock"
+#: modes of the files and directories that hold noise keys: the owner's only
+FILE_MODE, DIR_MODE = 0o600, 0o700
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +93,36 @@ class StateBusyError(RuntimeError):
     """Another execution holds this learner's state directory."""
 
 
+def open_private(path: str | os.PathLike[str], flags: int) -> int:
+    """``os.open`` that creates the file ``0600`` and tightens an existing looser one to
+    ``0600``: the files hold noise keys (module docstring)."""
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def private_directory(path: Path) -> None:
+    """Create ``path`` (and missing parents) with ``path`` itself ``0700``, or tighten it
+    to ``0700`` if it exists and is this user's (an operator's folder of another owner,
+    e.g. a mounted volume, is left as it is, with a warning: its files are ``0600``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with suppress(FileExistsError):
+        path.mkdir(mode=DIR_MODE)
+    st = path.stat()
+    if st.st_mode & 0o777 == DIR_MODE:
+        return
+    try:
+        os.chmod(path, DIR_MODE)
+    except PermissionError:
+        log.warning("cannot make the learner state directory %s private (0700): it belongs "
+                    "to uid %d; its files are 0600", path, st.st_uid)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -96,7 +135,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old or the new bytes, never a
     mix, even across a crash (write a temporary file, fsync it, rename, fsync the dir)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
+    with open(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
@@ -151,7 +190,7 @@ def _append_jsonl(path: Path, entry: Mapping[str, object]) -> None:
     complete, so nothing it announced happened), so that every line stays readable."""
     line = (json.dumps(dict(entry), sort_keys=True) + "\n").encode()
     new = not path.exists()
-    with open(path, "ab+") as fh:
+    with open(open_private(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "ab+") as fh:
         fh.seek(0)
         data = fh.read()
         if data and not data.endswith(b"\n"):
@@ -175,7 +214,7 @@ class StateStore:
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_directory(self.directory)
         self.state_path = self.directory / STATE_FILE
         self.marker_path = self.directory / MARKER_FILE
         self.ledger_path = self.directory / LEDGER_FILE
@@ -192,7 +231,8 @@ class StateStore:
         of the two releases. ``flock`` is released by the kernel when a process dies, so a
         crash never leaves a stale lock.
         """
-        with open(self.lock_path, "a+") as fh:  # closing the file releases the lock
+        lock = open_private(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        with open(lock, "a+") as fh:  # closing the file releases the lock
             try:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError as err:
@@ -211,7 +251,8 @@ class StateStore:
     def log_diagnostics(self, entry: dict[str, object]) -> None:
         """Append the round's data-dependent diagnostics (clipping, non-finite steps):
         the operator's to read, never sent anywhere."""
-        with open(self.diagnostics_path, "a") as fh:
+        with open(open_private(self.diagnostics_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+                  "a") as fh:
             fh.write(json.dumps(entry, sort_keys=True) + "\n")
 
     @property

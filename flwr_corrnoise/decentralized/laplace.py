@@ -159,13 +159,19 @@ class LaplaceStream:
     draws exactly the next step's noise — never
     the same noise twice, never skipping. ``scales`` optionally multiplies the schedule per
     coordinate (heterogeneous per-coordinate scales).
+
+    ``seed=None`` (the default) keys the generator with 128 bits of OS entropy
+    (:func:`~flwr_corrnoise.noise_keys.noise_generator`); an integer seed is for
+    reproducible simulations and tests. Why no default seed: a default of ``0`` gave every
+    stream made without one the same noise, known to anyone, which a release then does not
+    hide at all.
     """
 
     def __init__(
         self,
         dim: int,
         schedule: ScaleSchedule,
-        seed: int | Sequence[int] = 0,
+        seed: int | Sequence[int] | None = None,
         *,
         coordinate_scales: np.ndarray | None = None,
         _rng: np.random.Generator | None = None,

@@ -99,6 +99,7 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
     ) -> Iterable[Message]:
         for key, value in self.proposal.items():
             config[key] = value
+        self.watch.bind(grid)  # a simulation fails on a learner's lost state (4104)
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(

@@ -6,7 +6,12 @@ reply, and Flower's FedAvg simply skips such replies. A run in which *every* lea
 refuses then ends "completed" with the untrained model. :class:`RoundWatch` counts the
 consecutive rounds in which nothing was released and raises :class:`RunFailedError`
 (naming the error codes and how many learners sent them) after ``max-idle-rounds`` of
-them, and at the end of a run that released nothing at all.
+them, and at the end of a run that released nothing at all. In a simulation one refusal
+is enough: a learner whose state is lost or refused (code 4104, :data:`FATAL_IN_SIMULATION`)
+fails the run in the round its reply arrives, naming the node and the code — one party runs
+the whole simulation, so a lost state there is a fault of the run (a state-offload folder
+deleted or not shared by the machines of a Ray cluster, a handle rolled back), never one
+learner's own business, and the run would otherwise go on without that learner, silently.
 
 What that exception does: an exception raised in a ServerApp's ``main`` makes Flower mark
 the run ``finished:failed`` with the exception's text as its details (``flwr ls``), and
@@ -47,6 +52,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ..accounting import PrivacyBudgetError
 from ..learner import PrivacyConfigError
+from ..persistence import StateLostError
 from ..settings_keys import ConfigKeyError, lookup
 from .session import ERROR_CODES, QueryRefusedError
 
@@ -63,6 +69,20 @@ EVALUATE_REFUSED = ERROR_CODES[QueryRefusedError]
 #: ran, so no data decided them (unlike CLIENT_APP_RAISED_EXCEPTION, which a datum may cause)
 APP_NOT_LOADED_CODES = frozenset({int(ErrorCode.LOAD_CLIENT_APP_EXCEPTION),
                                   int(ErrorCode.INVALID_FAB)})
+
+
+#: error codes that fail a simulation in the round they arrive (:meth:`RoundWatch.observe`):
+#: a learner's state lost or refused (lost, rolled back, another learner's, an offload
+#: folder not shared)
+FATAL_IN_SIMULATION = frozenset({ERROR_CODES[StateLostError]})
+
+
+def simulation_grid(grid: object) -> bool:
+    """Whether ``grid`` is Flower's simulation grid: ``InMemoryGrid``, which Flower's
+    simulation runtime gives the ServerApp (``run_simulation`` and ``flwr run`` on a
+    simulation federation alike); a deployment's ServerApp gets a gRPC grid. By name, so
+    it holds whichever module Flower keeps it in."""
+    return any(cls.__name__ == "InMemoryGrid" for cls in type(grid).__mro__)
 
 
 class RunFailedError(RuntimeError):
@@ -156,6 +176,13 @@ class RoundWatch:
         self.idle = 0
         self.released = 0
         self.last: str = ""
+        #: whether the run is a simulation (:meth:`bind`): a 4104 then fails it at once
+        self.simulation = False
+
+    def bind(self, grid: object) -> None:
+        """Note whether the strategy runs in a simulation (:func:`simulation_grid`); the
+        strategies call it with the grid of every round they configure."""
+        self.simulation = simulation_grid(grid)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any] | None, what: str) -> RoundWatch:
@@ -190,7 +217,11 @@ class RoundWatch:
         return text
 
     def observe(self, server_round: int, replies: list[Message], released: int) -> None:
-        """Record a round; raise :class:`RunFailedError` after too many idle ones."""
+        """Record a round; raise :class:`RunFailedError` after too many idle ones, or — in
+        a simulation (:meth:`bind`) — at once for a reply with a code of
+        :data:`FATAL_IN_SIMULATION`, whatever else the round released."""
+        if self.simulation and not self.content_free:
+            self._fail_on_lost_state(server_round, replies)
         if released:
             self.idle, self.released = 0, self.released + 1
             return
@@ -210,6 +241,25 @@ class RoundWatch:
                 f"horizon used up; 4103: the server's model is not finite; 4104/4105: "
                 f"learner state lost/busy; other codes: Flower's (the ClientApp could not "
                 f"be loaded or raised)")
+
+    def _fail_on_lost_state(self, server_round: int, replies: list[Message]) -> None:
+        lost = [m for m in replies
+                if m.has_error() and int(m.error.code) in FATAL_IN_SIMULATION]
+        if not lost:
+            return
+        nodes = sorted(int(m.metadata.src_node_id) for m in lost)
+        code = int(lost[0].error.code)
+        reason = " ".join(str(lost[0].error.reason).split())[:1000]
+        named = ", ".join(str(n) for n in nodes[:5]) + (
+            f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+        text = (f"flwr-corrnoise ({self.what}): round {server_round}: the learner on node "
+                f"{named} refused with code {code} (its state is lost or refused: "
+                f"{reason}). In a simulation every learner's state belongs to the run "
+                f"(context.state or the state-offload folder), so a learner that cannot "
+                f"continue its state is a fault of the run; it stops here rather than go on "
+                f"without that learner")
+        log.error("%s", text)
+        raise RunFailedError(text)
 
     def check_end(self) -> None:
         """At the end of a run: a run that released nothing is a failure."""

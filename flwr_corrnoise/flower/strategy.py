@@ -210,6 +210,7 @@ class CorrNoiseFedAvg(FedAvg):
             for a in received]
         for key, value in self.round_config().items():
             config[key] = value
+        self.watch.bind(grid)  # a simulation fails on a learner's lost state (4104)
         messages = list(super().configure_train(server_round, arrays, config, grid))
         for msg in messages:
             # rounds are numbered across restarts, so a learner's ledger names the true round
