@@ -235,6 +235,25 @@ def test_state_handling() -> None:
             d.replace(",", ""))
 
 
+def test_offload_mac() -> None:
+    """benchmarks/offload_mac.py at toy size (docs/benchmarks.md quotes it): every
+    operation measured per d, the library's MAC named, the commit and load going through
+    LearnerStorage (so through the owner, newest-file and MAC checks). Timings are not
+    compared."""
+    from flwr_corrnoise.state_offload import MAC
+
+    rows = run("offload_mac.py", "--dims", "2000", "20000", "--repeats", "2")
+    body = {(r[0], r[2]): r for r in rows[1:]}
+    operations = {"write (no MAC)", "read (no MAC)", "MAC: Poly1305 (one-time key)",
+                  "MAC: HMAC-SHA256", "MAC: SHA-256 digest", "MAC: BLAKE2b-256 digest",
+                  f"LearnerStorage commit (write + {MAC})",
+                  f"LearnerStorage load (read + checks + {MAC})"}
+    assert set(body) == {(d, op) for d in ("2,000", "20,000") for op in operations}
+    assert body[("20,000", "write (no MAC)")][1] == "0.6 MB"
+    assert all(float(r[3]) >= 0 and float(r[4]) >= 0 for r in body.values())
+    assert body[("2,000", "write (no MAC)")][4] == "1.00"
+
+
 def test_server_aggregate() -> None:
     """benchmarks/server_aggregate.py at toy size: the aggregation's peak memory is a few
     updates' worth, not the replies' (40 replies of 20 000 floats: 6.1 MiB all at once).
