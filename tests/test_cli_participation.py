@@ -73,3 +73,12 @@ def test_audit_takes_epochs(capsys) -> None:
                     "2", "--runs", "40", "--seed", "1", "--json")
     got = json.loads(out)
     assert code == 0 and got["epochs"] == 2 and not got["falsified"]
+
+
+def test_a_mistyped_option_is_named_with_its_nearest(capsys) -> None:
+    """Issue 32: ``--epsilom`` used to say "--epsilon is required"."""
+    with pytest.raises(SystemExit) as stop:
+        main(["calibrate", "--epsilom", "2", "--delta", "1e-5", "--clip-norm", "1",
+              "--mechanism", "blt", "--steps", "10"])
+    assert stop.value.code == 2
+    assert "unknown option --epsilom (did you mean --epsilon?)" in capsys.readouterr().err

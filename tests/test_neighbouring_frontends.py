@@ -241,8 +241,33 @@ def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
         app.evaluate()(evaluate_on_data(kind))
         return app
 
+    def guarded_app(kind: str) -> ClientApp:
+        """The user's own forward and backward pass (the quickstart's loop), each step in
+        ``opt.guard()``: a datum the user's code raises on is a zero-gradient step."""
+        app = ClientApp(mods=[PrivateSteps.guard()])
+
+        @app.train()
+        def train(msg: Message, ctxt: Context) -> Message:
+            model = model_fn(ctxt)
+            with torch.no_grad():
+                model.weight.copy_(torch.from_numpy(msg.content["arrays"].to_numpy_ndarrays()[0]))
+            opt = private_optimizer(msg, ctxt, torch.optim.SGD(model.parameters(), lr=LR),
+                                    model, loss_fn=loss)
+            r = int(msg.content["config"]["server-round"])
+            for t in range(TAU):
+                x, y = batches(kind)((r - 1) * TAU + t)
+                with opt.guard():
+                    opt.zero_grad()
+                    loss(model(x), y).backward()  # raises on a wrong shape or label
+                    opt.step()
+            return opt.reply([p.detach().numpy() for p in model.parameters()])
+
+        app.evaluate()(evaluate_on_data(kind))
+        return app
+
     return {"make_torch_client_app": device_app, "make_torch_client_app-host": host_app,
-            "TorchCorrNoiseClient": client, "private_optimizer": optimizer_app}
+            "TorchCorrNoiseClient": client, "private_optimizer": optimizer_app,
+            "private_optimizer-guard": guarded_app}
 
 
 NUMPY_FRONT_ENDS: dict[str, Callable[[str], ClientApp]] = {
@@ -252,7 +277,7 @@ NUMPY_FRONT_ENDS: dict[str, Callable[[str], ClientApp]] = {
     "CorrNoiseRoundMod": round_mod,
 }
 TORCH_FRONT_ENDS = ("make_torch_client_app", "make_torch_client_app-host",
-                    "TorchCorrNoiseClient", "private_optimizer")
+                    "TorchCorrNoiseClient", "private_optimizer", "private_optimizer-guard")
 
 
 def front_end(name: str) -> Callable[[str], ClientApp]:

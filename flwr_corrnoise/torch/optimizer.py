@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NoReturn
@@ -40,7 +41,7 @@ from ..learner import (
     check_round,
     privacy_metrics,
 )
-from ..streams import split_flat
+from ..streams import HorizonExhaustedError, split_flat
 from .grad_sample import PerExampleGradients
 from .params import BatchStream, LossFn, check_parameters
 from .streams import TorchNoiseStream
@@ -280,6 +281,41 @@ class PrivateOptimizer:
         self._batch = max(1, int(batch_size or self._last_batch)) if per_example else None
         if self._batch is not None:
             self._examples += self._batch
+
+    @contextmanager
+    def guard(self, per_example: bool = False,
+              batch_size: int | None = None) -> Iterator[PrivateOptimizer]:
+        """One step of **your** loop, kept data-independent if your code fails on its data::
+
+            for x, y in trainloader:
+                with opt.guard():                 # a raise inside: a zero-gradient step
+                    opt.zero_grad()
+                    loss_fn(model(x), y).backward()   # your forward and backward
+                    opt.step()
+
+        Whether your forward or backward pass raises (a wrong shape, a label out of range)
+        depends on the data, so it must not change what the learner sends: an exception
+        raised inside the block before :meth:`step` ran makes this step a zero-gradient
+        step (:meth:`zero_gradient`, then :meth:`step`: the step's noise increment is still
+        added, exactly as for a datum whose gradient is zero); one raised after it is
+        dropped. Either way the loop goes on, and the exception's text stays in the
+        learner's log at debug level (it may hold data). The library's own refusals (a
+        step past the horizon, a step without the loader's batch, a config that weakens
+        the budget) are data-free and propagate. ``per_example``: your loop calls
+        :meth:`backward` (per-example clipping; the zero step is divided by ``batch_size``,
+        default the last batch size seen — pass it when the first step may fail, so the
+        divisor does not depend on the data); else the step's gradient is the unit of
+        privacy (whole-batch clipping, ``loss.backward()``)."""
+        taken = self.state.step
+        try:
+            yield self
+        except (PrivacyConfigError, HorizonExhaustedError):
+            raise
+        except Exception as err:  # the user's code raised on this step's data
+            log.debug("a guarded step raised (a zero-gradient step instead): %r", err)
+            if self.state.step == taken:
+                self.zero_gradient(per_example=per_example, batch_size=batch_size)
+                self.step()
 
     def _backward_each(self, inputs: torch.Tensor, targets: torch.Tensor, b: int
                        ) -> torch.Tensor:

@@ -62,7 +62,12 @@ def adopt(variant: str | None, dest: Path, run_config: dict[str, object] | None 
                         str(diff_path(variant))], cwd=dest, check=True, capture_output=True)
     toml = dest / "pyproject.toml"
     text = toml.read_text()
-    for key, value in (run_config or {}).items():
+    run_config = dict(run_config or {})
+    if variant is not None and not variant.startswith("quickstart"):
+        # the plain app is a stream (each example used once): the declaration every private
+        # config must make (docs/adopt.md § 1), one config line
+        run_config.setdefault("data-reuse", "once")
+    for key, value in run_config.items():
         text = re.sub(rf"(?m)^{re.escape(key)} = .*\n", "", text)
         if value is not None:
             shown = f'"{value}"' if isinstance(value, str) else str(value).lower() \
