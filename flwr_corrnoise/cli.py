@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import json
 import sys
@@ -44,7 +45,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 # the parser's choices and options: every subcommand needs them before it runs
 from .mechanisms import MECHANISMS, Param, get_mechanism
@@ -72,15 +73,47 @@ def _participation(args: argparse.Namespace, steps: int) -> Participation:
         max_participations=getattr(args, "max_participations", None))
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer ≥ 1 (``--epochs 0`` once returned the one-pass noise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or str(value) != text.strip().lstrip("+"):
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with "did you mean": a mistyped option (``--epsilom``) is named with its
+    nearest option instead of argparse's "--epsilon is required"."""
+
+    #: the command line being parsed (set by :func:`main`)
+    argv: Sequence[str] = ()
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        known = set(self._option_string_actions)
+        hints = []
+        for token in self.argv:
+            name = token.split("=", 1)[0]
+            if name.startswith("--") and name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+                hints.append(f"unknown option {name}" +
+                             (f" (did you mean {close[0]}?)" if close else ""))
+        if hints:
+            message = "; ".join(hints) + f" — {message}"
+        super().error(message)
+
+
 def _add_participation(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "data used more than once (docs/privacy.md, multiple participations)")
-    group.add_argument("--epochs", type=int, default=None,
+    group.add_argument("--epochs", type=positive_int, default=None,
                        help="K passes over the data in one fixed cyclic order (steps/K "
                             "steps each)")
-    group.add_argument("--min-sep", dest="min_sep", type=int, default=None,
+    group.add_argument("--min-sep", dest="min_sep", type=positive_int, default=None,
                        help="fewest steps between two uses of one datum")
-    group.add_argument("--max-participations", dest="max_participations", type=int,
+    group.add_argument("--max-participations", dest="max_participations", type=positive_int,
                        default=None, help="most uses of one datum (default: as many as fit)")
 
 
@@ -351,15 +384,16 @@ def _audit(args: argparse.Namespace) -> dict[str, object]:
                 method=args.method, runs=args.runs, alpha=args.alpha,
                 learners=args.learners, canary_step=args.canary_step, seed=args.seed,
                 secure=args.secure, noise_scale=args.noise_scale,
-                reuse_seed=args.reuse_seed, epochs=args.epochs)
+                reuse_seed=args.reuse_seed, epochs=args.epochs, min_sep=args.min_sep,
+                max_participations=args.max_participations, front_end=args.front_end,
+                dtype=args.dtype, noise_runs=args.noise_runs,
+                zero_noise_step=args.zero_noise_step, accounted_epochs=args.accounted_epochs)
     if res.falsified:
         args.exit_status = FALSIFIED_EXIT
-    verdict = (f"FALSIFIED: the runs prove epsilon >= {res.epsilon_lower_bound:.3f} > the "
-               f"claimed {res.epsilon:g} (confidence {1 - res.alpha:g})" if res.falsified else
-               f"consistent: lower bound {res.epsilon_lower_bound:.3f} <= claimed "
-               f"{res.epsilon:g}")
+    verdict = res.verdict
     first = ("mechanism", "variant", "epsilon_claimed", "epsilon_lower_bound",
-             "epsilon_analytic", "epsilon_gaussian_fit", "delta", "runs", "alpha")
+             "epsilon_analytic", "epsilon_gaussian_fit", "law_rejected", "delta", "runs",
+             "alpha")
     rest = res.as_dict()
     rest["epsilon_claimed"] = rest.pop("epsilon")
     out: dict[str, object] = {key: rest.pop(key) for key in first}
@@ -433,7 +467,7 @@ class _AlgorithmNames(Sequence[str]):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="flwr-corrnoise",
         description="Correlated-noise local DP for Flower: mechanisms and calibration.",
     )
@@ -552,18 +586,43 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--epochs", type=int, default=1,
                      help="reused data: the canary is used once per epoch (steps/epochs "
                           "apart) and the learner calibrates for that participation")
+    aud.add_argument("--min-sep", type=int, default=None,
+                     help="min-sep participation: uses at least this many steps apart; the "
+                          "canary is used as often as allowed, exactly this far apart")
+    aud.add_argument("--max-participations", type=int, default=None,
+                     help="min-sep participation: at most this many uses (default: as many "
+                          "as fit)")
+    aud.add_argument("--front-end", default="local-round",
+                     choices=["local-round", "private-step", "torch"],
+                     help="step variant: the learner round (NumPyClient, ClientApp helper, "
+                          "engine), PrivateSteps' private_step, or the torch PrivateOptimizer")
+    aud.add_argument("--dtype", default="float64", choices=["float64", "float32"],
+                     help="the noise stream's float type (step and round variants)")
     aud.add_argument("--canary-step", type=int, default=None,
-                     help="the step (round) whose datum differs (default: the most exposed)")
+                     help="the step (round) whose datum differs (default: the most exposed "
+                          "under the noise the first phase measured)")
+    aud.add_argument("--noise-runs", type=int, default=None,
+                     help="executions on the all-zero data set that estimate the noise that "
+                          "runs (default: --runs)")
     aud.add_argument("--seed", type=int, default=None,
                      help="derive every execution's noise key from this (reproducible); "
                           "default: OS entropy per execution")
     aud.add_argument("--secure", action="store_true",
                      help="audit the learners' secure noise (ChaCha20, grid)")
-    aud.add_argument("--noise-scale", type=float, default=1.0,
-                     help="self-test: run with this multiple of the calibrated noise std "
-                          "(< 1 must be caught)")
-    aud.add_argument("--reuse-seed", action="store_true",
-                     help="self-test: one noise key for every execution (must be caught)")
+    faults = aud.add_argument_group(
+        "fault injection", "deliberate faults, to show that the auditor fails them (each "
+        "must exit 4)")
+    faults.add_argument("--noise-scale", type=float, default=1.0,
+                        help="FAULT: run with this multiple of the calibrated noise std "
+                             "(< 1 must be caught)")
+    faults.add_argument("--reuse-seed", action="store_true",
+                        help="FAULT: one noise key for every execution (must be caught)")
+    faults.add_argument("--zero-noise-step", type=int, default=None, metavar="K",
+                        help="FAULT: no noise increment at step (round) K (must be caught)")
+    faults.add_argument("--accounted-epochs", type=int, default=None, metavar="K",
+                        help="FAULT with --epochs: the learner's settings declare K passes "
+                             "while the canary is used --epochs times (1: one-pass "
+                             "accounting on a multi-epoch loop; must be caught)")
     aud.add_argument("--json", action="store_true", help="print JSON")
     aud.set_defaults(func=_audit)
 
@@ -583,6 +642,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; the exit status is :data:`EXIT`'s (never 0 after an error)."""
     parser = build_parser()
+    Parser.argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)  # a usage error exits 2 (argparse)
     try:
         result = args.func(args)
