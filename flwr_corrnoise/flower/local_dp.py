@@ -27,7 +27,7 @@ from flwr.serverapp.strategy import Strategy
 
 from .._deprecation import deprecated_names
 from ..learner import NOISELESS, PrivacySettings
-from ..settings_keys import require
+from ..settings_keys import lookup, require
 from .monitor import (
     REPORTED,
     RoundWatch,
@@ -37,8 +37,46 @@ from .monitor import (
     privacy_report,
     start_config,
 )
+from .session import PARTICIPATION_KEYS
 
 log = logging.getLogger(__name__)
+
+
+def budget_proposal(cfg: Mapping[str, Any], with_horizon: bool) -> dict[str, Any]:
+    """The ``privacy-*`` proposal of the budget keys alone (mechanism, ε, δ, clip norm, and
+    the horizon when the run config fixes it), validated as a learner would read them."""
+    mechanism = lookup(cfg, "mechanism", "run config")
+    if mechanism == NOISELESS:
+        return {}
+    budget = PrivacySettings(mechanism=mechanism, epsilon=lookup(cfg, "epsilon", "run config"),
+                             delta=lookup(cfg, "delta", "run config"),
+                             clip_norm=lookup(cfg, "clip-norm", "run config"))
+    out = budget.proposal()
+    del out["privacy-horizon"]  # PrivacySettings' placeholder, not the run's
+    if with_horizon:
+        out["privacy-horizon"] = int(cfg.get("horizon") or int(cfg["num-server-rounds"])
+                                     * int(cfg["local-steps"]))
+    return out
+
+
+def privacy_lines(settings: PrivacySettings | None, left_to_learners: str | None,
+                  unit: str) -> list[str]:
+    """The start-up summary's privacy figures: ε, δ, the horizon, the uses of a datum and
+    the calibrated noise std — what ``flwr run --stream`` shows before round 1 — or what
+    the learners decide themselves."""
+    if settings is None or not settings.private:
+        if left_to_learners:
+            return [f"{left_to_learners}: set by each learner (its CyclicLoader or its own "
+                    "declaration); each learner logs its noise std on its first round"]
+        return []
+    cal = settings.calibration()
+    assert cal is not None
+    uses = settings.participation.participations(settings.horizon)
+    return [f"ε = {cal.epsilon:g}, δ = {cal.delta:g} per learner over {settings.horizon} "
+            f"{unit}; each datum used ≤ {uses}× ({cal.participation}); noise std "
+            f"{cal.std:.4g} (noise multiplier {cal.noise_multiplier:.3g}, "
+            f"{settings.mechanism}, {'exact' if cal.sensitivity_exact else 'bounded'} "
+            "sensitivity)"]
 
 
 class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
@@ -69,13 +107,32 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
         self.strategy = strategy
         self.per_round = bool(per_round)
         cfg = dict(run_config or {})
+        #: what the learners' data use is left to (a loader), when the run config does not
+        #: fix the horizon and the participation
+        self.left_to_learners: str | None = None
         if privacy is None and run_config is not None:
             if per_round and not cfg.get("horizon"):
                 cfg["horizon"] = require(cfg, "num-server-rounds", "run config",
                                          "it is the per-round noise's horizon")
-            privacy = PrivacySettings.from_config(cfg, "run config", per_round=per_round)
-        self.proposal = privacy.proposal() if privacy is not None and \
-            privacy.mechanism != NOISELESS else {}
+            horizon = bool(cfg.get("horizon") or (cfg.get("num-server-rounds")
+                                                 and cfg.get("local-steps")))
+            declared = any(k in cfg for k in PARTICIPATION_KEYS)
+            if horizon and (declared or cfg.get("mechanism") == NOISELESS):
+                privacy = PrivacySettings.from_config(cfg, "run config", per_round=per_round)
+            else:
+                # a learner with a CyclicLoader derives its horizon and participation from
+                # its loop (Flower's quickstart: no 'local-steps' in the run config): the
+                # server proposes the budget only, and says so
+                self.proposal = budget_proposal(cfg, horizon)
+                self.left_to_learners = ", ".join(
+                    what for what, known in (("the horizon", horizon),
+                                             ("how often a datum is used", declared))
+                    if not known)
+        if self.left_to_learners is None:
+            self.proposal = privacy.proposal() if privacy is not None and \
+                privacy.mechanism != NOISELESS else {}
+        #: the settings the proposal fixes completely (ε, δ, noise std, uses: the summary)
+        self.settings = privacy
         self.watch = RoundWatch.from_run_config(run_config, type(self).__name__)
         #: per-learner privacy report (latest round each learner answered)
         self.privacy: dict[str, dict[str, float]] = {}
@@ -85,7 +142,9 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
         log_summary(self, f"Correlated-noise local DP, {variant}, around "
                           f"{type(self.strategy).__name__}", [
             "privacy proposal: " + (", ".join(f"{k}={v}" for k, v in self.proposal.items())
-                                    or "none"),
+                                    or "none (each learner's own settings)"),
+            *privacy_lines(self.settings, self.left_to_learners,
+                           "rounds" if self.per_round else "steps"),
             f"the run fails after {self.watch.max_idle_rounds} consecutive round(s) without "
             f"a released update",
         ])
