@@ -578,9 +578,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_clip_norm(aud, "clip norm B (default 1)", default=1.0)
     aud.add_argument("--method", default="exact", choices=METHODS)
     aud.add_argument("--runs", type=int, default=2000,
-                     help="executions on each of the two neighbouring streams")
+                     help="executions on each of the two neighbouring streams (phase 2)")
     aud.add_argument("--alpha", type=float, default=0.05,
-                     help="the bound holds with probability >= 1 - alpha")
+                     help="the verdict errs with probability <= alpha (alpha/2 for the "
+                          "bound, alpha/2 for the noise-law check)")
     aud.add_argument("--dim", type=int, default=2, help="model size d")
     aud.add_argument("--learners", type=int, default=2, help="central: min-learners")
     aud.add_argument("--epochs", type=int, default=1,
