@@ -8,7 +8,13 @@ release was enough to find the seed by search in about 61 core-hours), and a gen
 whose **outputs reveal its state** (Mersenne Twister after 624 words; PCG64's 128-bit state
 from a few hundred bytes, Bouillaguet et al. 2020).
 
-The rule here: every noise generator of the library is NumPy's **Philox4x64-10**, a
+**Since issue 34 the NumPy and torch noise streams draw from AES-128-CTR**
+(:mod:`~flwr_corrnoise.cipher_noise`: a standard cipher, rows addressable by counter) under
+the same keys — :func:`key_from_seed` hashes a simulation's seed, OS entropy keys every other
+learner. What follows describes the keyed Philox that streams of noise-state format 2 keep
+(they continue bit for bit) and the decentralized Laplace noise still draws from.
+
+The rule here was: every noise generator of the library is NumPy's **Philox4x64-10**, a
 counter-based generator (Salmon et al., SC 2011: a 10-round Feistel-like bijection of a
 256-bit counter under a **128-bit key**) with
 
@@ -75,7 +81,12 @@ def noise_generator(seed: int | Sequence[int] | None = None) -> np.random.Genera
 
 
 def generator_key(gen: np.random.Generator) -> int:
-    """The generator's key as one integer (tests and audits: it must have 128 bits)."""
+    """The generator's key as one integer (tests and audits: it must have 128 bits): a
+    keyed Philox's, or the key of an AES-128 :class:`~flwr_corrnoise.cipher_noise.
+    CipherGaussian` (the streams' generator since noise-state format 3)."""
+    key = getattr(gen, "key", None)
+    if isinstance(key, int) and not hasattr(gen, "bit_generator"):
+        return key
     state = gen.bit_generator.state
     if state["bit_generator"] != "Philox":
         raise ValueError(f"not a noise generator (Philox), but {state['bit_generator']}")

@@ -74,6 +74,8 @@ from typing import Any
 import numpy as np
 
 from . import arraypack
+from .cipher_noise import STATE_TAG as CIPHER_TAG
+from .cipher_noise import CipherGaussian
 from .mechanisms import (
     Factorization,
     build_factorization,
@@ -85,16 +87,21 @@ from .mechanisms.streaming import NUMPY_OPS, NUMPY_OPS32, ArrayOps, numpy_ops
 from .noise_keys import (
     KEY_BITS,
     PHILOX_TAG,
-    noise_generator,
     pack_generator,
     unpack_generator,
 )
 from .secure_noise import STATE_TAG as SECURE_TAG
 from .secure_noise import ChaCha20Gaussian, add_on_grid, granularity, round_to_grid
 
-#: the noise-state format written; format 1 (PCG64 generators) is still read, re-keyed
-STATE_FORMAT = 2
-_READ_FORMATS = (1, 2)
+#: the noise-state format written: 3 since the AES-128-CTR generator (its 5-word state,
+#: tagged ``cipher_noise.STATE_TAG``); format 2 (keyed Philox, tagged ``PHILOX_TAG``) is still
+#: read and continued, format 1 (PCG64) read and re-keyed
+STATE_FORMAT = 3
+_READ_FORMATS = (1, 2, 3)
+
+#: a stream's generator: the AES-128-CTR kernel (written since format 3), a keyed Philox
+#: (streams of format 2, continued as they began), or ChaCha20 (secure streams)
+Rng = CipherGaussian | np.random.Generator | ChaCha20Gaussian
 
 
 class HorizonExhaustedError(RuntimeError):
@@ -132,20 +139,21 @@ def split_flat(flat: np.ndarray, shapes: Sequence[Sequence[int]]) -> list[np.nda
     return out
 
 
-def _pack_rng(gen: np.random.Generator | ChaCha20Gaussian) -> np.ndarray:
-    if isinstance(gen, ChaCha20Gaussian):  # secure: tag, 256-bit key, block counter
-        return gen.pack()
+def _pack_rng(gen: Rng) -> np.ndarray:
+    if isinstance(gen, CipherGaussian | ChaCha20Gaussian):  # AES: tag, key, row, sequential;
+        return gen.pack()  # secure: tag, 256-bit key, block counter
     return pack_generator(gen)  # Philox: tag, counter, 128-bit key, buffer (noise_keys.py)
 
 
-def _unpack_rng(
-    words: np.ndarray, secure: bool = False
-) -> np.random.Generator | ChaCha20Gaussian:
+def _unpack_rng(words: np.ndarray, secure: bool = False) -> Rng:
     if secure:
         return ChaCha20Gaussian.unpack(words)
-    if np.asarray(words).size == 7:  # e.g. a secure state whose "secure" flag was dropped
+    w = np.asarray(words).reshape(-1)
+    if w.size == 7:  # e.g. a secure state whose "secure" flag was dropped
         raise ValueError("this is a secure (ChaCha20) generator state, not a Philox one")
-    return unpack_generator(words)
+    if w.size == 5 and int(w[0]) == CIPHER_TAG:
+        return CipherGaussian.unpack(w)
+    return unpack_generator(w)
 
 
 def new_seed() -> int:
@@ -225,13 +233,15 @@ class RowCursor:
             raise ValueError("a saved generator position of another generator type")
         words[free] = position
         gen = _unpack_rng(words, secure=self._stream.secure)
-        self._stream._set_rng_state(gen.state if isinstance(gen, ChaCha20Gaussian)
+        self._stream._set_rng_state(gen.state if isinstance(gen, CipherGaussian | ChaCha20Gaussian)
                                     else gen.bit_generator.state)
 
 
 #: packed-generator words a :class:`RowCursor` position leaves out, by the packed tag:
-#: the tag and the key (Philox: words 5–6; ChaCha20: words 1–4)
-_KEY_SLOTS = {int(PHILOX_TAG): [0, 5, 6], int(SECURE_TAG): [0, 1, 2, 3, 4]}
+#: the tag and the key (AES: words 1–2, the position is the next row and the sequential
+#: position; Philox: words 5–6; ChaCha20: words 1–4)
+_KEY_SLOTS = {int(CIPHER_TAG): [0, 1, 2], int(PHILOX_TAG): [0, 5, 6],
+              int(SECURE_TAG): [0, 1, 2, 3, 4]}
 
 
 class NoiseStream:
@@ -254,7 +264,7 @@ class NoiseStream:
         horizon: int,
         shapes: Shapes,
         std: float,
-        rng: np.random.Generator,
+        rng: Rng,
         step: int = 0,
         levels: list[int] | None = None,
         rows: np.ndarray | list[np.ndarray] | None = None,
@@ -293,11 +303,13 @@ class NoiseStream:
         self._cursor = RowCursor(self)  # the kernel's draw (and generator position)
         #: the open :class:`StreamGroup` that holds this stream's kernel state, if any
         self._group: StreamGroup | None = None
-        #: whether :meth:`_draw` is ``standard_normal(d)`` of a NumPy generator, which a
-        #: group may ask to write into its row (``out=``) instead
+        #: whether :meth:`_draw` is a row of the AES kernel (either dtype) or a float64
+        #: ``standard_normal(d)`` of a Philox generator, which a group may ask to write into
+        #: its row (:meth:`_draw_rows`) instead
         self._draws_into = (type(self)._draw is NoiseStream._draw
-                            and isinstance(rng, np.random.Generator)
-                            and self._ops is NUMPY_OPS)
+                            and (isinstance(rng, CipherGaussian)
+                                 or (isinstance(rng, np.random.Generator)
+                                     and self._ops is NUMPY_OPS)))
 
     def _release(self) -> None:
         """Take the kernel state back from an open :class:`StreamGroup` (closing it), so
@@ -361,7 +373,8 @@ class NoiseStream:
                        factorization=factorization)
         if seed is not None and int(seed) < 0:
             raise ValueError("the seed must be a non-negative integer")
-        rng = noise_generator(None if seed is None else int(seed))  # 128-bit Philox key
+        # AES-128-CTR keyed by OS entropy, or by a hash of every bit of the seed
+        rng = CipherGaussian.from_seed(None if seed is None else int(seed))
         return cls(mechanism, horizon, normalize_shapes(dim), std, rng,
                    factorization=factorization, dtype=dtype)
 
@@ -442,9 +455,27 @@ class NoiseStream:
         return split_flat(flat, self.shapes)
 
     def _draw(self) -> np.ndarray:
-        if self._ops is NUMPY_OPS32:  # NumPy's float32 normals (as the torch stream's)
+        if isinstance(self._rng, CipherGaussian):  # the next row, in the stream's dtype
+            return self._rng.next_row(self.dim, self.noise_dtype)
+        if self._ops is NUMPY_OPS32:  # Philox's float32 normals (as the torch stream's)
             return self._rng.standard_normal(self.dim, dtype=np.float32)  # type: ignore[call-arg]
         return self._rng.standard_normal(self.dim)
+
+    def _draw_rows(self, out: np.ndarray) -> None:
+        """The next ``len(out)`` rows into ``out`` (rows × d, the stream's dtype), as as
+        many :meth:`_draw` calls give them (only where :attr:`_draws_into`)."""
+        if isinstance(self._rng, CipherGaussian):
+            self._rng.rows(self._rng.position, out.shape[0], self.dim, out.dtype, out=out)
+            self._rng.position += out.shape[0]
+        else:  # a Philox generator fills an array row after row
+            self._rng.standard_normal(out=out)  # type: ignore[union-attr]
+
+    def _skip_rows(self, count: int) -> None:
+        """Move the generator past ``count`` rows (as :meth:`_draw_rows` would)."""
+        if isinstance(self._rng, CipherGaussian):
+            self._rng.position += count
+        elif count:
+            self._rng.standard_normal(out=np.empty((count, self.dim)))  # type: ignore[union-attr]
 
     @property
     def factorization(self) -> Factorization:
@@ -466,12 +497,13 @@ class NoiseStream:
         self._kernel.rollback(self._state, kernel_token)
 
     def _rng_state(self) -> object:
-        if isinstance(self._rng, ChaCha20Gaussian):  # secure (ChaCha20): (key, block)
+        # AES: (key, row, sequential); secure (ChaCha20): (key, block); Philox: its dict
+        if isinstance(self._rng, CipherGaussian | ChaCha20Gaussian):
             return self._rng.state
         return self._rng.bit_generator.state
 
     def _set_rng_state(self, state: object) -> None:
-        if isinstance(self._rng, ChaCha20Gaussian):
+        if isinstance(self._rng, CipherGaussian | ChaCha20Gaussian):
             self._rng.state = state  # type: ignore[assignment]
         else:
             self._rng.bit_generator.state = state
@@ -775,18 +807,19 @@ class GroupCursor:
         d = self._dim
         out = self._ops.zeros(1, d * len(self._streams))[0]
         for i, s in enumerate(self._streams):
-            if s._draws_into:  # the keyed Philox straight into the row (the same draw)
-                s._rng.standard_normal(out=out[i * d:(i + 1) * d])
+            if s._draws_into:  # the generator straight into the row (the same draw)
+                s._draw_rows(out[i * d:(i + 1) * d][None])
             else:
                 out[i * d:(i + 1) * d] = s._draw()
         return out
 
     def _draw_ahead(self, count: int) -> np.ndarray:
         """``count`` rows of every member at once; the first of them handed out."""
-        rows = np.empty((len(self._streams), count, self._dim))
-        self._saved = [s._rng.bit_generator.state for s in self._streams]
+        rows = np.empty((len(self._streams), count, self._dim),
+                        dtype=self._streams[0].noise_dtype)
+        self._saved = [s._rng_state() for s in self._streams]
         for s, block in zip(self._streams, rows, strict=True):
-            s._rng.standard_normal(out=block)
+            s._draw_rows(block)
         self._rows, self._used = rows, 1
         return rows[:, 0].copy().reshape(-1)
 
@@ -799,11 +832,9 @@ class GroupCursor:
         if rows is None or used == rows.shape[1]:
             self._saved = []
             return
-        scratch = np.empty((used, self._dim))
         for s, state in zip(self._streams, self._saved, strict=True):
-            s._rng.bit_generator.state = state
-            if used:
-                s._rng.standard_normal(out=scratch)
+            s._set_rng_state(state)
+            s._skip_rows(used)
         self._saved = []
 
     def tell(self) -> np.ndarray:

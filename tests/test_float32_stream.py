@@ -15,10 +15,10 @@ import pytest
 from flwr.app import Context, RecordDict
 from scipy.linalg import toeplitz
 
+from flwr_corrnoise.cipher_noise import CipherGaussian
 from flwr_corrnoise.flower.session import STATE_KEY, LearnerStorage
 from flwr_corrnoise.learner import LearnerState, PrivacySettings, local_rounds
 from flwr_corrnoise.mechanisms import build_factorization, mechanism_names
-from flwr_corrnoise.noise_keys import noise_generator
 from flwr_corrnoise.state_offload import OffloadPolicy
 from flwr_corrnoise.streams import NoiseStream, StreamGroup
 
@@ -35,8 +35,9 @@ F32_BOUND = 1e-5
 
 
 def float32_draws(seed: int, steps: int, dim: int) -> np.ndarray:
-    """The float32 stream's normals, drawn again from its key (row by row = one matrix)."""
-    return noise_generator(seed).standard_normal((steps, dim), dtype=np.float32)
+    """The float32 stream's normals, drawn again from its key: the kernel's float32 rows
+    0, 1, … (cipher_noise.py; Philox's float32 normals before noise-state format 3)."""
+    return CipherGaussian.from_seed(seed).rows(0, steps, dim, np.float32)
 
 
 def test_float32_stream_is_the_factorization_to_float32_precision() -> None:

@@ -2,7 +2,8 @@
 
 The attack this guards against: torch's CPU generator kept 32 bits of a learner's seed, so
 its seed was found from one release by search and the noise subtracted. Every stream
-(NumPy and torch) now draws from Philox4x64-10 under a 128-bit key (noise_keys.py).
+(NumPy and torch) draws under a 128-bit key: the AES-128-CTR kernel (cipher_noise.py) since
+noise-state format 3, Philox4x64-10 (noise_keys.py) in the format-2 streams it continues.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from flwr_corrnoise.learner import LearnerState, PrivacySettings
 from flwr_corrnoise.noise_keys import (
     KEY_BITS,
+    PHILOX_TAG,
     generator_key,
     key_from_seed,
     noise_generator,
@@ -77,6 +79,23 @@ def test_generator_state_round_trip_continues_bit_for_bit() -> None:
     assert generator_key(again) == generator_key(gen)
 
 
+def test_a_format_2_philox_stream_continues_bit_for_bit() -> None:
+    """A NumPy stream written before the AES kernel (format 2: its keyed Philox state,
+    tagged PHILOX_TAG) still loads and continues exactly as a Philox stream does."""
+    from flwr_corrnoise.streams import normalize_shapes
+
+    for dtype in (np.float64, np.float32):
+        old = NoiseStream("blt", 8, normalize_shapes(6), 1.5, noise_generator(42), dtype=dtype)
+        old.next()
+        state = old.state_dict()
+        state["format"] = np.array(2, dtype=np.int64)
+        assert int(state["rng"][0]) == PHILOX_TAG and state["rng"].size == 14
+        restored = NoiseStream.from_bytes(NoiseStream.from_state_dict(state).to_bytes())
+        assert isinstance(restored._rng, np.random.Generator)
+        for _ in range(7):
+            np.testing.assert_array_equal(restored.next(), old.next())
+
+
 def test_legacy_pcg64_state_is_rekeyed_not_continued() -> None:
     """A noise state of format 1 (PCG64) loads, but continues under a fresh OS-entropy key:
     whoever knew its PCG64 seed cannot predict what comes next."""
@@ -95,9 +114,9 @@ def test_legacy_pcg64_state_is_rekeyed_not_continued() -> None:
     assert restored.step == 1 and generator_key(restored._rng) >> 64 != 0
 
 
-def test_torch_stream_draws_the_keyed_philox_not_torchs_generator() -> None:
+def test_torch_stream_draws_the_keyed_generator_not_torchs() -> None:
     """The torch stream's float64 ξ equals the NumPy stream's bit for bit (same key, same
-    Philox draw), whatever torch's own generators are seeded with."""
+    AES-128-CTR row), whatever torch's own generators are seeded with."""
     torch = pytest.importorskip("torch")
     from flwr_corrnoise.torch import TorchNoiseStream
 

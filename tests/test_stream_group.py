@@ -210,16 +210,53 @@ def test_private_steps_is_private_step_row_by_row(mechanism: str) -> None:
 
 # -- rows drawn ahead (GroupCursor, ahead = τ) -----------------------------------------------
 
-def test_drawing_a_rounds_rows_at_once_is_the_same_numbers_in_the_same_order() -> None:
-    """The premise: standard_normal(out=k×d) from the keyed Philox is k calls of
-    standard_normal(d), the numbers and the generator's state after them bit for bit."""
-    a, b = (NoiseStream.create("independent", N, DIM, 1.0, seed=5)._rng for _ in range(2))
-    block = np.empty((4, DIM))
-    a.standard_normal(out=block)
-    np.testing.assert_array_equal(block, np.array([b.standard_normal(DIM) for _ in range(4)]))
-    from flwr_corrnoise.noise_keys import pack_generator
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_drawing_a_rounds_rows_at_once_is_the_same_numbers_in_the_same_order(
+        dtype: type) -> None:
+    """The premise: a stream drawing k rows into a k×d block (its kernel's rows at the
+    position, the position moved by k) gives the k single draws, and the generator's state
+    after them, bit for bit — for the AES kernel in either dtype, and for the keyed Philox
+    of format-2 streams (standard_normal(out=k×d) is k calls of standard_normal(d))."""
+    a, b = (NoiseStream.create("independent", N, DIM, 1.0, seed=5, dtype=dtype)
+            for _ in range(2))
+    block = np.empty((4, DIM), dtype=dtype)
+    a._draw_rows(block)
+    np.testing.assert_array_equal(block, np.array([b._draw() for _ in range(4)]))
+    np.testing.assert_array_equal(a._pack_rng(), b._pack_rng())
+    from flwr_corrnoise.noise_keys import noise_generator, pack_generator
 
-    np.testing.assert_array_equal(pack_generator(a), pack_generator(b))
+    p, q = noise_generator(5), noise_generator(5)
+    block = np.empty((4, DIM))
+    p.standard_normal(out=block)
+    np.testing.assert_array_equal(block, np.array([q.standard_normal(DIM) for _ in range(4)]))
+    np.testing.assert_array_equal(pack_generator(p), pack_generator(q))
+
+
+def test_float32_and_legacy_philox_groups_draw_ahead_as_separate_streams() -> None:
+    """Float32 AES streams now draw ahead too, and streams restored with a keyed Philox
+    (noise-state format 2) still do: a group's increments and generator words are those of
+    the separate streams."""
+    from flwr_corrnoise.noise_keys import noise_generator
+    from flwr_corrnoise.streams import normalize_shapes
+
+    def make(kind: str) -> list[NoiseStream]:
+        if kind == "float32":
+            return [NoiseStream.create("blt", N, DIM, STD, seed=s, dtype=np.float32)
+                    for s in SEEDS]
+        return [NoiseStream("blt", N, normalize_shapes(DIM), STD, noise_generator(s))
+                for s in SEEDS]
+
+    for kind in ("float32", "philox"):
+        grouped, alone = make(kind), make(kind)
+        with StreamGroup(grouped, ahead=4) as group:
+            assert group._cursor._ahead == 4  # type: ignore[union-attr]
+            got = [group.next() for _ in range(3)]  # one row drawn ahead is put back
+        want = [np.array([s.next() for s in alone]) for _ in range(3)]
+        tol = 1e-6 if kind == "float32" else 1e-13
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=tol, atol=tol)
+        for a, b in zip(grouped, alone, strict=True):
+            np.testing.assert_array_equal(a.state_dict()["rng"], b.state_dict()["rng"])
+            np.testing.assert_allclose(a.next(), b.next(), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
@@ -268,8 +305,9 @@ def test_a_group_closed_before_using_its_rows_puts_the_generators_back(used: int
 
 
 def test_rows_are_drawn_ahead_only_where_the_generator_allows() -> None:
-    """A group draws ahead when asked and every member is a float64 Philox stream; never
-    past the horizon; a secure member keeps the row-by-row draw."""
+    """A group draws ahead when asked and every member draws into rows (an AES stream of
+    either dtype, or a float64 Philox one); never past the horizon; a secure member keeps
+    the row-by-row draw."""
     from flwr_corrnoise.streams import GroupCursor
 
     plain = streams("independent")

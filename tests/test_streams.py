@@ -7,20 +7,22 @@ import math
 import numpy as np
 import pytest
 
+from flwr_corrnoise.cipher_noise import CipherGaussian
 from flwr_corrnoise.mechanisms import MECHANISMS, BinaryTree, build_factorization
 from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream
 
 
-def reference_generator(seed: int) -> np.random.Generator:
-    """ξ's generator as noise_keys.py documents it, built here from NumPy directly:
-    Philox4x64-10 keyed by the 128 bits SeedSequence(seed) hashes the seed into."""
+def reference_generator(seed: int) -> CipherGaussian:
+    """ξ's generator as cipher_noise.py documents it, keyed here from NumPy directly: the
+    AES-128-CTR kernel under the 128 bits SeedSequence(seed) hashes the seed into (since
+    noise-state format 3; Philox before, whose streams tests/test_noise_keys.py restores)."""
     key = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
-    return np.random.Generator(np.random.Philox(key=key))
+    return CipherGaussian(key.astype("<u8").tobytes())
 
 
 def xi_matrix(seed: int, rows: int, dim: int) -> np.ndarray:
-    """ξ as the stream defines it: one keyed Philox generator, rows in draw order."""
-    return reference_generator(seed).standard_normal((rows, dim))
+    """ξ as the stream defines it: rows 0, 1, … of the keyed kernel, in draw order."""
+    return reference_generator(seed).rows(0, rows, dim)
 
 
 def draw_all(stream: NoiseStream) -> np.ndarray:
@@ -61,9 +63,12 @@ def test_vanilla_tree_skips_only_nodes_no_prefix_sum_uses(n: int) -> None:
 
 
 def test_row_by_row_draws_equal_block_draw() -> None:
-    rng = reference_generator(5)
-    rows = np.array([rng.standard_normal(7) for _ in range(9)])
+    """The stream's draws (one row a step) are the kernel's rows 0, 1, … drawn at once."""
+    stream = NoiseStream.create("independent", 9, 7, 1.0, seed=5)
+    rows = np.array([stream.next() for _ in range(9)])
     np.testing.assert_array_equal(rows, xi_matrix(5, 9, 7))
+    rng = reference_generator(5)
+    np.testing.assert_array_equal(np.array([rng.next_row(7) for _ in range(9)]), rows)
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))

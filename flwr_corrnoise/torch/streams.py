@@ -8,18 +8,19 @@ over their array namespace (:class:`TorchOps` here), so the NumPy and the torch 
 release the same law — and, fed the same standard normals, the same values to float
 tolerance (``tests/test_torch_streams.py``).
 
-Where the normals come from: the same 128-bit-keyed Philox generator as the NumPy stream
-(:mod:`~flwr_corrnoise.noise_keys`), drawn on the host in the stream's dtype and moved to
-the device (on a CPU model: no copy, ``torch.from_numpy``). Why not torch's generators:
-the CPU one (Mersenne Twister) keeps 32 bits of its seed and its outputs reveal its state,
-the CUDA one (Philox4x32) takes a 64-bit key; a learner's seed was recovered from one
-release by a 2³² search. So a torch stream and a NumPy stream of the same seed and dtype
-draw the same ``ξ`` (float64: bit for bit; a test checks it), and the state holds no
-device-specific generator: a stream saved on a GPU continues on the CPU and back. The
-cost: on a GPU, ``d`` floats cross to the device per step (``benchmarks/noise_keys.py``
-measures the host draw; no GPU figure was taken yet). The buffers and counters serialize to
-the same array dict as the NumPy stream's (plus ``backend``, ``dtype`` and ``device``
-keys), and a restored stream continues bit for bit.
+Where the normals come from: the same 128-bit-keyed generator as the NumPy stream (the
+AES-128-CTR kernel of :mod:`~flwr_corrnoise.cipher_noise` since noise-state format 3; a
+restored format-2 stream continues its keyed Philox), drawn on the host in the stream's
+dtype and moved to the device (on a CPU model: no copy, ``torch.from_numpy``). Why not
+torch's generators: the CPU one (Mersenne Twister) keeps 32 bits of its seed and its
+outputs reveal its state, the CUDA one (Philox4x32) takes a 64-bit key; a learner's seed
+was recovered from one release by a 2³² search. So a torch stream and a NumPy stream of
+the same seed and dtype draw the same ``ξ`` (float64: bit for bit; a test checks it), and
+the state holds no device-specific generator: a stream saved on a GPU continues on the CPU
+and back. The cost: on a GPU, ``d`` floats cross to the device per step
+(``benchmarks/noise_keys.py`` measures the host draw; no GPU figure was taken yet). The
+buffers and counters serialize to the same array dict as the NumPy stream's (plus
+``backend``, ``dtype`` and ``device`` keys), and a restored stream continues bit for bit.
 
 Secure noise (ChaCha20 on a power-of-two grid, :mod:`~flwr_corrnoise.secure_noise`) is
 NumPy-only: a deployment that needs it uses the host stream.
@@ -39,8 +40,8 @@ import numpy as np
 import torch
 
 from .. import arraypack
+from ..cipher_noise import CipherGaussian
 from ..mechanisms import Factorization
-from ..noise_keys import noise_generator
 from ..streams import (
     NoiseStream,
     Shapes,
@@ -144,7 +145,7 @@ class TorchNoiseStream(NoiseStream):
                              "NoiseStream.create(..., secure=True) on the host")
         if seed is not None and int(seed) < 0:
             raise ValueError("the seed must be a non-negative integer")
-        gen = noise_generator(None if seed is None else int(seed))  # 128-bit Philox key
+        gen = CipherGaussian.from_seed(None if seed is None else int(seed))  # AES-128
         return cls(mechanism, horizon, normalize_shapes(dim), std, gen, device=device,
                    dtype=dtype, factorization=factorization)
 
@@ -155,8 +156,13 @@ class TorchNoiseStream(NoiseStream):
         return torch.from_numpy(arr.copy()).to(self.device)
 
     def _draw(self) -> torch.Tensor:  # type: ignore[override]
-        # the keyed Philox draw on the host, in the stream's dtype; on the CPU a view
-        row = torch.from_numpy(self._rng.standard_normal(self.dim, dtype=self._np_dtype))
+        # the keyed draw on the host, in the stream's dtype (the NumPy stream's row); on the
+        # CPU a view
+        if isinstance(self._rng, CipherGaussian):
+            host = self._rng.next_row(self.dim, self._np_dtype)
+        else:  # a keyed Philox stream of format 2, continued as it began
+            host = self._rng.standard_normal(self.dim, dtype=self._np_dtype)
+        row = torch.from_numpy(host)
         return row if self.device.type == "cpu" else row.to(self.device)
 
     def next(self) -> torch.Tensor:  # type: ignore[override]
