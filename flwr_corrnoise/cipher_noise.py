@@ -231,6 +231,7 @@ class _Workspace:
         k = CHUNK_PAIRS
         self.ks = np.empty(16 * k + 16, dtype=np.uint8)  # + a block: ECB's update_into
         self.counters = np.empty(16 * k, dtype=np.uint8)
+        self.low_layout: tuple[int, int] | None = None  # (rows, blocks) of the block indices
         self.i64 = np.empty(k, dtype=np.int64)
         self.f64 = [np.empty(k) for _ in range(6)]
         self.f32 = [np.empty(k, dtype=np.float32) for _ in range(3)]
@@ -366,32 +367,7 @@ class _Keystream:
     def fill_rows(self, domain: int, t0: int, out: np.ndarray) -> np.ndarray:
         """Rows ``t0, t0 + 1, …`` of ``domain`` into the rows of ``out`` (2-D,
         C-contiguous, float32 or float64)."""
-        count, d = out.shape
-        if count and not (t0 >= 0 and t0 + count <= _MAX_T):
-            raise ValueError(f"rows {t0}…{t0 + count - 1} outside [0, 2^56)")
-        pairs = (d + 1) // 2
-        if pairs > CHUNK_PAIRS // 4:  # long rows: a CTR context each, chunk by chunk
-            for i in range(count):
-                self._fill_long(domain, t0 + i, out[i])
-            return out
-        ws = _workspace()
-        dtype = out.dtype
-        nb = -(-_BYTES_PER_PAIR[dtype] * pairs // 16)  # blocks a row (the rest unused)
-        per = max(1, min(CHUNK_PAIRS // max(pairs, 1), CHUNK_PAIRS // nb))
-        ecb = self.ecb()
-        for b0 in range(0, count, per):
-            c = min(per, count - b0)
-            nbytes = 16 * c * nb
-            blocks = ws.counters[:nbytes].view(">u8").reshape(c, nb, 2)
-            rows = np.arange(t0 + b0, t0 + b0 + c, dtype=np.uint64)
-            blocks[:, :, 0] = (rows | np.uint64(domain << 56))[:, None]
-            blocks[:, :, 1] = np.arange(nb, dtype=np.uint64)
-            ecb.update_into(ws.counters[:nbytes], ws.ks)
-            ks = ws.ks[:nbytes].reshape(c, 16 * nb)
-            pairs_from_keystream(
-                ks, pairs, dtype,
-                lambda i, j, t=t0 + b0: self.refill_word(domain, t + i, j),
-                out[b0 : b0 + c, :pairs], out[b0 : b0 + c, pairs:], ws)
+        fill_rows_of([self], domain, [t0], out[None])
         return out
 
     def _fill_long(self, domain: int, t: int, out: np.ndarray) -> None:
@@ -412,6 +388,59 @@ class _Keystream:
                 ks, m, dtype,
                 lambda _, j, first=first: self.refill_word(domain, t, first + j),
                 out[base : base + m], out[base + m : min(base + 2 * m, d)], ws)
+
+
+def fill_rows_of(streams: Sequence[_Keystream], domain: int, starts: Sequence[int],
+                 out: np.ndarray) -> np.ndarray:
+    """Rows ``starts[i] … starts[i] + count − 1`` of ``domain`` under stream ``i``'s key into
+    ``out[i]`` (``out``: ``L × count × d``, C-contiguous, float32 or float64).
+
+    Why several keys at once: a group of learners (the vectorized engine) draws a row of
+    each per step, and a transform costs ≈ 35 NumPy calls whatever its size — so short rows
+    (≤ :data:`CHUNK_PAIRS` pairs) of every key share one transform: each key's ECB writes its
+    rows' keystream side by side, one Box–Muller pass turns them all into normals. Long rows
+    take a CTR context each, chunk by chunk."""
+    lanes, count, d = out.shape
+    if len(streams) != lanes or len(starts) != lanes:
+        raise ValueError("one key and one first row per slice of out")
+    for t0 in starts:
+        if count and not (t0 >= 0 and t0 + count <= _MAX_T):
+            raise ValueError(f"rows {t0}…{t0 + count - 1} outside [0, 2^56)")
+    pairs = (d + 1) // 2
+    if pairs > CHUNK_PAIRS:  # long rows: a CTR context each, chunk by chunk
+        for stream, t0, block in zip(streams, starts, out, strict=True):
+            for i in range(count):
+                stream._fill_long(domain, t0 + i, block[i])
+        return out
+    ws = _workspace()
+    dtype = out.dtype
+    nb = -(-_BYTES_PER_PAIR[dtype] * pairs // 16)  # blocks a row (the rest unused)
+    per = max(1, min(CHUNK_PAIRS // max(pairs, 1), CHUNK_PAIRS // nb))  # rows a transform
+    flat = out.reshape(lanes * count, d)
+    first = np.asarray(starts, dtype=np.uint64)
+    tag = np.uint64(domain << 56)
+    counters, keystream = memoryview(ws.counters), memoryview(ws.ks)
+    for b0 in range(0, lanes * count, per):
+        c = min(per, lanes * count - b0)
+        row = np.arange(b0, b0 + c)
+        lane, offset = np.divmod(row, count)
+        t = first[lane] + offset.astype(np.uint64)
+        blocks = ws.counters[: 16 * c * nb].view(">u8").reshape(c, nb, 2)
+        blocks[:, :, 0] = (t | tag)[:, None]
+        if ws.low_layout != (c, nb):  # the block indices stay from the previous batch
+            blocks[:, :, 1] = np.arange(nb, dtype=np.uint64)
+            ws.low_layout = (c, nb)
+        for k in range(int(lane[0]), int(lane[-1]) + 1):  # each key encrypts its rows
+            lo = max(b0, k * count) - b0
+            hi = min(b0 + c, (k + 1) * count) - b0
+            streams[k].ecb().update_into(counters[16 * nb * lo : 16 * nb * hi],
+                                         keystream[16 * nb * lo :])
+        ks = ws.ks[: 16 * c * nb].reshape(c, 16 * nb)
+        pairs_from_keystream(
+            ks, pairs, dtype,
+            lambda i, j, lane=lane, t=t: streams[int(lane[i])].refill_word(domain, int(t[i]), j),
+            flat[b0 : b0 + c, :pairs], flat[b0 : b0 + c, pairs:], ws)
+    return out
 
 
 # -- the generator ----------------------------------------------------------------------------
@@ -549,6 +578,22 @@ class CipherGaussian:
 
     def __repr__(self) -> str:  # never the key
         return f"CipherGaussian(position={self.position}, sequential={self.sequential})"
+
+
+def next_rows_of(gens: Sequence[CipherGaussian], out: np.ndarray) -> np.ndarray:
+    """Each generator's next ``count`` rows (:meth:`CipherGaussian.next_row` ``count``
+    times) into ``out[i]`` (``L × count × d``), every position moved on by ``count``: a
+    group of learners' draws for a step or a round, short rows sharing one transform."""
+    if not gens:
+        return out
+    dt = _dtype(out.dtype)
+    if out.ndim != 3 or out.shape[0] != len(gens) or not out.flags.c_contiguous:
+        raise ValueError("out must be a C-contiguous (generators × rows × d) array")
+    count = out.shape[1]
+    fill_rows_of([g._stream for g in gens], _domain(dt), [g.position for g in gens], out)
+    for g in gens:
+        g.position += count
+    return out
 
 
 def is_packed(words: np.ndarray) -> bool:

@@ -4,15 +4,17 @@ A learner's released prefix sums are ``A·G + V·B·ξ``; what it adds at step `
 *increment* ``e[k] = V·(b_k − b_{k−1})·ξ`` (paper 000, Algorithm 1 lines 9–10), with ``ξ``
 a ``W×d`` matrix of i.i.d. standard normals and ``V`` the calibrated noise std.
 
-``ξ`` is drawn row by row from one Philox4x64-10 generator keyed by 128 bits
-(:mod:`~flwr_corrnoise.noise_keys`: OS entropy for a deployed learner, a hash of every bit
-of the seed in a reproducible simulation; its outputs do not reveal the key), in the order
-the mechanism needs the rows; drawing row ``w`` is ``standard_normal(d)`` for the ``w``-th
-time, so the rows are exactly those of ``standard_normal((W, d))`` from the same key (a
-test checks this). The vanilla tree draws only the rows that some prefix sum uses
+``ξ`` is drawn row by row from the AES-128-CTR kernel (:mod:`~flwr_corrnoise.cipher_noise`)
+keyed by 128 bits (OS entropy for a deployed learner, a hash of every bit of the seed in a
+reproducible simulation; a standard cipher: its outputs do not reveal the key), in the order
+the mechanism needs the rows; the ``w``-th draw is the kernel's row ``w``, a pure function
+of the key and ``w`` (so a mechanism may regenerate a row by its index; a test checks the
+rows against the kernel's). The vanilla tree draws only the rows that some prefix sum uses
 (:meth:`~flwr_corrnoise.mechanisms.tree.BinaryTree.drawn_nodes`): one per step. The
-stream's whole state is that generator's state (key, counter, a 4-word buffer), the step
-index, and what the mechanism must remember of past rows:
+stream's whole state is that generator's state (key, the next row's index), the step
+index, and what the mechanism must remember of past rows (streams written before noise-state
+format 3 keep the keyed Philox4x64-10 they began with, :mod:`~flwr_corrnoise.noise_keys`,
+and continue bit for bit):
 
 ============== ======================================== =================================
 kind           state besides the generator (floats)     why
@@ -49,7 +51,7 @@ bit for bit.
 
 **Dtype.** A stream runs in float64, or in float32 for a float32 model (``dtype=`` in
 :meth:`NoiseStream.create`; the torch stream runs in its tensors' dtype): buffers, draws
-(NumPy's float32 normals from the same keyed generator), recurrence and release, with
+(the kernel's float32 rows, from the same key), recurrence and release, with
 half the state and half its memory traffic. Its increments are the factorization's to
 float32 precision (≤ 1e-5 of the std over long horizons; ``tests/test_float32_stream.py``),
 its scale is the float32 number nearest the calibrated std from above, and the release
@@ -58,7 +60,7 @@ converted.
 Asking for step ``N`` raises :class:`HorizonExhaustedError`: reusing noise would leak data.
 
 **Secure streams** (``create(..., secure=True)``; a learner's opt-in, node config
-``secure-noise``): ``ξ`` comes from a ChaCha20 keystream keyed by OS entropy instead of Philox (the
+``secure-noise``): ``ξ`` comes from a ChaCha20 keystream keyed by OS entropy instead (the
 state is the key and a block counter, seven words), the increments are rounded to a
 power-of-two grid, and :meth:`NoiseStream.add_next` forms the release ``trunc_g(value) + e``
 exactly — see :mod:`~flwr_corrnoise.secure_noise` for the threats and the cost.
@@ -75,7 +77,7 @@ import numpy as np
 
 from . import arraypack
 from .cipher_noise import STATE_TAG as CIPHER_TAG
-from .cipher_noise import CipherGaussian
+from .cipher_noise import CipherGaussian, next_rows_of
 from .mechanisms import (
     Factorization,
     build_factorization,
@@ -775,20 +777,25 @@ class GroupCursor:
     by side (member ``i``'s in columns ``i·d … (i+1)·d − 1``); :meth:`tell` and
     :meth:`seek` read and move every member's position (:class:`RowCursor`), side by side.
 
-    With ``ahead > 1`` (and every member a float64 NumPy stream) the first call draws
-    ``ahead`` rows from each generator at once, ``standard_normal(out=ahead×d)``: the
-    rows ``ahead`` calls of ``standard_normal(d)`` give, in that order (a generator fills
-    an array row after row; ``tests/test_stream_group.py`` checks it bit for bit), for a
-    quarter of the calls at τ = 4 — per learner and step a call cost about as much as its
-    100 normals. The calls after it hand out those rows, then draw one row at a time
-    again. :meth:`settle` (from :meth:`StreamGroup.close`, :meth:`tell`, :meth:`seek`)
-    puts every generator where the rows handed out leave it: each one's state before
-    the draw, then the used rows drawn again."""
+    With ``ahead > 1`` (and every member drawing into rows: an AES stream of either dtype,
+    or a float64 Philox one) the first call draws ``ahead`` rows from each generator at
+    once (:meth:`NoiseStream._draw_rows`: the kernel's rows at the position, several short
+    rows per transform; Philox's ``standard_normal(out=ahead×d)``): the rows ``ahead``
+    single draws give, in that order (``tests/test_stream_group.py`` checks it bit for
+    bit), for a quarter of the calls at τ = 4 — per learner and step a call cost about as
+    much as its 100 normals. The calls after it hand out those rows, then draw one row at
+    a time again. :meth:`settle` (from :meth:`StreamGroup.close`, :meth:`tell`,
+    :meth:`seek`) puts every generator where the rows handed out leave it: each one's
+    state before the draw, then moved past the used rows."""
 
-    __slots__ = ("_ahead", "_dim", "_ops", "_rows", "_saved", "_streams", "_used")
+    __slots__ = ("_ahead", "_cipher", "_dim", "_ops", "_rows", "_saved", "_streams", "_used")
 
     def __init__(self, streams: list[NoiseStream], ops: Any, ahead: int = 1) -> None:
         self._streams, self._ops, self._dim = streams, ops, streams[0].dim
+        #: every member an AES stream: their short rows share one transform a draw
+        #: (:func:`~flwr_corrnoise.cipher_noise.next_rows_of`)
+        self._cipher = all(s._draws_into and isinstance(s._rng, CipherGaussian)
+                           for s in streams)
         prefetch = ahead > 1 and all(s._draws_into for s in streams)
         self._ahead = int(ahead) if prefetch else 1
         self._rows: np.ndarray | None = None  # (members, rows, d): drawn, not all used
@@ -806,6 +813,9 @@ class GroupCursor:
                 return self._draw_ahead(count)
         d = self._dim
         out = self._ops.zeros(1, d * len(self._streams))[0]
+        if self._cipher:
+            next_rows_of([s._rng for s in self._streams], out.reshape(len(self._streams), 1, d))
+            return out
         for i, s in enumerate(self._streams):
             if s._draws_into:  # the generator straight into the row (the same draw)
                 s._draw_rows(out[i * d:(i + 1) * d][None])
@@ -818,8 +828,11 @@ class GroupCursor:
         rows = np.empty((len(self._streams), count, self._dim),
                         dtype=self._streams[0].noise_dtype)
         self._saved = [s._rng_state() for s in self._streams]
-        for s, block in zip(self._streams, rows, strict=True):
-            s._draw_rows(block)
+        if self._cipher:
+            next_rows_of([s._rng for s in self._streams], rows)
+        else:
+            for s, block in zip(self._streams, rows, strict=True):
+                s._draw_rows(block)
         self._rows, self._used = rows, 1
         return rows[:, 0].copy().reshape(-1)
 

@@ -125,25 +125,43 @@ def test_a_row_of_several_chunks_equals_the_reference(dtype: type) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_short_rows_drawn_together_and_a_one_chunk_row_equal_the_reference(
         dtype: type) -> None:
-    """Short rows come from one ECB context, several in one batch; a row of one chunk
-    longer than a quarter chunk from a CTR context: the same keystream either way."""
+    """Short rows come from one ECB context over counter blocks, several in one batch (and
+    a row of a whole chunk alone): the CTR keystream, the reference's rows."""
     rows = CipherGaussian(KEY).rows(7, 5, 33, dtype)
     for i in range(5):
         np.testing.assert_array_equal(rows[i], ref_row(KEY, 7 + i, 33, dtype))
-    d = 2 * (K // 4) + 5
+    d = 2 * K - 1
     np.testing.assert_array_equal(CipherGaussian(KEY).row(2, d, dtype), ref_row(KEY, 2, d, dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [41, 2 * (K // 4) + 3])
+@pytest.mark.parametrize("d", [5, 3000, 2 * K + 4])
+def test_rows_of_several_keys_at_once_are_each_keys_rows(dtype: type, d: int) -> None:
+    """next_rows_of: L generators at different positions, count rows each, short rows of
+    all keys in shared transforms (batches that straddle keys), long ones by CTR: each
+    slice is that generator's own next rows, and every position moves on by count."""
+    gens = [CipherGaussian.from_seed(s) for s in (1, 2, 3)]
+    for g, p in zip(gens, (0, 7, 2**40), strict=True):
+        g.position = p
+    count = 3 if d < K else 1
+    out = cn.next_rows_of(gens, np.empty((3, count, d), dtype=dtype))
+    for g, p, block in zip(gens, (0, 7, 2**40), out, strict=True):
+        np.testing.assert_array_equal(block, CipherGaussian.from_seed(
+            [1, 2, 3][gens.index(g)]).rows(p, count, d, dtype))
+        assert g.position == p + count
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [41, 2 * K + 3])
 def test_the_refill_path_end_to_end(dtype: type, d: int,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """With the refill threshold raised to 2⁶³ about half the pairs take the refill path
-    (its words from their own domain at the pair's index), in a short row (ECB) and a long
-    one (CTR): the rows still equal the reference computed with the same threshold."""
+    (its words from their own domain at the pair's index), in short rows (ECB, two in one
+    transform) and a long one (CTR): the rows equal the reference with the same threshold."""
     monkeypatch.setattr(cn, "REFILL_BELOW", 1 << 63)
-    got = CipherGaussian(KEY).rows(9, 2, d, dtype)
-    for i in range(2):
+    count = 2 if d < K else 1
+    got = CipherGaussian(KEY).rows(9, count, d, dtype)
+    for i in range(count):
         np.testing.assert_array_equal(got[i], ref_row(KEY, 9 + i, d, dtype, below=1 << 63))
 
 
