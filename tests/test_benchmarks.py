@@ -80,6 +80,31 @@ def test_toeplitz_stream() -> None:
             "Toeplitz, regenerated (counter-based)"} <= set(names)
 
 
+def test_cipher_noise() -> None:
+    """benchmarks/cipher_noise.py at toy size (≈ 5 s): every generator timed beside NumPy's
+    Philox ziggurat of its dtype in the same run, the floor's pieces, and the moments and KS
+    rows of the --ks check (timings are only checked to be measured: docs/benchmarks.md
+    compares them)."""
+    rows = run("cipher_noise.py", "--dims", "2000", "--repeats", "2", "--floor",
+               "--ks", "20000")
+    draws = {(r[1], r[2]): r for r in rows if r[0] == "2,000"}
+    assert set(draws) == {("Philox ziggurat", "float32"), ("Philox ziggurat", "float64"),
+                          ("ChaCha20Gaussian (secure_noise)", "float64"),
+                          ("cipher row (AES-128-CTR)", "float32"),
+                          ("cipher row (AES-128-CTR)", "float64")}
+    assert all(float(r[3]) > 0 and r[4].endswith("×") for r in draws.values())
+    assert draws[("Philox ziggurat", "float32")][4] == "1.00×"
+    pieces = {r[0]: float(r[1]) for r in rows if len(r) == 2 and r[0] != "piece (hot buffers)"
+              and not r[0].startswith("---")}
+    assert {"AES-128-CTR keystream, 16 B a pair (float64)", "ChaCha20 keystream, 16 B a pair",
+            "float64 sin + cos (a pair)", "float64 table gathers (cos, sin; a pair)",
+            "transform, chunk of 8192 pairs, float32"} <= set(pieces)
+    assert all(v > 0 for v in pieces.values())
+    ks = {r[0]: r for r in rows if r[0] in ("float32", "float64")}
+    assert set(ks) == {"float32", "float64"}
+    assert all(r[1] == "20,000" and 0 <= float(r[-1]) <= 1 for r in ks.values())
+
+
 @pytest.mark.slow
 def test_noise_keys() -> None:
     rows = run("noise_keys.py", "--dims", "100", "2000", "--repeats", "2",
