@@ -104,6 +104,22 @@ def test_a_reply_the_gate_did_not_build_is_refused(simulated: None) -> None:
     reply = train(app(own_reply=True), context(), np.zeros(DIM), 1)
     assert reply.has_error() and reply.error.code == 4101
     assert "did not build" in reply.error.reason
+    assert "SuperLink" not in reply.error.reason  # it used PrivateSteps: no stale-app hint
+
+
+def test_a_train_function_without_private_steps_points_at_a_stale_app(simulated: None) -> None:
+    """Issue 32: a local SuperLink that kept an older app directory runs that app's plain
+    train function under the new app's guard; the refusal names the likely cause."""
+    plain = ClientApp(mods=[PrivateSteps.guard()])
+
+    @plain.train()
+    def _train(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
+
+    reply = train(plain, context(), np.zeros(DIM), 1)
+    assert reply.has_error() and reply.error.code == 4101
+    assert "never created PrivateSteps" in reply.error.reason
+    assert "SuperLink" in reply.error.reason
 
 
 def test_without_the_guard_nothing_trains(simulated: None) -> None:

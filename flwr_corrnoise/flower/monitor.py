@@ -7,10 +7,11 @@ refuses then ends "completed" with the untrained model. :class:`RoundWatch` coun
 consecutive rounds in which nothing was released and raises :class:`RunFailedError`
 (naming the error codes and how many learners sent them) after ``max-idle-rounds`` of
 them, and at the end of a run that released nothing at all. In a simulation one refusal
-is enough: a learner whose state is lost or refused (code 4104, :data:`FATAL_IN_SIMULATION`)
-fails the run in the round its reply arrives, naming the node and the code — one party runs
-the whole simulation, so a lost state there is a fault of the run (a state-offload folder
-deleted or not shared by the machines of a Ray cluster, a handle rolled back), never one
+is enough: a learner whose state is lost or refused (code 4104), or asked twice for one
+round (4107; :data:`FATAL_IN_SIMULATION`), fails the run in the round its reply arrives,
+naming the node and the code — one party runs the whole simulation, so a lost state there
+is a fault of the run (a state-offload folder deleted or not shared by the machines of a
+Ray cluster, a handle rolled back), never one
 learner's own business, and the run would otherwise go on without that learner, silently.
 
 What that exception does: an exception raised in a ServerApp's ``main`` makes Flower mark
@@ -54,6 +55,7 @@ from ..accounting import PrivacyBudgetError
 from ..learner import PrivacyConfigError
 from ..persistence import StateLostError
 from ..settings_keys import ConfigKeyError, lookup
+from .release_ledger import RoundReplayError
 from .session import ERROR_CODES, QueryRefusedError
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,10 @@ APP_NOT_LOADED_CODES = frozenset({int(ErrorCode.LOAD_CLIENT_APP_EXCEPTION),
 #: error codes that fail a simulation in the round they arrive (:meth:`RoundWatch.observe`):
 #: a learner's state lost or refused (lost, rolled back, another learner's, an offload
 #: folder not shared)
-FATAL_IN_SIMULATION = frozenset({ERROR_CODES[StateLostError]})
+FATAL_IN_SIMULATION = frozenset({ERROR_CODES[StateLostError],
+                                 # a second train message to one learner in one round: the
+                                 # server (the simulation's own code) asked for noise twice
+                                 ERROR_CODES[RoundReplayError]})
 
 
 def simulation_grid(grid: object) -> bool:

@@ -117,6 +117,16 @@ _lock = threading.Lock()
 _GUARDED: set[int] = set()
 _OPEN: dict[int, PrivateSteps] = {}
 _BUILT: dict[int, Message] = {}
+#: messages whose train function created a PrivateSteps at all (the guard's hint)
+_CREATED: set[int] = set()
+
+#: what the guard says when the train function never used PrivateSteps: the usual cause is
+#: not the app's code but an older copy of it
+STALE_APP_HINT = (
+    "this train function never created PrivateSteps, so the code that ran is probably not "
+    "your current app: a local SuperLink keeps the app directory of the first `flwr run` "
+    "(its Ray workers import that copy) — stop the SuperLink you started (or use a fresh "
+    "FLWR_HOME) and run again")
 
 
 class PrivateSteps:
@@ -180,6 +190,7 @@ class PrivateSteps:
         self.state: LearnerState = self.round.open()
         with _lock:  # from here on the guard closes the round if the train function fails
             _OPEN[id(msg)] = self
+            _CREATED.add(id(msg))
         self.first_step, self.first_position = self.round.first_step, self.round.position
         if loader is not None and self.first_step == 0 and self.settings.private:
             log_plan(loader, self.settings, self.size)
@@ -331,6 +342,7 @@ class PrivateStepsGuard(PrivateLearnerGuard):
             with _lock:
                 _GUARDED.discard(key)
                 _BUILT.pop(key, None)
+                _CREATED.discard(key)
                 left = _OPEN.pop(key, None)
             if left is not None:
                 left.close()
@@ -341,8 +353,10 @@ class PrivateStepsGuard(PrivateLearnerGuard):
         reply = call_next(msg, ctxt)
         with _lock:
             built = _BUILT.get(id(msg))
+            created = id(msg) in _CREATED
         if reply is not built:
             raise PrivacyConfigError(
                 "the train function returned a reply that PrivateSteps.reply() did not "
-                "build; it could hold an un-noised update, so the learner refuses")
+                "build; it could hold an un-noised update, so the learner refuses"
+                + ("" if created else f". {STALE_APP_HINT}"))
         return reply
