@@ -118,7 +118,7 @@ def floor(repeats: int) -> None:
         "float64 table gathers (cos, sin; a pair)":
             (lambda: (np.take(cos_t, index, out=y64), np.take(sin_t, index, out=y64)), 2 * k),
     }
-    for m in sorted({1024, 2048, 4096, k}):
+    for m in sorted({1024, 4096, 8192, 16384, k}):
         for dtype in (np.float32, np.float64):
             pieces[f"transform, chunk of {m} pairs, {np.dtype(dtype).name}"] = (
                 transform(dtype, m), 2 * m)

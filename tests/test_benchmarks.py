@@ -98,7 +98,7 @@ def test_cipher_noise() -> None:
               and not r[0].startswith("---")}
     assert {"AES-128-CTR keystream, 16 B a pair (float64)", "ChaCha20 keystream, 16 B a pair",
             "float64 sin + cos (a pair)", "float64 table gathers (cos, sin; a pair)",
-            "transform, chunk of 8192 pairs, float32"} <= set(pieces)
+            "transform, chunk of 32768 pairs, float32"} <= set(pieces)
     assert all(v > 0 for v in pieces.values())
     ks = {r[0]: r for r in rows if r[0] in ("float32", "float64")}
     assert set(ks) == {"float32", "float64"}
