@@ -236,7 +236,8 @@ def _plan(args: argparse.Namespace) -> dict[str, object]:
         model_size=args.model_size, examples=args.examples, batch_size=args.batch_size,
         epochs=args.epochs, learners=args.learners, mechanism=args.mechanism,
         epsilon=args.epsilon, delta=args.delta, clip_norm=args.clip_norm, method=args.method,
-        rounds=args.rounds, learning_rate=args.learning_rate, signal=args.signal),
+        rounds=args.rounds, learning_rate=args.learning_rate, signal=args.signal,
+        mode=args.mode),
         levers=not args.no_levers)
     if not args.json:
         print(format_plan(plan))
@@ -496,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pln = sub.add_parser(
         "plan", help="before a run: noise std, noise-to-signal of the averaged update, a "
-                     "verdict and the levers ranked (per-step, per-example clipping)")
+                     "verdict and the levers ranked (per-step, per-round or central)")
     pln.add_argument("--model-size", type=int, required=True, help="parameters d")
     pln.add_argument("--examples", type=int, required=True, help="examples per learner")
     pln.add_argument("--batch-size", type=int, required=True)
@@ -515,6 +516,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="warn if the noise would blow the model up at this step size")
     pln.add_argument("--signal", type=float, default=1.0,
                      help="‖mean clipped gradient‖ / clip norm (default 1: its upper bound)")
+    pln.add_argument("--mode", default="step", choices=("step", "round", "central"),
+                     help="where the noise is added: every local step (default), the "
+                          "learner's round update (CorrNoiseRoundMod; --rounds is the "
+                          "horizon), or the server's average (central DP; --learners is "
+                          "min-learners)")
     pln.add_argument("--no-levers", action="store_true", help="skip the alternatives")
     pln.add_argument("--json", action="store_true", help="print JSON")
     pln.set_defaults(func=_plan)

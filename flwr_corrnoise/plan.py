@@ -43,9 +43,15 @@ from .mechanisms.participation import Participation
 
 #: model-noise per-coordinate std above which training is swamped (safe_learning_rate)
 SAFE_MODEL_NOISE = 0.1
+#: where the noise is added (:attr:`PlanInput.mode`)
+PLAN_MODES = ("step", "round", "central")
+#: the end-of-run noise-to-signal from which a run is expected not to learn (the verdict
+#: "noise dominates: expect no learning"; the servers warn before round 1)
+NO_LEARNING_NSR = 20.0
 VERDICTS = ((0.5, "signal dominates: expect learning close to the noiseless run"),
             (2.0, "noisy: expect slower learning than without noise"),
-            (20.0, "noise dominates early: expect slow learning, tune the levers below"),
+            (NO_LEARNING_NSR,
+             "noise dominates early: expect slow learning, tune the levers below"),
             (math.inf, "noise dominates: expect no learning"))
 
 
@@ -70,8 +76,19 @@ class PlanInput:
     #: gradient at the clip norm, all aligned — an upper bound; measure it on a noiseless
     #: step of your model for a realistic figure
     signal: float = 1.0
+    #: where the noise is added: ``step`` (every local step, per-example clipping),
+    #: ``round`` (the learner's round update, :class:`~flwr_corrnoise.flower.
+    #: CorrNoiseRoundMod`) or ``central`` (the server, on the average of the clipped round
+    #: updates). For ``round`` and ``central`` the app trains on its local data every
+    #: round (a datum is in every one of the ``rounds`` updates), the clip norm bounds a
+    #: round update and ``examples``, ``batch_size`` and ``epochs`` do not enter the noise
+    mode: str = "step"
+    #: ``round``/``central``: the rounds a datum is in (default: every round)
+    round_participation: Participation | None = None
 
     def __post_init__(self) -> None:
+        if self.mode not in PLAN_MODES:
+            raise ValueError(f"plan: mode must be one of {PLAN_MODES}, got {self.mode!r}")
         if not 0.0 < float(self.signal) <= 1.0:
             raise ValueError(f"plan: signal must be in (0, 1], got {self.signal!r}")
         for name in ("model_size", "examples", "batch_size", "epochs", "learners", "rounds"):
@@ -88,9 +105,17 @@ class PlanInput:
 
     @property
     def horizon(self) -> int:
+        if self.mode != "step":
+            return self.rounds
         return self.epochs * self.steps_per_epoch
 
     def settings(self) -> PrivacySettings:
+        if self.mode != "step":  # the round update: every datum in every round's update
+            return PrivacySettings(mechanism=self.mechanism, epsilon=self.epsilon,
+                                   delta=self.delta, clip_norm=self.clip_norm,
+                                   horizon=self.rounds, method=self.method,
+                                   participation=self.round_participation
+                                   or Participation.every_step(self.rounds))
         participation = (Participation.epochs(self.epochs, self.steps_per_epoch)
                          if self.epochs > 1 else Participation.once())
         return PrivacySettings(mechanism=self.mechanism, epsilon=self.epsilon,
@@ -130,11 +155,18 @@ def noise_to_signal(inputs: PlanInput) -> tuple[PrivacySettings, float, float, f
     rows = np.sqrt(settings.factorization().row_errors())  # ‖b_k‖, k = 1..N
     n = settings.horizon
     first = max(1, min(n, n // inputs.rounds))
+    if inputs.mode == "step":  # the noised sum of b clipped gradients, divided by b
+        divisor = inputs.batch_size * math.sqrt(inputs.learners)
+    elif inputs.mode == "round":  # each learner's own noise, averaged over m
+        divisor = math.sqrt(inputs.learners)
+    else:  # central: one noise on the average of m updates, std V/m
+        divisor = float(inputs.learners)
     scale = cal.std * math.sqrt(inputs.model_size) / (
-        inputs.batch_size * math.sqrt(inputs.learners) * inputs.clip_norm * inputs.signal)
+        divisor * inputs.clip_norm * inputs.signal)
     nsr_first = scale * rows[first - 1] / first
     nsr_final = scale * rows[n - 1] / n
-    safe_lr = safe_learning_rate(settings, inputs.batch_size, inputs.learners)
+    safe_lr = (safe_learning_rate(settings, inputs.batch_size, inputs.learners)
+               if inputs.mode == "step" else math.inf)
     return settings, float(nsr_first), float(nsr_final), float(safe_lr)
 
 
@@ -160,14 +192,14 @@ def make_plan(inputs: PlanInput, *, levers: bool = True) -> Plan:
     ranked: list[tuple[str, float]] = []
     if levers:
         options: list[tuple[str, PlanInput]] = []
-        if inputs.batch_size * 2 <= inputs.examples:
+        if inputs.mode == "step" and inputs.batch_size * 2 <= inputs.examples:
             options.append((f"batch size {inputs.batch_size} → {inputs.batch_size * 2}",
                             replace(inputs, batch_size=inputs.batch_size * 2)))
         options.append((f"learners per round {inputs.learners} → {inputs.learners * 2}",
                         replace(inputs, learners=inputs.learners * 2)))
         options.append((f"ε {inputs.epsilon:g} → {inputs.epsilon * 2:g}",
                         replace(inputs, epsilon=inputs.epsilon * 2)))
-        if inputs.epochs >= 2:
+        if inputs.mode == "step" and inputs.epochs >= 2:
             options.append((f"epochs {inputs.epochs} → {inputs.epochs // 2}",
                             replace(inputs, epochs=inputs.epochs // 2)))
         for other in ("blt", "independent", "toeplitz"):
@@ -192,8 +224,10 @@ def format_plan(plan: Plan) -> str:
         f"plan: {i.mechanism}, ε = {i.epsilon:g}, δ = {i.delta:g}, clip norm {i.clip_norm:g}; "
         f"d = {i.model_size}, {i.examples} examples per learner, batch {i.batch_size}, "
         f"{i.epochs} epoch(s), {i.learners} learner(s) averaged per round",
-        f"  horizon: {plan.horizon} steps ({i.epochs} × {i.steps_per_epoch}); participation: "
-        f"{plan.participation}",
+        (f"  horizon: {plan.horizon} steps ({i.epochs} × {i.steps_per_epoch}); "
+         if i.mode == "step" else
+         f"  noise on the {'round update' if i.mode == 'round' else 'server average'}; "
+         f"horizon: {plan.horizon} rounds; ") + f"participation: {plan.participation}",
         f"  sensitivity {plan.sensitivity:.4g} "
         f"({'exact' if plan.sensitivity_exact else 'certified bound'}), "
         f"noise std V = {plan.std:.4g} (noise multiplier {plan.noise_multiplier:.3g})",
@@ -201,9 +235,10 @@ def format_plan(plan: Plan) -> str:
         f"round, {plan.nsr_final:.3g} at the end (signal "
         + ("counted at its upper bound)" if i.signal == 1.0 else f"fraction {i.signal:g})"),
         f"  verdict: {plan.verdict}",
-        f"  safe learning rate ≤ {plan.safe_learning_rate:.3g} (model noise std ≤ "
-        f"{SAFE_MODEL_NOISE:g} per coordinate)",
     ]
+    if math.isfinite(plan.safe_learning_rate):
+        lines.append(f"  safe learning rate ≤ {plan.safe_learning_rate:.3g} (model noise std ≤ "
+                     f"{SAFE_MODEL_NOISE:g} per coordinate)")
     if i.learning_rate is not None and i.learning_rate > plan.safe_learning_rate:
         lines.append(f"  WARNING: learning rate {i.learning_rate:g} exceeds it: the noise "
                      "will blow the model up")
@@ -211,3 +246,26 @@ def format_plan(plan: Plan) -> str:
         lines.append("  levers, best first (end-of-run noise-to-signal):")
         lines += [f"    {label}: {nsr:.3g}" for label, nsr in plan.levers]
     return "\n".join(lines)
+
+
+def round_plan_warning(mode: str, settings: PrivacySettings, model_size: int,
+                       learners: int) -> str | None:
+    """The servers' check before round 1 for the round-level modes (``round``: the
+    per-round mod, ``central``): the plan of ``settings`` (its horizon in rounds) at this
+    model size and number of learners averaged per round, and a loud warning text if it
+    says the run cannot learn (end-of-run noise-to-signal ≥ :data:`NO_LEARNING_NSR`);
+    ``None`` otherwise. Why the servers ask: the per-round and central runs of Flower's
+    quickstart (d = 62k, 2 learners) destroyed the model without a word."""
+    if not settings.private:
+        return None
+    plan = make_plan(PlanInput(
+        model_size=max(1, int(model_size)), examples=1, batch_size=1, epochs=1,
+        learners=max(1, int(learners)), mechanism=settings.mechanism,
+        epsilon=settings.epsilon, delta=settings.delta, clip_norm=settings.clip_norm,
+        method=settings.method, rounds=settings.horizon, mode=mode,
+        round_participation=settings.participation))
+    if plan.nsr_final < NO_LEARNING_NSR:
+        return None
+    return ("flwr-corrnoise: this run is not expected to learn — " + format_plan(plan)
+            + "\n  (the noise is calibrated for the whole run; the levers above are what "
+            "would change that)")

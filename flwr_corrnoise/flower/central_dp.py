@@ -73,6 +73,7 @@ from flwr.serverapp.strategy import Strategy
 from .._deprecation import deprecated_names
 from ..learner import PrivacySettings, check_update, clip_by_global_norm
 from ..mechanisms.participation import ONCE, Participation
+from ..plan import round_plan_warning
 from ..privacy import Calibration, epsilon_spent
 from ..settings_keys import lookup, reading, require
 from ..streams import NoiseStream
@@ -320,6 +321,11 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
 
     def _weight_key(self) -> str:
         return str(getattr(self.strategy, "weighted_by_key", "num-examples"))
+
+    def learnability(self, model_size: int) -> str | None:
+        """The plan's warning for central noise on the average of ``min-learners``
+        updates at this model size (:func:`~flwr_corrnoise.plan.round_plan_warning`)."""
+        return round_plan_warning("central", self.settings, model_size, self.min_learners)
 
     # -- everything else is the wrapped strategy's ------------------------------------------
     def summary(self) -> None:

@@ -27,6 +27,7 @@ from flwr.serverapp.strategy import Strategy
 
 from .._deprecation import deprecated_names
 from ..learner import NOISELESS, PrivacySettings
+from ..plan import round_plan_warning
 from ..settings_keys import lookup, require
 from .monitor import (
     REPORTED,
@@ -148,6 +149,16 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
             f"the run fails after {self.watch.max_idle_rounds} consecutive round(s) without "
             f"a released update",
         ])
+
+    def learnability(self, model_size: int) -> str | None:
+        """Per-round noise (the mod): the plan's warning at this model size with the
+        wrapped strategy's fewest training nodes averaged per round
+        (:func:`~flwr_corrnoise.plan.round_plan_warning`). Per-step noise depends on each
+        learner's batch and data size, which the learners plan themselves."""
+        if not self.per_round or self.settings is None:
+            return None
+        learners = int(getattr(self.strategy, "min_train_nodes", 1) or 1)
+        return round_plan_warning("round", self.settings, model_size, learners)
 
     def start_train_config(self, train_config: ConfigRecord | None) -> ConfigRecord:
         """The proposal in the logged train config (it is sent with every round)."""

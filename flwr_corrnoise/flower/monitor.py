@@ -45,6 +45,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log as flwr_log
@@ -315,10 +316,20 @@ class WrappedStrategy:
         """The train config Flower's start-up log shows (default: as given)."""
         return train_config
 
+    def learnability(self, model_size: int) -> str | None:
+        """A warning text if the noise this strategy knows of leaves no signal at this model
+        size (:func:`~flwr_corrnoise.plan.round_plan_warning`); ``None`` by default."""
+        return None
+
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
-        """Flower's loop, and a failure if the run released nothing at all."""
+        """Flower's loop, and a failure if the run released nothing at all. Before round 1,
+        a loud warning if the plan says the run cannot learn (:meth:`learnability`)."""
+        warning = self.learnability(
+            sum(int(np.prod(a.shape)) for a in initial_arrays.values()))
+        if warning:  # in Flower's own log, which `flwr run --stream` shows
+            flwr_log(logging.WARNING, "%s", warning)
         result = super().start(grid, initial_arrays, num_rounds, timeout,  # type: ignore[misc]
                                self.start_train_config(train_config), evaluate_config,
                                evaluate_fn)
