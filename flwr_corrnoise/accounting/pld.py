@@ -16,24 +16,28 @@ sum receives ``N(0, σ²I)``. The neighbouring relation is the accountant's (as 
 
 * ``"add-remove"`` (what Opacus reports): one example is added or removed. The dominating
   pairs (Zhu, Dong & Wang 2022, "Optimal Accounting of Differential Privacy via
-  Characteristic Function", Thm. 11; Koskela, Jälkö & Honkela 2020) are, with
+  Characteristic Function", their result on Poisson subsampling) are, with
   ``N(m) = N(m, σ²)``,
   *remove*: ``P = (1−q)·N(0) + q·N(−1)`` vs ``Q = N(0)``;
   *add*: ``P = N(0)`` vs ``Q = (1−q)·N(0) + q·N(1)``.
   The relation is not symmetric, so both are composed separately and the ε reported is the
   larger (the same example is added, or removed, in every step of one pair of datasets).
+  Koskela, Jälkö & Honkela 2020, "Computing Tight Differential Privacy Guarantees Using
+  FFT", account it the same way.
 * ``"replace-one"`` (what this library uses everywhere else): one example's value is
-  replaced. Conditioned on the other examples' draws, the example is absent with
-  probability ``1 − q`` in both worlds and present with value ``g`` or ``g'`` otherwise,
-  ``‖g‖, ‖g'‖ ≤ 1``; the worst case is ``g' = −g`` (Zhu, Dong & Wang 2022, Sec. 5, the
-  Poisson-subsampled mechanism under substitution; it is also ``dp_accounting``'s
-  ``AdjacencyType.REPLACE``):
+  replaced. Couple the two worlds' samples (Balle, Barthe & Gaboardi 2018, "Privacy
+  Amplification by Subsampling: Tight Analyses via Couplings and Divergences"): the other
+  examples are drawn alike, and the replaced one is absent in both worlds with probability
+  ``1 − q`` and present, with value ``g`` or ``g'`` (``‖g‖, ‖g'‖ ≤ 1``), otherwise. The
+  worst case is ``g' = −g`` (Zhu, Dong & Wang 2022, Poisson subsampling under the
+  replace-one relation; it is ``dp_accounting``'s ``AdjacencyType.REPLACE``):
   ``P = (1−q)·N(0) + q·N(−1)`` vs ``Q = (1−q)·N(0) + q·N(1)``.
-  It is symmetric (``Q`` is ``P`` mirrored), so one PLD describes both directions. Why not
-  the add/remove pair with sensitivity 2: that pair (``q·N(−2) + (1−q)N(0)`` vs ``N(0)``) is
-  not a dominating pair for replace-one, and "replace = remove then add" (group privacy of
-  two add/remove steps) is loose; at ``q = 1`` the pair above is exactly the Gaussian
-  mechanism of sensitivity 2 that :mod:`flwr_corrnoise.privacy` calibrates.
+  It is symmetric (``Q`` is ``P`` mirrored), so one PLD describes both directions. Why
+  this pair and not add/remove's: a replacement is a removal and an addition, and bounding
+  it by both (group privacy of two add/remove steps) gives up the common ``(1 − q)·N(0)``
+  of the two worlds; this pair keeps it and is tight. At ``q = 1`` it is
+  exactly the Gaussian mechanism of sensitivity 2 that :mod:`flwr_corrnoise.privacy`
+  calibrates (``Δ = 2·B_g``).
 
 A :class:`~.events.GaussianRelease` (sensitivity Δ, std) is read as the pair
 ``N(0, std²)`` vs ``N(Δ, std²)`` whatever the relation: its sensitivity is already that of
@@ -57,7 +61,8 @@ component (mass ``e^{−50}``) go pessimistically to ``+∞`` (large losses) or 
 atom that bounds them (small losses).
 
 **Composition** (the PLD of a composition is the convolution of the PLDs; dominating pairs
-compose adaptively, Zhu, Dong & Wang 2022, Thm. 10): ``k``-fold by one FFT raised to the
+compose adaptively, Zhu, Dong & Wang 2022, their composition theorem for dominating
+pairs): ``k``-fold by one FFT raised to the
 power ``k``. The FFT covers only the range that a Chernoff bound on the PLD's moment
 generating function certifies to hold all but ``τ = 10⁻¹⁵`` of the composed mass; ``τ`` is
 added to the mass at ``+∞`` (the wrap-around of the circular convolution can only misplace

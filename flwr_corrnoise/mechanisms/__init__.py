@@ -12,7 +12,7 @@ from __future__ import annotations
 
 # isort: off
 # each mechanism module registers itself on import; this order is MECHANISMS' order
-from . import independent, tree, toeplitz, optimized, blt, banded  # noqa: F401
+from . import independent, tree, toeplitz, optimized, blt, banded, bandmf  # noqa: F401
 # isort: on
 from . import cache  # noqa: F401  (callers use mechanisms.cache)
 from .base import (
