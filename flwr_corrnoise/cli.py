@@ -207,22 +207,12 @@ def _add_mechanism_parameters(parser: argparse.ArgumentParser) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> dict[str, object]:
-    from .privacy import calibrate
+    from .privacy import calibrate_factorization
 
     fact, _ = _build(args.mechanism, args.steps, args)
     participation = _participation(args, args.steps)
-    sens = fact.participation_sensitivity(participation)
-    cal = calibrate(
-        args.epsilon,
-        args.delta,
-        args.clip_norm,
-        sens.value,
-        method=args.method,
-        mechanism=args.mechanism,
-        steps=args.steps,
-        participation=participation.describe(),
-        sensitivity_exact=sens.exact,
-    )
+    cal = calibrate_factorization(fact, args.epsilon, args.delta, args.clip_norm,
+                                  args.method, participation)
     return dict(cal.as_dict())
 
 

@@ -47,7 +47,13 @@ from .mechanisms import (
     get_mechanism,
 )
 from .mechanisms.participation import ONCE, Participation, ParticipationError
-from .privacy import METHODS, Calibration, calibrate, check_budget, epsilon_spent
+from .privacy import (
+    METHODS,
+    Calibration,
+    calibrate_factorization,
+    check_budget,
+    epsilon_spent,
+)
 from .settings_keys import lookup, require, summarized
 from .streams import (
     HorizonExhaustedError,
@@ -343,12 +349,9 @@ def participation_from_config(cfg: Mapping[str, Any], where: str, horizon: int, 
 
 @lru_cache(maxsize=256)
 def _calibration(settings: PrivacySettings) -> Calibration:
-    sens = settings.factorization().participation_sensitivity(settings.participation)
-    return calibrate(
-        settings.epsilon, settings.delta, settings.clip_norm, sens.value, settings.method,  # type: ignore[arg-type]
-        mechanism=settings.mechanism, steps=settings.horizon,
-        participation=settings.participation.describe(), sensitivity_exact=sens.exact,
-    )
+    return calibrate_factorization(
+        settings.factorization(), settings.epsilon, settings.delta, settings.clip_norm,
+        settings.method, settings.participation)  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=8192)

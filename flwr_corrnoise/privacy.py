@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._deprecation import renamed_fields, renamed_keywords
 from .accounting import (
@@ -47,6 +47,9 @@ from .accounting import (
 from .accounting import gaussian as _gaussian
 from .accounting.gaussian import gaussian_delta, gaussian_delta_exact
 from .mechanisms.participation import ONCE, Participation
+
+if TYPE_CHECKING:
+    from .mechanisms.base import Factorization
 
 Method = Literal["zcdp", "exact"]
 METHODS: tuple[str, ...] = ("zcdp", "exact")
@@ -194,10 +197,23 @@ def calibrate_mechanism(
     """
     from .mechanisms import build_factorization
 
-    sens = build_factorization(mechanism, steps, **dict(params or {})) \
-        .participation_sensitivity(participation)
-    return calibrate(epsilon, delta, clip_norm, sens.value, method, mechanism=mechanism,
-                     steps=steps, participation=participation.describe(),
+    return calibrate_factorization(build_factorization(mechanism, steps, **dict(params or {})),
+                                   epsilon, delta, clip_norm, method, participation)
+
+
+def calibrate_factorization(
+    fact: Factorization, epsilon: float, delta: float, clip_norm: float,
+    method: Method = "exact", participation: Participation = ONCE,
+) -> Calibration:
+    """**The** calibration of a built factorization: its sensitivity under
+    ``participation`` (exact or a certified bound), then :func:`calibrate`. Every caller —
+    a learner's settings (:meth:`~flwr_corrnoise.learner.PrivacySettings.calibration`),
+    :func:`calibrate_mechanism`, central DP (:func:`~flwr_corrnoise.variants.
+    central_calibration`) and the CLI — goes through it, so the chain "factorization →
+    sensitivity → noise std" is written once."""
+    sens = fact.participation_sensitivity(participation)
+    return calibrate(epsilon, delta, clip_norm, sens.value, method, mechanism=fact.name,
+                     steps=fact.n, participation=participation.describe(),
                      sensitivity_exact=sens.exact)
 
 
