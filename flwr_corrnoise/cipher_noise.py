@@ -419,28 +419,30 @@ def fill_rows_of(streams: Sequence[_Keystream], domain: int, starts: Sequence[in
     nb = -(-_BYTES_PER_PAIR[dtype] * pairs // 16)  # blocks a row (the rest unused)
     per = max(1, min(CHUNK_PAIRS // max(pairs, 1), CHUNK_PAIRS // nb))  # rows a transform
     flat = out.reshape(lanes * count, d)
-    first = np.asarray(starts, dtype=np.uint64)
-    tag = np.uint64(domain << 56)
+    total = lanes * count
+    if total == 1:  # one row (a stream's step): its counter word, no index arrays
+        high = np.array([int(starts[0]) | (domain << 56)], dtype=np.uint64)
+    else:  # every row's high counter word: domain ‖ its key's first row + its offset
+        high = np.add.outer(np.asarray(starts, dtype=np.uint64),
+                            np.arange(count, dtype=np.uint64)).reshape(-1)
+        high |= np.uint64(domain << 56)
     counters, keystream = memoryview(ws.counters), memoryview(ws.ks)
-    for b0 in range(0, lanes * count, per):
-        c = min(per, lanes * count - b0)
-        row = np.arange(b0, b0 + c)
-        lane, offset = np.divmod(row, count)
-        t = first[lane] + offset.astype(np.uint64)
+    for b0 in range(0, total, per):
+        c = min(per, total - b0)
         blocks = ws.counters[: 16 * c * nb].view(">u8").reshape(c, nb, 2)
-        blocks[:, :, 0] = (t | tag)[:, None]
+        blocks[:, :, 0] = high[b0 : b0 + c, None]
         if ws.low_layout != (c, nb):  # the block indices stay from the previous batch
             blocks[:, :, 1] = np.arange(nb, dtype=np.uint64)
             ws.low_layout = (c, nb)
-        for k in range(int(lane[0]), int(lane[-1]) + 1):  # each key encrypts its rows
+        for k in range(b0 // count, (b0 + c - 1) // count + 1):  # each key its own rows
             lo = max(b0, k * count) - b0
             hi = min(b0 + c, (k + 1) * count) - b0
             streams[k].ecb().update_into(counters[16 * nb * lo : 16 * nb * hi],
                                          keystream[16 * nb * lo :])
-        ks = ws.ks[: 16 * c * nb].reshape(c, 16 * nb)
         pairs_from_keystream(
-            ks, pairs, dtype,
-            lambda i, j, lane=lane, t=t: streams[int(lane[i])].refill_word(domain, int(t[i]), j),
+            ws.ks[: 16 * c * nb].reshape(c, 16 * nb), pairs, dtype,
+            lambda i, j, b0=b0: streams[(b0 + i) // count].refill_word(
+                domain, int(high[b0 + i]) & (_MAX_T - 1), j),
             flat[b0 : b0 + c, :pairs], flat[b0 : b0 + c, pairs:], ws)
     return out
 
