@@ -175,6 +175,7 @@ class CorrNoiseRoundMod:
             delta, failure = self._wrapped_update(msg, ctxt, call_next, received)
             # the release: clip(Δ, B) + e[r], the one private step (Δ is the datum)
             noisy = private_step(tx.state, settings, lambda: delta, delta.size, tx.counts)
+            tx.state.rounds += 1
             out, offset = [], 0
             for base in received:
                 base = np.asarray(base)

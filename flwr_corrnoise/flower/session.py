@@ -718,7 +718,6 @@ class LearnerTransaction:
             self.diagnostics = dict(diagnostics)
         diag = self.diagnostics if self.diagnostics is not None else \
             self.counts.diagnostics(self.taken)
-        self.state.rounds += 1  # one place counts the rounds a learner took part in
         try:
             self.session.commit(self.state, first_step=self.first_step,
                                 position=self.position, server_round=self.server_round,

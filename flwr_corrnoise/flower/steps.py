@@ -303,6 +303,7 @@ class PrivateSteps:
             log.error("PrivateSteps: the local model is non-finite or of other shapes; "
                       "releasing the received model (a zero update)")
             values = self.received
+        self.state.rounds += 1
         diagnostics = {**self.counts.diagnostics(self.steps), "model-replaced": float(not ok)}
         try:
             self.round.commit(diagnostics)  # before the reply leaves; aborts on failure
@@ -354,6 +355,12 @@ class PrivateStepsGuard(PrivateLearnerGuard):
         with _lock:
             built = _BUILT.get(id(msg))
             created = id(msg) in _CREATED
+            open_round = _OPEN.get(id(msg))
+        # a private_training round (flwr_corrnoise.flower.training): the train function's
+        # own reply is rebuilt by the gate (its arrays checked, its metrics filtered)
+        adopt = getattr(open_round, "adopt_reply", None)
+        if built is None and adopt is not None and isinstance(reply, Message):
+            return adopt(reply)  # type: ignore[no-any-return]
         if reply is not built:
             raise PrivacyConfigError(
                 "the train function returned a reply that PrivateSteps.reply() did not "
