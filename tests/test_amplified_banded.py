@@ -5,8 +5,12 @@ never loses to DP-SGD on the error it minimizes."""
 
 from __future__ import annotations
 
+import csv
 import itertools
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import dp_accounting as dpa
 import numpy as np
@@ -34,6 +38,7 @@ from flwr_corrnoise.mechanisms.toeplitz import sqrt_coefficients
 from flwr_corrnoise.privacy import calibrate_mechanism
 
 GRID = 1e-3
+ROOT = Path(__file__).resolve().parents[1]
 DPA_RELATION = {REPLACE_ONE: dpa.NeighboringRelation.REPLACE_ONE,
                 ADD_REMOVE: dpa.NeighboringRelation.ADD_OR_REMOVE_ONE}
 
@@ -215,3 +220,18 @@ def test_band_optimization() -> None:
     B, C = fact.matrices()
     assert np.allclose(B @ C, np.tril(np.ones((20, 20))))
     assert np.count_nonzero(np.tril(C, -3)) == 0 and fact.bands == 3
+
+
+def test_the_benchmark_script_runs(tmp_path: Path) -> None:
+    """``benchmarks/amplified_banded.py`` (the table of docs/privacy.md) at a toy size."""
+    out = tmp_path / "noise.csv"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "amplified_banded.py"), "--epsilons", "8",
+         "--steps-per-epoch", "4", "--epochs", "2", "--grid", "1e-3", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader(out.open()))
+    assert [int(r["bands"]) for r in rows] == [1, 2, 4]
+    assert sum(r["best"] == "True" for r in rows) == 1
+    table = [line for line in proc.stdout.splitlines() if line.startswith("| 8 |")]
+    assert len(table) == 1

@@ -37,7 +37,7 @@ def test_noise_throughput() -> None:
                "--block", "2", "--dense-steps", "4")
     by_name = {r[0]: r for r in rows[1:]}
     assert set(by_name) == {"independent", "tree", "efficient-tree", "blt", "toeplitz",
-                            "optimized", "banded-inverse"}
+                            "optimized", "banded-inverse", "bandmf"}
     assert by_name["independent"][4] == "0 MB" and float(by_name["blt"][3]) > 0
 
 
