@@ -133,7 +133,6 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr
 from scipy.stats import beta as beta_dist
 
-from ._deprecation import renamed_keywords
 from .learner import (
     LearnerState,
     PrivacySettings,
@@ -629,7 +628,6 @@ def _check_int(name: str, value: Any, low: int) -> None:
 
 
 # -- the audit --------------------------------------------------------------------------------
-@renamed_keywords(clip="clip_norm")
 def audit(
     mechanism: str,
     *,
@@ -667,7 +665,7 @@ def audit(
     is the central variant's ``min_learners``. ``seed`` makes the audit reproducible (each
     execution's key is derived from it); ``None`` keys every execution from OS entropy.
     ``secure`` audits the learner's opt-in secure noise (step and round variants).
-    ``clip_norm`` is the clip norm ``B`` (``clip=`` is its deprecated spelling).
+    ``clip_norm`` is the clip norm ``B``.
     ``front_end`` (step variant): ``"local-round"``, ``"private-step"`` or ``"torch"``;
     ``dtype``: the stream's ``"float64"`` or ``"float32"`` (not central).
 

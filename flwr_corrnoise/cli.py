@@ -41,7 +41,6 @@ import importlib
 import json
 import sys
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -399,33 +398,12 @@ def _report(args: argparse.Namespace) -> dict[str, object]:
     return report(Path(args.results_dir), Path(args.plot) if args.plot else None)
 
 
-class _DeprecatedOption(argparse.Action):
-    """An old spelling of an option (``--clip`` for ``--clip-norm``), kept for one release
-    and hidden from ``--help``: it still works, and says on stderr what to type instead."""
-
-    def __init__(self, *args: object, new: str, **kwargs: object) -> None:
-        self.new = new
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: object, option_string: str | None = None) -> None:
-        message = (f"{option_string} is deprecated: use {self.new} (it will be removed in "
-                   f"the next release)")
-        print(f"{parser.prog}: warning: {message}", file=sys.stderr)
-        warnings.warn(message, DeprecationWarning, stacklevel=2)
-        setattr(namespace, self.dest, values)
-
-
 def _add_clip_norm(parser: argparse.ArgumentParser, help: str, *, required: bool = False,
                    default: float | None = None) -> None:
     """``--clip-norm`` (the config key ``clip-norm``, :attr:`PrivacySettings.clip_norm
-    <flwr_corrnoise.learner.PrivacySettings.clip_norm>`): one spelling everywhere, with the
-    old ``--clip`` accepted as a hidden, deprecated alias."""
-    group = parser.add_mutually_exclusive_group(required=required)
-    group.add_argument("--clip-norm", dest="clip_norm", type=float, default=default,
-                       help=help)
-    group.add_argument("--clip", dest="clip_norm", type=float, default=default,
-                       action=_DeprecatedOption, new="--clip-norm", help=argparse.SUPPRESS)
+    <flwr_corrnoise.learner.PrivacySettings.clip_norm>`): one spelling everywhere."""
+    parser.add_argument("--clip-norm", dest="clip_norm", type=float, default=default,
+                        required=required, help=help)
 
 
 class _AlgorithmNames(Sequence[str]):

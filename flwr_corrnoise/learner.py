@@ -38,7 +38,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import arraypack
-from ._deprecation import renamed_fields, renamed_keywords
 from .mechanisms import (
     MECHANISMS,
     Factorization,
@@ -81,15 +80,13 @@ class NonFiniteError(ValueError):
     """A gradient, loss or update is NaN or infinite; the step is not applied."""
 
 
-@renamed_fields(clip="clip_norm")
 @dataclass(frozen=True)
 class PrivacySettings:
     """A learner's own privacy: what its noise is calibrated to. Never set by the server.
 
     ``mechanism="none"`` turns noise and clipping off (the noiseless baseline).
     ``clip_norm`` is the L2 clip norm ``B_g`` (config key ``clip-norm``; Flower's DP
-    wrappers call it ``clipping_norm``, Opacus ``max_grad_norm``); the old spelling
-    ``clip`` still works for one release, with a ``DeprecationWarning``.
+    wrappers call it ``clipping_norm``, Opacus ``max_grad_norm``).
     """
 
     mechanism: str = "blt"
@@ -764,7 +761,6 @@ class RoundResult:
     diagnostics: dict[str, float] = field(default_factory=dict)
 
 
-@renamed_keywords(clip="clip_norm")
 def clip_by_global_norm(g: np.ndarray, clip_norm: float) -> tuple[np.ndarray, float]:
     """Scale ``g`` to norm at most ``clip_norm`` (over all parameters); return it and its
     norm (:func:`row_norms`, the norm of the private step's clipping)."""

@@ -34,7 +34,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._deprecation import renamed_fields, renamed_keywords
 from .accounting import (
     GAUSSIAN_ACCOUNTANTS,
     GaussianAccountant,
@@ -83,7 +82,6 @@ def accountant(method: str) -> GaussianAccountant:
     return GAUSSIAN_ACCOUNTANTS[method]
 
 
-@renamed_keywords(clip="clip_norm")
 def l2_sensitivity(clip_norm: float, sensitivity: float) -> float:
     """``Δ = 2·B_g·max_j ‖c_j‖``: replace-one-datum sensitivity of ``C·G`` (``B_g`` =
     ``clip_norm``)."""
@@ -111,7 +109,6 @@ def std_satisfies(
     return accountant(method).satisfies(GaussianRelease(l2_sens, std), epsilon, delta)
 
 
-@renamed_fields(clip="clip_norm")
 @dataclass(frozen=True)
 class Calibration:
     """The result of a calibration, with everything needed to audit it. (``clip_norm``
@@ -145,7 +142,6 @@ class Calibration:
         return {**asdict(self), "noise_multiplier": self.noise_multiplier}
 
 
-@renamed_keywords(clip="clip_norm")
 def calibrate(
     epsilon: float,
     delta: float,
@@ -182,7 +178,6 @@ def calibrate(
     )
 
 
-@renamed_keywords(clip="clip_norm")
 def calibrate_mechanism(
     epsilon: float, delta: float, clip_norm: float, mechanism: str, steps: int,
     method: Method = "exact", participation: Participation = ONCE,
@@ -217,7 +212,6 @@ def calibrate_factorization(
                      sensitivity_exact=sens.exact)
 
 
-@renamed_keywords(clip="clip_norm")
 def epsilon_for_std(
     std: float, delta: float, clip_norm: float, sensitivity: float, method: Method = "exact"
 ) -> float:
@@ -228,7 +222,6 @@ def epsilon_for_std(
     return acc.epsilon(GaussianRelease(l2_sensitivity(clip_norm, sensitivity), std), dlt)
 
 
-@renamed_keywords(clip="clip_norm")
 def delta_for_std(
     std: float, epsilon: float, clip_norm: float, sensitivity: float
 ) -> float:
@@ -239,7 +232,6 @@ def delta_for_std(
     return accountant("exact").delta(release, eps)
 
 
-@renamed_keywords(clip="clip_norm")
 def epsilon_spent(
     std: float, delta: float, clip_norm: float, mechanism: str, horizon: int, steps_done: int,
     method: Method = "exact", participation: Participation = ONCE,

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from ._deprecation import renamed_keywords
 from .learner import PrivacySettings, clip_by_global_norm, derive_seed
 from .mechanisms.participation import ONCE, Participation
 from .privacy import Calibration, Method, calibrate_mechanism
@@ -29,7 +28,6 @@ from .streams import NoiseStream
 NOISE_AT = ("step", "round", "server")
 
 
-@renamed_keywords(clip="clip_norm")
 def round_release(
     delta: np.ndarray, clip_norm: float, noise: NoiseStream
 ) -> tuple[np.ndarray, float]:
@@ -42,7 +40,6 @@ def round_release(
     return noise.add_next(clipped), norm
 
 
-@renamed_keywords(clip="clip_norm")
 def central_calibration(
     mechanism: str, epsilon: float, delta: float, clip_norm: float, rounds: int,
     method: Method = "exact", participation: Participation = ONCE,

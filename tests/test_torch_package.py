@@ -256,28 +256,3 @@ def test_a_sampler_that_skips_a_parameter_stops_the_step() -> None:
     for layer, match in ((Skips(6), "no per-example gradient"), (WrongShape(6), "shape")):
         with pytest.raises(PrivacyConfigError, match=match):
             private_sum(three_layers(layer), x, y, clip=0.1)
-
-
-#: the names ``flwr_corrnoise.pytorch`` exported before the split, and the two other modules'
-OLD_NAMES = {
-    "flwr_corrnoise.pytorch": (
-        "BatchStream", "DeviceRound", "FlowerPrivateOptimizer", "LossFn", "ModuleGradient",
-        "PrivateOptimizer", "TorchCorrNoiseClient", "device_local_round", "get_parameters",
-        "make_torch_client_app", "private_optimizer", "set_parameters", "torch_local_round"),
-    "flwr_corrnoise.torch_streams": ("TorchNoiseStream", "TorchOps"),
-    "flwr_corrnoise.torch_engine": ("DeviceRunResult", "run_inprocess_device"),
-}
-
-
-@pytest.mark.parametrize("old", sorted(OLD_NAMES))
-def test_the_old_import_paths_still_work_and_warn(old: str) -> None:
-    """The deprecated modules re-export the very objects of the new ones (one release)."""
-    import flwr_corrnoise.flower as flower
-    import flwr_corrnoise.torch as new
-    import flwr_corrnoise.torch.streams as streams
-
-    with pytest.warns(DeprecationWarning, match="deprecated"):
-        module = importlib.reload(importlib.import_module(old))
-    for name in OLD_NAMES[old]:
-        home = next(m for m in (new, flower, streams) if hasattr(m, name))
-        assert getattr(module, name) is getattr(home, name), name

@@ -70,7 +70,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from .._deprecation import deprecated_names
 from ..learner import PrivacySettings, check_update, clip_by_global_norm
 from ..mechanisms.participation import ONCE, Participation
 from ..plan import round_plan_warning
@@ -96,8 +95,7 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
 
     The correlated-noise counterpart of Flower's
     ``DifferentialPrivacyServerSideFixedClipping`` (whose ``clipping_norm`` is our
-    ``clip_norm``). Named ``CorrNoiseCentralDP`` before; that name still works for one
-    release, with a ``DeprecationWarning``.
+    ``clip_norm``).
 
     ``min_learners`` is passed on to the wrapped strategy's node minimums
     (``min_train_nodes``, ``min_available_nodes``): a strategy without them is refused,
@@ -341,8 +339,3 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
             "client-side evaluation: off (not covered by central DP; use evaluate_fn)",
         ])
 
-
-#: the old name, for one release (docs/changes.md): the same class, with a warning
-__getattr__ = deprecated_names(__name__, {
-    "CorrNoiseCentralDP": ("CorrNoiseCentralDPStrategy", lambda: CorrNoiseCentralDPStrategy),
-})

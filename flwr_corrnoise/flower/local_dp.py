@@ -25,7 +25,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from .._deprecation import deprecated_names
 from ..learner import NOISELESS, PrivacySettings
 from ..plan import round_plan_warning
 from ..settings_keys import lookup, require
@@ -93,8 +92,7 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
     ``DifferentialPrivacyClientSideFixedClipping`` is: the noise itself is added on the
     learners (:class:`~flwr_corrnoise.flower.PrivateSteps`,
     :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`, the roles Flower's ``LocalDpMod``
-    plays). Named ``CorrNoiseLocalDP`` before, which read like a client mod; that name
-    still works for one release, with a ``DeprecationWarning``.
+    plays).
     """
 
     def __init__(
@@ -195,8 +193,3 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
         self.watch.observe(server_round, replies, released)
         return arrays, MetricRecord(summary)
 
-
-#: the old name, for one release (docs/changes.md): the same class, with a warning
-__getattr__ = deprecated_names(__name__, {
-    "CorrNoiseLocalDP": ("CorrNoiseLocalDPStrategy", lambda: CorrNoiseLocalDPStrategy),
-})

@@ -17,7 +17,6 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from .._deprecation import renamed_keywords
 from ..accounting import GaussianRelease, replace_one_l2
 from .participation import (
     DENSE_LIMIT,
@@ -187,7 +186,6 @@ class Factorization(ABC):
         top = C[:steps, :steps]
         return top.T @ top
 
-    @renamed_keywords(clip="clip_norm")  # the library's one spelling (docs/changes.md)
     def release(self, clip_norm: float, std: float, steps: int | None = None,
                 participation: Participation = ONCE) -> GaussianRelease:
         """What a learner clipping each datum's gradient to ``clip_norm`` and adding noise
