@@ -7,7 +7,8 @@ Nothing here re-implements the algorithm: the local round is
 Every front end is exported here, with the settings they all take
 (:class:`~flwr_corrnoise.learner.PrivacySettings`). The PyTorch ones
 (:mod:`~flwr_corrnoise.flower.torch_app`: ``make_torch_client_app``, ``private_optimizer``,
-``TorchCorrNoiseClient``, ``FlowerPrivateOptimizer``) are imported when first asked for,
+``TorchCorrNoiseClient``, ``FlowerPrivateOptimizer``; and :mod:`~flwr_corrnoise.flower.training`'s
+``private_training``, ``PrivateTrainLoader``) are imported when first asked for,
 so that this package still imports without the ``torch`` extra.
 
 The server-side Strategy wrappers are ``CorrNoiseLocalDPStrategy`` (learners noise their own
@@ -38,8 +39,10 @@ from .steps import PrivateSteps, PrivateStepsGuard
 from .strategy import CorrNoiseFedAvg
 
 #: the PyTorch front ends, loaded from :mod:`.torch_app` on first use (they need torch)
-_TORCH_NAMES = ("FlowerPrivateOptimizer", "TorchCorrNoiseClient", "make_torch_client_app",
-                "private_optimizer")
+_TORCH_NAMES = ("FlowerPrivateOptimizer", "PrivateTrainLoader", "TorchCorrNoiseClient",
+                "make_torch_client_app", "private_optimizer", "private_training")
+#: of those, the ones :mod:`.training` defines (a Flower quickstart's two-call adoption)
+_TRAINING_NAMES = ("PrivateTrainLoader", "private_training")
 
 __all__ = [
     "STATE_KEY",
@@ -71,5 +74,6 @@ _deprecated = deprecated_names(__name__, {
 
 def __getattr__(name: str) -> Any:
     if name in _TORCH_NAMES:
-        return getattr(import_module(".torch_app", __name__), name)
+        module = ".training" if name in _TRAINING_NAMES else ".torch_app"
+        return getattr(import_module(module, __name__), name)
     return _deprecated(name)

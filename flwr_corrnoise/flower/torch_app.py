@@ -209,7 +209,27 @@ class FlowerPrivateOptimizer(PrivateOptimizer):
         return private.reply(arrays, metrics)
 
 
-def private_optimizer(
+def private_optimizer(first: Any, *args: Any, **kwargs: Any) -> FlowerPrivateOptimizer:
+    """Per-step correlated noise in the user's own PyTorch loop, in two forms:
+
+    * ``private_optimizer(optimizer, model, criterion=None)`` — the optimizer first: the
+      private optimizer of the round that
+      :func:`~flwr_corrnoise.flower.training.private_training` opened in this train
+      message (found through a ``ContextVar``, so code that never sees ``msg`` — the
+      ``train()`` of Flower's quickstart ``task.py`` — can build it); refused outside
+      one. With the loss module ``criterion`` its steps clip per example, without it
+      the whole batch (:mod:`flwr_corrnoise.flower.training`).
+    * ``private_optimizer(msg, context, optimizer, model, *, loader=None, ...)`` — the
+      round opened here (:func:`private_optimizer_for`).
+    """
+    if isinstance(first, torch.optim.Optimizer):
+        from .training import round_optimizer
+
+        return round_optimizer(first, *args, **kwargs)
+    return private_optimizer_for(first, *args, **kwargs)
+
+
+def private_optimizer_for(
     msg: Message,
     context: Context,
     optimizer: torch.optim.Optimizer,

@@ -29,12 +29,19 @@ PLAIN = HERE / "plain_app"
 PLAIN_TORCH = HERE / "plain_torch_app"  # the same app in PyTorch (torch.optim.SGD)
 #: an app written as Flower's quickstart-pytorch is (CNN, fixed partition, local epochs)
 QUICKSTART = HERE / "quickstart_app"
+#: Flower's own examples/quickstart-pytorch (Apache-2.0), its data loading made offline: a
+#: package ``pytorchexample`` (client_app, server_app, task), not one ``plain_app.py``
+FLOWER_QUICKSTART = HERE / "flower_quickstart"
 VARIANTS = ("per-step", "per-round", "central", "per-step-torch")
 QUICKSTART_VARIANTS = ("quickstart-per-step", "quickstart-per-round", "quickstart-central")
+FLOWER_QUICKSTART_VARIANTS = ("flower-quickstart-per-step",)
 
 
 def plain_dir(variant: str | None) -> Path:
-    """The plain app a variant's diff patches (all keep their code in ``plain_app.py``)."""
+    """The plain app a variant's diff patches (all keep their code in ``plain_app.py``,
+    but Flower's quickstart, a package)."""
+    if variant is not None and variant.startswith("flower-quickstart"):
+        return FLOWER_QUICKSTART
     if variant is not None and variant.startswith("quickstart"):
         return QUICKSTART
     return PLAIN_TORCH if variant is not None and variant.endswith("-torch") else PLAIN
@@ -63,7 +70,7 @@ def adopt(variant: str | None, dest: Path, run_config: dict[str, object] | None 
     toml = dest / "pyproject.toml"
     text = toml.read_text()
     run_config = dict(run_config or {})
-    if variant is not None and not variant.startswith("quickstart"):
+    if variant is not None and not variant.startswith(("quickstart", "flower-quickstart")):
         # the plain app is a stream (each example used once): the declaration every private
         # config must make (docs/adopt.md § 1), one config line
         run_config.setdefault("data-reuse", "once")
@@ -92,6 +99,21 @@ def load(app_dir: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_package(app_dir: Path, package: str = "pytorchexample") -> tuple[ModuleType, ModuleType]:
+    """Import an app package's ``client_app`` and ``server_app`` modules from ``app_dir``
+    (a copy made by :func:`adopt`), dropping any earlier copy of the package from
+    ``sys.modules`` first; Ray's workers import the same copy (``sys.path`` and
+    ``PYTHONPATH``)."""
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(app_dir))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(app_dir), str(HERE.parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])])
+    client = importlib.import_module(f"{package}.client_app")
+    server = importlib.import_module(f"{package}.server_app")
+    return client, server
 
 
 def simulate(app_dir: Path, module: ModuleType, num_supernodes: int = 2) -> None:
