@@ -221,29 +221,11 @@ def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
         return numpy_client_app(lambda c: TorchCorrNoiseClient(c, model_fn(c), loss,
                                                                batches(kind)))
 
-    def optimizer_app(kind: str) -> ClientApp:
-        app = ClientApp(mods=[PrivateSteps.guard()])
-
-        @app.train()
-        def train(msg: Message, ctxt: Context) -> Message:
-            model = model_fn(ctxt)
-            with torch.no_grad():
-                model.weight.copy_(torch.from_numpy(msg.content["arrays"].to_numpy_ndarrays()[0]))
-            opt = private_optimizer(msg, ctxt, torch.optim.SGD(model.parameters(), lr=LR),
-                                    model, loss_fn=loss)
-            r = int(msg.content["config"]["server-round"])
-            for t in range(TAU):
-                opt.zero_grad()
-                opt.backward(*batches(kind)((r - 1) * TAU + t))
-                opt.step()
-            return opt.reply([p.detach().numpy() for p in model.parameters()])
-
-        app.evaluate()(evaluate_on_data(kind))
-        return app
-
-    def guarded_app(kind: str) -> ClientApp:
-        """The user's own forward and backward pass (the quickstart's loop), each step in
-        ``opt.guard()``: a datum the user's code raises on is a zero-gradient step."""
+    def optimizer_loop(kind: str, user_pass: bool) -> ClientApp:
+        """``private_optimizer`` in the user's loop: the library's per-example
+        ``opt.backward`` or, ``user_pass``, the user's own forward and backward pass (the
+        quickstart's loop) with each step in ``opt.guard()`` — a datum the user's code
+        raises on is a zero-gradient step."""
         app = ClientApp(mods=[PrivateSteps.guard()])
 
         @app.train()
@@ -256,6 +238,11 @@ def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
             r = int(msg.content["config"]["server-round"])
             for t in range(TAU):
                 x, y = batches(kind)((r - 1) * TAU + t)
+                if not user_pass:
+                    opt.zero_grad()
+                    opt.backward(x, y)
+                    opt.step()
+                    continue
                 with opt.guard():
                     opt.zero_grad()
                     loss(model(x), y).backward()  # raises on a wrong shape or label
@@ -264,6 +251,12 @@ def torch_front_ends() -> dict[str, Callable[[str], ClientApp]]:
 
         app.evaluate()(evaluate_on_data(kind))
         return app
+
+    def optimizer_app(kind: str) -> ClientApp:
+        return optimizer_loop(kind, user_pass=False)
+
+    def guarded_app(kind: str) -> ClientApp:
+        return optimizer_loop(kind, user_pass=True)
 
     return {"make_torch_client_app": device_app, "make_torch_client_app-host": host_app,
             "TorchCorrNoiseClient": client, "private_optimizer": optimizer_app,

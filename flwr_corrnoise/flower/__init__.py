@@ -13,16 +13,13 @@ so that this package still imports without the ``torch`` extra.
 
 The server-side Strategy wrappers are ``CorrNoiseLocalDPStrategy`` (learners noise their own
 replies) and ``CorrNoiseCentralDPStrategy`` (the server noises the average), as Flower's
-``DifferentialPrivacyClientSideFixedClipping`` / ``…ServerSideFixedClipping`` are; their
-old names ``CorrNoiseLocalDP`` / ``CorrNoiseCentralDP`` still import for one release, with
-a ``DeprecationWarning`` (``docs/changes.md``).
+``DifferentialPrivacyClientSideFixedClipping`` / ``…ServerSideFixedClipping`` are.
 """
 
 from importlib import import_module
 from importlib.util import find_spec
 from typing import Any
 
-from .._deprecation import deprecated_names
 from ..learner import PrivacySettings
 from .central_dp import CorrNoiseCentralDPStrategy
 from .client import (
@@ -64,16 +61,8 @@ __all__ = [
 ]
 
 
-#: old names, for one release: the same classes, with a warning (not in ``__all__``, so a
-#: star import does not warn)
-_deprecated = deprecated_names(__name__, {
-    "CorrNoiseLocalDP": ("CorrNoiseLocalDPStrategy", lambda: CorrNoiseLocalDPStrategy),
-    "CorrNoiseCentralDP": ("CorrNoiseCentralDPStrategy", lambda: CorrNoiseCentralDPStrategy),
-})
-
-
 def __getattr__(name: str) -> Any:
     if name in _TORCH_NAMES:
         module = ".training" if name in _TRAINING_NAMES else ".torch_app"
         return getattr(import_module(module, __name__), name)
-    return _deprecated(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
