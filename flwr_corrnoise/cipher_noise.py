@@ -120,6 +120,14 @@ _ANGLE32 = np.float32(_TWO_PI * 2.0**-32)
 _PHI_SCALE = _TWO_PI * 2.0**-64  # the 53 low bits of a float64 angle word → φ
 _PHI_MASK = np.uint64((1 << (64 - TABLE_BITS)) - 1)
 _ZEROS = bytes(16 * CHUNK_PAIRS)  # the plaintext: CTR encryption of zeros is the keystream
+#: the most floats a generator keeps of rows computed ahead (:meth:`CipherGaussian.next_row`
+#: with ``ahead``): 32768 (256 KiB in float64); a row longer than half of it is never
+#: computed ahead
+ROW_CACHE_FLOATS = 32768
+#: rows of the first draw-ahead after the cache was dropped (then doubling while the rows
+#: are used in order): a kernel that seeks back each step (``banded-inverse``) refills
+#: after every seek, so a first fill stays small
+ROW_CACHE_FIRST = 8
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -460,18 +468,43 @@ class CipherGaussian:
     The state — key, next row, sequential position — packs into five uint64 words
     (:meth:`pack`), and a generator restored from them continues bit for bit.
 
+    **Rows computed ahead** (``next_row(…, ahead=k)``): a transform costs ≈ 35 NumPy calls
+    whatever its size, so one row of a small ``d`` cost ≈ 100 µs. With ``ahead > 1`` a call
+    that finds no cached row computes up to ``k`` rows ``position, position + 1, …`` in one
+    kernel call (:func:`fill_rows_of`: the rows :meth:`row` gives one at a time, bit for
+    bit) and the following ``next_row`` calls of the same ``d`` and dtype hand them out, each
+    once, in order. The cache is not state: :meth:`pack`, :attr:`state`, pickling see only
+    the row counter (:attr:`position`, the next row to hand out), and any change of the
+    counter or key from outside (a seek, a rollback, :meth:`rows`-based draws, setting
+    :attr:`state`) drops it. At most :data:`ROW_CACHE_FLOATS` floats; none when ``d`` is
+    larger than half of that.
+
     >>> g = CipherGaussian.from_seed(7)
     >>> a = g.row(3, 5)
     >>> bool(np.array_equal(a, CipherGaussian.from_seed(7).row(3, 5)))
     True
     """
 
-    __slots__ = ("_stream", "position", "sequential")
+    __slots__ = ("_cache", "_cache_at", "_cache_fill", "_position", "_stream", "sequential")
 
     def __init__(self, key: bytes, position: int = 0, sequential: int = 0) -> None:
         self._stream = _Keystream(_check_key(key))
-        self.position = _check_index(position, _MAX_T, "row position")
+        #: rows computed ahead (``count × d``), the next one to hand out, the last fill size
+        self._cache: np.ndarray | None = None
+        self._cache_at = 0
+        self._cache_fill = 0
+        self._position = _check_index(position, _MAX_T, "row position")
         self.sequential = _check_index(sequential, 1 << 64, "sequential position")
+
+    @property
+    def position(self) -> int:
+        """The next row :meth:`next_row` hands out (the row counter: the whole row state)."""
+        return self._position
+
+    @position.setter
+    def position(self, value: int) -> None:  # moved from outside: rows ahead are dropped
+        self._cache, self._cache_fill = None, 0
+        self._position = value
 
     @classmethod
     def from_os_entropy(cls) -> CipherGaussian:
@@ -511,10 +544,45 @@ class CipherGaussian:
         return self._stream.fill_rows(_domain(dt), _check_index(t, _MAX_T, "row index"), out)
 
     def next_row(self, d: int, dtype: Any = np.float64,
-                 out: np.ndarray | None = None) -> np.ndarray:
-        """Row :attr:`position`, then move to the next row."""
-        row = self.row(self.position, d, dtype, out)
-        self.position += 1
+                 out: np.ndarray | None = None, *, ahead: int = 1) -> np.ndarray:
+        """Row :attr:`position`, then move to the next row.
+
+        ``ahead``: how many rows from :attr:`position` on the caller may still draw (a
+        stream: its remaining steps); with ``ahead > 1`` this call may compute up to that
+        many (at most :data:`ROW_CACHE_FLOATS` floats) in one kernel call and hand them out
+        on the next calls — the same values, see the class docstring."""
+        cache = self._cache
+        if cache is not None:
+            if cache.shape[1] == d and cache.dtype == dtype:
+                at = self._cache_at
+                row = cache[at]
+                if at + 1 == cache.shape[0]:
+                    self._cache = None  # all handed out: the memory goes back now
+                else:
+                    self._cache_at = at + 1
+                self._position += 1
+                if out is None:
+                    return row.copy()
+                _output(out, d, cache.dtype)[...] = row
+                return out
+            self._cache = None
+            self._cache_fill = 0
+        if ahead > 1 and 2 * d <= ROW_CACHE_FLOATS:
+            count = min(int(ahead), ROW_CACHE_FLOATS // max(d, 1),
+                        2 * self._cache_fill or ROW_CACHE_FIRST, _MAX_T - self._position)
+            if count > 1:
+                dt = _dtype(dtype)
+                cache = np.empty((count, d), dtype=dt)
+                self._stream.fill_rows(_domain(dt), self._position, cache)
+                self._cache, self._cache_at, self._cache_fill = cache, 1, count
+                self._position += 1
+                if out is None:
+                    return cache[0].copy()
+                _output(out, d, dt)[...] = cache[0]
+                return out
+        row = self.row(self._position, d, dtype, out)
+        self._position += 1
+        self._cache_fill = 0
         return row
 
     def standard_normal(self, n: int, dtype: Any = np.float64,
@@ -558,7 +626,7 @@ class CipherGaussian:
         key, position, sequential = value
         if bytes(key) != self._stream.key:
             self._stream = _Keystream(_check_key(key))
-        self.position = _check_index(position, _MAX_T, "row position")
+        self.position = _check_index(position, _MAX_T, "row position")  # drops rows ahead
         self.sequential = _check_index(sequential, 1 << 64, "sequential position")
 
     def pack(self) -> np.ndarray:

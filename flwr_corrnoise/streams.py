@@ -457,8 +457,10 @@ class NoiseStream:
         return split_flat(flat, self.shapes)
 
     def _draw(self) -> np.ndarray:
-        if isinstance(self._rng, CipherGaussian):  # the next row, in the stream's dtype
-            return self._rng.next_row(self.dim, self._ops.dtype)  # type: ignore[attr-defined]
+        if isinstance(self._rng, CipherGaussian):  # the next row, in the stream's dtype;
+            # small rows several per kernel call (the same rows: CipherGaussian.next_row)
+            return self._rng.next_row(self.dim, self._ops.dtype,  # type: ignore[attr-defined]
+                                      ahead=self.horizon - self.step)
         if self._ops is NUMPY_OPS32:  # Philox's float32 normals (as the torch stream's)
             return self._rng.standard_normal(self.dim, dtype=np.float32)  # type: ignore[call-arg]
         return self._rng.standard_normal(self.dim)

@@ -159,7 +159,8 @@ class TorchNoiseStream(NoiseStream):
         # the keyed draw on the host, in the stream's dtype (the NumPy stream's row); on the
         # CPU a view
         if isinstance(self._rng, CipherGaussian):
-            host = self._rng.next_row(self.dim, self._np_dtype)
+            host = self._rng.next_row(self.dim, self._np_dtype,  # small rows several a call
+                                      ahead=self.horizon - self.step)
         else:  # a keyed Philox stream of format 2, continued as it began
             host = self._rng.standard_normal(self.dim, dtype=self._np_dtype)
         row = torch.from_numpy(host)
