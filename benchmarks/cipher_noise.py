@@ -17,6 +17,17 @@ keystream per pair (AES-128-CTR and ChaCha20, the bytes the kernel reads), the t
 several chunk sizes, and the elementary functions the transform could use (float32 and
 float64 ``log``, ``sin``+``cos`` against the float64 table rotation).
 
+``--stream-dims D …`` adds a stream's whole step, ``NoiseStream.next()`` of a ``blt`` stream
+(N = 4000) at small ``d`` — where a row is short and a transform's fixed ≈ 35 NumPy calls
+dominate — side by side in one run: a Philox stream (noise-state format 2, still loaded and
+continued), the AES stream drawing one row a kernel call (``ROW_CACHE_FLOATS = 0``: the
+streams before rows were computed ahead) and the AES stream as it is (small rows several a
+kernel call, :meth:`~flwr_corrnoise.cipher_noise.CipherGaussian.next_row`'s ``ahead``).
+Each repeat times ``--stream-steps`` consecutive steps of each candidate (a fresh stream,
+untimed, when one runs out); the figure is the best repeat's mean µs per step::
+
+    python benchmarks/cipher_noise.py --dims 1000 --repeats 30 --stream-dims 2 20 100 1000
+
 ``--ks N`` draws ``N`` normals of each dtype once and prints their moments and a
 Kolmogorov–Smirnov test against ``scipy.stats.norm`` (the issue's 10⁷-draw check; the test
 suite keeps to 10⁶).
@@ -77,6 +88,50 @@ def draws(dims: list[int], repeats: int) -> None:
             ns = 1e9 * best[f"{name}|{dtype}"] / d
             ref = 1e9 * best[f"Philox ziggurat|{dtype}"] / d
             print(f"| {d:,} | {name} | {dtype} | {ns:.2f} | {ns / ref:.2f}× |", flush=True)
+
+
+def stream_steps(dims: list[int], repeats: int, steps: int, horizon: int = 4000) -> None:
+    """µs per ``NoiseStream.next()``: Philox (format 2) against AES, one row a kernel call
+    and rows ahead, round-robin in one run."""
+    from flwr_corrnoise.noise_keys import noise_generator
+    from flwr_corrnoise.streams import NoiseStream, normalize_shapes
+
+    def philox(d: int, dtype: type) -> NoiseStream:
+        return NoiseStream("blt", horizon, normalize_shapes(d), 1.0, noise_generator(1),
+                           dtype=dtype)
+
+    def aes(d: int, dtype: type) -> NoiseStream:
+        return NoiseStream.create("blt", horizon, d, 1.0, 1, dtype=dtype)
+
+    cache = cn.ROW_CACHE_FLOATS
+    candidates = [("Philox stream (format 2)", philox, cache),
+                  ("AES stream, one row a kernel call (before)", aes, 0),
+                  ("AES stream, rows ahead (now)", aes, cache)]
+    print()
+    print("| d | stream (blt, N = 4000) | dtype | µs per step | × Philox stream (same dtype) |")
+    print("|---|---|---|---|---|")
+    for d in dims:
+        for dtype in (np.float64, np.float32):
+            streams = [make(d, dtype) for _, make, _ in candidates]
+            best = [math.inf] * len(candidates)
+            for rep in range(repeats + 1):  # round 0 warms up (tables, contexts)
+                for i, (_, make, floats) in enumerate(candidates):
+                    if streams[i].remaining < steps:
+                        streams[i] = make(d, dtype)
+                    s = streams[i]
+                    cn.ROW_CACHE_FLOATS = floats
+                    try:
+                        start = time.perf_counter()
+                        for _ in range(steps):
+                            s.next()
+                        elapsed = time.perf_counter() - start
+                    finally:
+                        cn.ROW_CACHE_FLOATS = cache
+                    if rep:
+                        best[i] = min(best[i], elapsed / steps)
+            for (name, _, _), t in zip(candidates, best, strict=True):
+                print(f"| {d:,} | {name} | {np.dtype(dtype).name} | {1e6 * t:.1f} | "
+                      f"{t / best[0]:.2f}× |", flush=True)
 
 
 def floor(repeats: int) -> None:
@@ -165,6 +220,10 @@ def main() -> None:
     p.add_argument("--dims", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--floor", action="store_true", help="where a normal's time goes")
+    p.add_argument("--stream-dims", type=int, nargs="*", default=[], metavar="D",
+                   help="also time NoiseStream.next() at these d (Philox vs AES)")
+    p.add_argument("--stream-steps", type=int, default=100, metavar="K",
+                   help="steps a repeat times (--stream-dims)")
     p.add_argument("--ks", type=int, default=0, metavar="N",
                    help="moments and a KS test of N draws of each dtype")
     args = p.parse_args()
@@ -174,6 +233,10 @@ def main() -> None:
           f"({openssl_backend.openssl_version_text()}), {os.cpu_count()} CPUs; "
           f"best of {args.repeats} round-robin repeats; one thread")
     draws(args.dims, args.repeats)
+    if args.stream_dims:
+        if not 1 <= args.stream_steps <= 4000:
+            p.error("--stream-steps must be in [1, 4000]")
+        stream_steps(args.stream_dims, args.repeats, args.stream_steps)
     if args.floor:
         floor(args.repeats)
     if args.ks:

@@ -9,7 +9,11 @@ keyed by 128 bits (OS entropy for a deployed learner, a hash of every bit of the
 reproducible simulation; a standard cipher: its outputs do not reveal the key), in the order
 the mechanism needs the rows; the ``w``-th draw is the kernel's row ``w``, a pure function
 of the key and ``w`` (so a mechanism may regenerate a row by its index; a test checks the
-rows against the kernel's). The vanilla tree draws only the rows that some prefix sum uses
+rows against the kernel's). A small row is computed with the next ones in one kernel call and
+handed out from a per-generator cache (≤ 32768 floats; the same rows, each once; not part of
+the state, dropped whenever the position moves otherwise: a seek, a rollback, a restore —
+:meth:`~flwr_corrnoise.cipher_noise.CipherGaussian.next_row`'s ``ahead``).
+The vanilla tree draws only the rows that some prefix sum uses
 (:meth:`~flwr_corrnoise.mechanisms.tree.BinaryTree.drawn_nodes`): one per step. The
 stream's whole state is that generator's state (key, the next row's index), the step
 index, and what the mechanism must remember of past rows (streams written before noise-state

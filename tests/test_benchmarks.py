@@ -106,6 +106,20 @@ def test_cipher_noise() -> None:
 
 
 @pytest.mark.slow
+def test_cipher_noise_stream_steps() -> None:
+    """benchmarks/cipher_noise.py --stream-dims at toy size: a stream's step timed for a
+    Philox stream, the AES stream one row a kernel call and with rows ahead, each dtype."""
+    rows = run("cipher_noise.py", "--dims", "100", "--repeats", "1", "--stream-dims", "2",
+               "20", "--stream-steps", "3")
+    steps = {(r[0], r[1], r[2]): r for r in rows if len(r) == 5 and "stream" in r[1]}
+    names = {"Philox stream (format 2)", "AES stream, one row a kernel call (before)",
+             "AES stream, rows ahead (now)"}
+    assert set(steps) == {(d, n, t) for d in ("2", "20") for n in names
+                          for t in ("float32", "float64")}
+    assert all(float(r[3]) > 0 and r[4].endswith("×") for r in steps.values())
+    assert steps[("2", "Philox stream (format 2)", "float32")][4] == "1.00×"
+
+
 def test_noise_keys() -> None:
     rows = run("noise_keys.py", "--dims", "100", "2000", "--repeats", "2",
                "--block-elements", "20000")

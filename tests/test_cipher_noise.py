@@ -379,3 +379,72 @@ def test_the_tail_cut_and_eta_against_independent_computations() -> None:
     assert (1 + math.exp(8)) * cn.tail_tv(10**10) < 1e-25
     # a 32-bit uniform would not be: 6.7σ gives η_total ≈ 1 at 10¹⁰ draws
     assert cn.tail_tv(10**10, per_pair=2.0**-32) > 1
+
+
+# -- rows computed ahead (next_row's ahead=: a cache, not state) -------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [1, 2, 33, 1000, cn.ROW_CACHE_FLOATS // 2 + 1])
+def test_rows_computed_ahead_are_the_rows_one_at_a_time(dtype: type, d: int) -> None:
+    n = 40
+    want = CipherGaussian.from_seed(21).rows(3, n, d, dtype)
+    gen = CipherGaussian(cn.key_from_seed(21), position=3)
+    out = np.empty(d, dtype=dtype)
+    got = []
+    for i in range(n):
+        if i % 3 == 2:  # into a given array, too
+            got.append(gen.next_row(d, dtype, out=out, ahead=n - i).copy())
+        else:
+            got.append(gen.next_row(d, dtype, ahead=n - i))
+        assert gen.position == 4 + i  # the counter moves one row a call, as without ahead
+        cache = gen._cache
+        assert cache is None or cache.size <= cn.ROW_CACHE_FLOATS  # bounded memory
+        if 2 * d > cn.ROW_CACHE_FLOATS:
+            assert cache is None  # a long row is never computed ahead
+        else:  # never past what the caller said it may draw
+            assert cache is None or cache.shape[0] - gen._cache_at <= n - i - 1
+    np.testing.assert_array_equal(np.stack(got), want)  # bit for bit, each row once
+    assert gen._cache is None  # the last row handed out: nothing kept
+
+
+def test_rows_ahead_are_not_state_and_are_dropped_when_the_counter_moves() -> None:
+    d, dtype = 5, np.float32
+    want = CipherGaussian.from_seed(4).rows(0, 200, d, dtype)
+    gen = CipherGaussian.from_seed(4)
+    for _ in range(3):
+        gen.next_row(d, dtype, ahead=200)
+    assert gen._cache is not None  # rows 3… computed ahead
+    plain = CipherGaussian.from_seed(4)
+    plain.position = 3
+    # the state, the packed words and a pickle are the counter, never the cached rows
+    assert gen.state == plain.state
+    np.testing.assert_array_equal(gen.pack(), plain.pack())
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(gen))
+    assert clone._cache is None and clone.position == 3
+    # a rollback (the state set back) drops the cache: the same rows again, by design
+    token = gen.state
+    a = [gen.next_row(d, dtype, ahead=200) for _ in range(4)]
+    gen.state = token
+    assert gen._cache is None
+    b = [gen.next_row(d, dtype, ahead=200) for _ in range(4)]
+    np.testing.assert_array_equal(np.stack(a), want[3:7])
+    np.testing.assert_array_equal(np.stack(b), want[3:7])
+    # a seek (the counter moved from outside) drops it: the row at the new counter
+    gen.position += 10
+    assert gen._cache is None
+    np.testing.assert_array_equal(gen.next_row(d, dtype, ahead=200), want[17])
+    gen.position = 2
+    np.testing.assert_array_equal(gen.next_row(d, dtype, ahead=200), want[2])
+    # another d or dtype at the same counter: that row, not a cached one of the old shape
+    np.testing.assert_array_equal(gen.next_row(d, np.float64, ahead=200),
+                                  CipherGaussian.from_seed(4).row(3, d, np.float64))
+    np.testing.assert_array_equal(gen.next_row(d + 1, dtype, ahead=200),
+                                  CipherGaussian.from_seed(4).row(4, d + 1, dtype))
+    # another key: dropped, the new key's rows
+    gen.next_row(d, dtype, ahead=200)
+    assert gen._cache is not None
+    gen.state = (cn.key_from_seed(5), 0, 0)
+    assert gen._cache is None
+    np.testing.assert_array_equal(gen.next_row(d, dtype, ahead=200),
+                                  CipherGaussian.from_seed(5).row(0, d, dtype))

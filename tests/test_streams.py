@@ -202,3 +202,34 @@ def test_other_backends_restore_only_through_their_registered_module() -> None:
         streams._BACKENDS.pop("quantum")
     with pytest.raises(ValueError, match="built-in"):
         register_stream_backend("numpy", restore_stream)
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_rows_drawn_ahead_change_no_released_value(name: str, dtype: type,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream computes small rows several per kernel call (CipherGaussian.next_row's
+    ``ahead``): its increments, its states and what a rollback re-serves are those of a
+    stream drawing one row a call, bit for bit."""
+    from flwr_corrnoise import cipher_noise as cn
+
+    def run() -> tuple[list[np.ndarray], list[bytes]]:
+        s = NoiseStream.create(name, 24, [(2, 3), (5,)], 1.5, seed=8, dtype=dtype)
+        out, states = [s.next() for _ in range(5)], [s.to_bytes()]
+        token = s.checkpoint()
+        out += [s.next() for _ in range(4)]
+        s.rollback(token)  # the same rows again, by design
+        states.append(s.to_bytes())
+        out += [s.next() for _ in range(6)]
+        restored = NoiseStream.from_bytes(s.to_bytes())  # the state is the row counter
+        states.append(restored.to_bytes())
+        out += [restored.next() for _ in range(restored.remaining)]
+        return out, states
+
+    cached = run()
+    monkeypatch.setattr(cn, "ROW_CACHE_FLOATS", 0)  # no row computed ahead
+    plain = run()
+    for a, b in zip(cached[0], plain[0], strict=True):
+        assert a.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(a, b)
+    assert cached[1] == plain[1]
