@@ -20,6 +20,8 @@ from flwr_corrnoise.mechanisms.participation import Participation
 from flwr_corrnoise.plan import NO_LEARNING_NSR, PlanInput, make_plan
 from flwr_corrnoise.variants import central_calibration, central_noise_std
 
+from .test_server_summary import flower_log
+
 D, R, M = 62006, 3, 2
 
 
@@ -70,6 +72,6 @@ def test_per_round_local_dp_warns_and_start_logs_it(caplog, monkeypatch) -> None
 
     # Flower's loop itself is not run: the warning comes before it
     monkeypatch.setattr(Strategy, "start", refuse)
-    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(StopError):
+    with flower_log(caplog, logging.WARNING), pytest.raises(StopError):
         strategy.start(None, ArrayRecord([np.zeros(D)]), num_rounds=R)  # type: ignore[arg-type]
     assert any("not expected to learn" in r.getMessage() for r in caplog.records)

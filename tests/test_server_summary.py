@@ -7,6 +7,8 @@ and the noise std the learners will calibrate — the same figures as theirs."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from flwr.serverapp.strategy import FedAvg
@@ -19,10 +21,25 @@ QUICKSTART = {"num-server-rounds": 3, "local-epochs": 2, "lr": 0.1, "mechanism":
 
 
 def summary(strategy: CorrNoiseLocalDPStrategy, caplog: pytest.LogCaptureFixture) -> str:
+    """The start-up summary as Flower's logger prints it (captured on that logger: an
+    earlier simulation in the same process may have stopped it propagating to the root)."""
     caplog.clear()
-    with caplog.at_level(logging.INFO):
+    with flower_log(caplog, logging.INFO):
         strategy.summary()
     return "\n".join(r.getMessage() for r in caplog.records)
+
+
+@contextmanager
+def flower_log(caplog: pytest.LogCaptureFixture, level: int) -> Iterator[None]:
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(caplog.handler)
+    disabled, flwr_logger.disabled = flwr_logger.disabled, False
+    try:
+        with caplog.at_level(level, logger="flwr"):
+            yield
+    finally:
+        flwr_logger.removeHandler(caplog.handler)
+        flwr_logger.disabled = disabled
 
 
 def test_the_quickstart_server_line_starts_and_says_what_the_learners_set(caplog) -> None:

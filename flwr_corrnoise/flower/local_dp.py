@@ -25,9 +25,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..learner import NOISELESS, PrivacySettings
+from ..learner import NOISELESS, PrivacyConfigError, PrivacySettings
 from ..plan import round_plan_warning
-from ..settings_keys import lookup, require
+from ..settings_keys import lookup, require, summarized
 from .monitor import (
     REPORTED,
     RoundWatch,
@@ -42,15 +42,17 @@ from .session import PARTICIPATION_KEYS
 log = logging.getLogger(__name__)
 
 
-def budget_proposal(cfg: Mapping[str, Any], with_horizon: bool) -> dict[str, Any]:
+@summarized(error=PrivacyConfigError)  # near-miss keys refused as the learners refuse them
+def budget_proposal(cfg: Mapping[str, Any], with_horizon: bool,
+                    where: str = "run config") -> dict[str, Any]:
     """The ``privacy-*`` proposal of the budget keys alone (mechanism, ε, δ, clip norm, and
     the horizon when the run config fixes it), validated as a learner would read them."""
-    mechanism = lookup(cfg, "mechanism", "run config")
+    mechanism = lookup(cfg, "mechanism", where)
     if mechanism == NOISELESS:
         return {}
-    budget = PrivacySettings(mechanism=mechanism, epsilon=lookup(cfg, "epsilon", "run config"),
-                             delta=lookup(cfg, "delta", "run config"),
-                             clip_norm=lookup(cfg, "clip-norm", "run config"))
+    budget = PrivacySettings(mechanism=mechanism, epsilon=lookup(cfg, "epsilon", where),
+                             delta=lookup(cfg, "delta", where),
+                             clip_norm=lookup(cfg, "clip-norm", where))
     out = budget.proposal()
     del out["privacy-horizon"]  # PrivacySettings' placeholder, not the run's
     if with_horizon:
