@@ -54,11 +54,19 @@ DEMO = LogRegSetup(num_learners=10, dim=20, rounds=20, tau=50, labels="shared",
                    epsilon=2.0, delta=1e-3, test_size=1000)
 
 #: η per method, tuned by ``python -m experiments.demo --tune`` (final accuracy, mean over
-#: the tuning seeds 100–102, grid 0.01 0.03 0.1 0.3 1; measured: no noise 0.902 at η = 1,
-#: independent 0.773 at 0.03, BLT 0.866 at 0.3): each method at its best step size. The
-#: other correlated mechanisms take BLT's (their noise is within 5 % of it)
-ETAS = {"none": 1.0, "independent": 0.03, "blt": 0.3, "optimized": 0.3, "toeplitz": 0.3,
-        "tree": 0.3, "efficient-tree": 0.3}
+#: the tuning seeds 100–102, grid 0.01 0.03 0.1 0.3 1; every grid point's score is in
+#: docs/results-demo-tuning.csv, written by ``python -m simulations.doc_numbers
+#: demo-tuning``): each method at its best step size. The other correlated mechanisms take
+#: BLT's (their noise is within 5 % of it)
+ETAS = {"none": 1.0, "independent": 0.01, "blt": 0.1, "optimized": 0.1, "toeplitz": 0.1,
+        "tree": 0.1, "efficient-tree": 0.1}
+
+
+def eta_of(method: str) -> float:
+    """The demo's η of a method; a mechanism without its own tuned η takes BLT's."""
+    return ETAS.get(method, ETAS["blt"])
+
+
 TUNING_SEEDS = (100, 101, 102)
 TUNING_GRID = (0.01, 0.03, 0.1, 0.3, 1.0)
 METHODS = ("none", "independent", "blt")
@@ -99,7 +107,7 @@ def label(method: str) -> str:
 
 def setup_for(method: str, seed: int, base: LogRegSetup = DEMO) -> LogRegSetup:
     """One run of the demo: the method, its tuned η, new data and noise per seed."""
-    return base.with_(mechanism=method, eta=ETAS.get(method, 0.3), seed=seed, data_seed=seed)
+    return base.with_(mechanism=method, eta=eta_of(method), seed=seed, data_seed=seed)
 
 
 def run_inprocess(setup: LogRegSetup) -> tuple[list[dict[str, float]], np.ndarray]:
@@ -173,7 +181,7 @@ def _inprocess_all(res: DemoResult, methods: Sequence[str], seeds: list[int], sa
             accs = res.final_accuracies(method)
             elapsed = time.perf_counter() - start
             say(f"[in process {done}/{total}] {label(method):<11} η = "
-                f"{ETAS.get(method, 0.3):<5g} final accuracy {accs.mean():.3f} (min "
+                f"{eta_of(method):<5g} final accuracy {accs.mean():.3f} (min "
                 f"{accs.min():.3f}, max {accs.max():.3f}, {len(seeds)} seeds)  {elapsed:.0f} s; "
                 f"about {elapsed / done * (total - done):.0f} s left")
         res.seconds["inprocess"] = time.perf_counter() - start
@@ -209,7 +217,7 @@ def write_csv(res: DemoResult) -> None:
         for method, by_seed in res.curves.items():
             for seed, rows in by_seed.items():
                 for row in rows:
-                    w.writerow([label(method), seed, ETAS.get(method, 0.3), int(row["round"]),
+                    w.writerow([label(method), seed, eta_of(method), int(row["round"]),
                                 row["test-accuracy"], row.get("online-loss", "")])
     with open(res.out / "summary.csv", "w", newline="") as fh:
         w = csv.writer(fh)
@@ -219,7 +227,7 @@ def write_csv(res: DemoResult) -> None:
             accs = res.final_accuracies(method)
             private = method != "none"
             w.writerow([label(method), res.setup.epsilon if private else "",
-                        res.setup.delta if private else "", ETAS.get(method, 0.3), len(accs),
+                        res.setup.delta if private else "", eta_of(method), len(accs),
                         f"{accs.mean():.4f}", f"{accs.min():.4f}", f"{accs.max():.4f}"])
 
 
@@ -241,7 +249,7 @@ def plot(res: DemoResult, path: Path) -> None:
         accs = acc[:, -1]
         name = NAMES.get(method, method)
         ax1.plot(rounds, acc.mean(0), color=c, lw=2,
-                 label=f"{name}: {accs.mean():.2f} (η = {ETAS.get(method, 0.3):g})")
+                 label=f"{name}: {accs.mean():.2f} (η = {eta_of(method):g})")
         ax1.annotate(f"{accs.mean():.2f}", (rounds[-1], acc.mean(0)[-1]), color=c,
                      xytext=(4, 0), textcoords="offset points", va="center",
                      fontsize="small")

@@ -20,8 +20,9 @@ in docs/benchmarks.md). A run's metrics are computed for all its rounds at once 
 process. Outputs in ``--out``: ``runs.csv`` (per seed), ``tuning.csv``,
 ``curves.csv`` (mean/std per round), ``accuracy.png``, ``loss.png``, ``regret.png``;
 ``--docs`` also writes ``docs/results-logreg.csv`` (``-fedprox.csv`` for ``--labels
-fedprox``, ``-TAG.csv`` with ``--docs-tag TAG``), copies the plots to ``docs/figures/``
-and puts the table into ``docs/results-logreg.md`` between its markers.
+fedprox``, ``-TAG.csv`` with ``--docs-tag TAG``) and the tuning scores beside it
+(``docs/results-logreg-tuning.csv``, ``-fedprox-tuning.csv``, …), copies the plots to
+``docs/figures/`` and puts the table into ``docs/results-logreg.md`` between its markers.
 """
 
 from __future__ import annotations
@@ -718,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
             "" if args.labels == "centred" else args.labels)
         name = f"results-logreg{'-' + tag if tag else ''}"
         write_runs(docs / f"{name}.csv", results)
+        # the tuning grid's scores, so that the docs' statements about η are backed by a file
+        shutil.copyfile(args.out / "tuning.csv", docs / f"{name}-tuning.csv")
         figures = docs / "figures"
         figures.mkdir(exist_ok=True)
         for png in pngs:  # the plots the docs page shows

@@ -1,0 +1,203 @@
+"""The numbers the docs quote outside the sweeps' own tables, each written to a CSV.
+
+Issue 36 item 3: every number in README.md and docs/ comes from a committed CSV or from a
+command whose output is committed. The sweeps (``simulations.logreg``, ``simulations.cnn``,
+…) write their own tables; this script writes the rest, one subcommand per CSV:
+
+    # noise std and noise multiplier, exact analytic Gaussian vs the paper's zCDP formula,
+    # at the settings the results pages use
+    python -m simulations.doc_numbers calibration --out docs/results-calibration.csv
+    # the demo's step-size tuning (README command 1; experiments/demo.py's ETAS)
+    python -m simulations.doc_numbers demo-tuning --out docs/results-demo-tuning.csv
+    # feature and raw gradient norms of the logistic-regression data (balanced labels)
+    python -m simulations.doc_numbers logreg-norms --out docs/results-logreg-norms.csv
+    # per-seed comparison of every pair of methods in a sweep's per-seed CSV
+    python -m simulations.doc_numbers paired --runs docs/results-logreg.csv \\
+        --out docs/results-logreg-paired.csv
+
+Experiment code (not installed); it calls the library's public API and the experiment
+modules only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+#: (page, mechanism, steps, epsilon, delta): the calibrations the results pages quote
+CALIBRATIONS = (
+    ("results-cnn.md", "blt", 5000, 2.0, 1e-3),
+    ("results-cnn.md", "independent", 5000, 2.0, 1e-3),
+    ("results-logreg.md", "toeplitz", 4000, 2.0, 1e-3),
+    ("results-logreg.md", "toeplitz", 4000, 0.5, 1e-3),
+)
+
+
+def _write(path: Path, header: Sequence[str], rows: list[list]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+    print(f"{len(rows)} rows -> {path}", flush=True)
+
+
+def calibration_rows(cases: Sequence[tuple] = CALIBRATIONS) -> list[list]:
+    """Each case under both calibrations: the noise std per coordinate for clip norm 1
+    and the noise multiplier (std / L2 sensitivity), and zCDP's std over the exact one."""
+    from flwr_corrnoise import calibrate_mechanism
+
+    rows = []
+    for page, mechanism, steps, eps, delta in cases:
+        cal = {m: calibrate_mechanism(epsilon=eps, delta=delta, clip_norm=1.0,
+                                      mechanism=mechanism, steps=steps, method=m)
+               for m in ("exact", "zcdp")}
+        for m, c in cal.items():
+            rows.append([page, mechanism, steps, eps, delta, m, f"{c.std:.4f}",
+                         f"{c.noise_multiplier:.4f}", f"{c.std / cal['exact'].std:.4f}"])
+    return rows
+
+
+def demo_tuning_rows(methods: Sequence[str], grid: Sequence[float], seeds: Sequence[int],
+                     rounds: int | None = None) -> list[list]:
+    """experiments.demo's tuning (final test accuracy per method, η and tuning seed), with
+    the mean over the seeds and the η each method's best mean picks."""
+    from experiments.demo import DEMO, run_inprocess
+
+    base = DEMO if rounds is None else DEMO.with_(rounds=rounds)
+    rows = []
+    for method in methods:
+        per_eta = {}
+        for eta in grid:
+            per_eta[eta] = [
+                run_inprocess(base.with_(mechanism=method, eta=eta, seed=s, data_seed=s))[0][-1][
+                    "test-accuracy"] for s in seeds]
+            print(f"{method:<12} η = {eta:<5g} mean final accuracy "
+                  f"{np.mean(per_eta[eta]):.3f}", flush=True)
+        best = max(per_eta, key=lambda e: float(np.mean(per_eta[e])))
+        for eta, accs in per_eta.items():
+            for s, acc in zip(seeds, accs, strict=True):
+                rows.append([method, eta, s, f"{acc:.4f}", f"{np.mean(accs):.4f}",
+                             int(eta == best)])
+    return rows
+
+
+def _grad_norms(A: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """‖∇ log(1 + exp(−y⟨x, a⟩))‖ = σ(−y⟨x, a⟩)·‖a‖ for every datum."""
+    from scipy.special import expit
+
+    return expit(-y * (A @ x)) * np.linalg.norm(A, axis=1)
+
+
+def _quantiles(v: np.ndarray) -> list[str]:
+    return [f"{np.quantile(v, p):.3f}" for p in (0.1, 0.5, 0.9)]
+
+
+def logreg_norms_rows(seeds: Sequence[int], points: int, learners: int = 20,
+                      dim: int = 100) -> list[list]:
+    """Per data seed of the logistic-regression setting (balanced labels, α = β = 0.1):
+    the features' norm, the share of ‖a‖² in the learner's mean ``v_i``, and the raw
+    per-datum gradient norms at ``x = 0`` (where every run starts) and at the best single
+    global model (L2-regularised logistic fit on the same points), over each learner's
+    first ``points`` stream positions. Quantiles: 10 %, 50 %, 90 %."""
+    from flwr_corrnoise.apps.logreg_task import LogRegSetup, federation
+    from flwr_corrnoise.metrics import fit_logistic
+
+    rows = []
+    for seed in seeds:
+        setup = LogRegSetup(num_learners=learners, dim=dim, labels="centred", data_seed=seed)
+        fed = federation(setup)
+        means = fed.feature_means
+        batches = [fed.learner_batch(i, 0, points) for i in range(learners)]
+        A = np.concatenate([a for a, _ in batches])
+        y = np.concatenate([b for _, b in batches])
+        mean_of = np.repeat(means, points, axis=0)
+        norms = np.linalg.norm(A, axis=1)
+        share = float(np.sum(mean_of**2) / np.sum(A**2))
+        x_best = fit_logistic(A, y, l2=1e-4)
+
+        g0, gb = _grad_norms(A, y, np.zeros(dim)), _grad_norms(A, y, x_best)
+        q = _quantiles
+        rows.append([seed, learners, dim, points, f"{norms.mean():.3f}", *q(norms),
+                     f"{share:.3f}", *q(g0), *q(gb), f"{np.mean(gb > 1.0):.3f}"])
+    return rows
+
+
+NORMS_HEADER = ["data_seed", "learners", "dim", "points_per_learner", "feature_norm_mean",
+                "feature_norm_q10", "feature_norm_q50", "feature_norm_q90",
+                "share_of_squared_norm_in_learner_mean", "grad_norm_at_zero_q10",
+                "grad_norm_at_zero_q50", "grad_norm_at_zero_q90", "grad_norm_at_best_q10",
+                "grad_norm_at_best_q50", "grad_norm_at_best_q90",
+                "fraction_clipped_at_best_bg1"]
+
+
+def paired_rows(runs: Path, metrics: Sequence[str]) -> list[list]:
+    """Every pair of methods at every budget of a per-seed CSV (``simulations.logreg``'s
+    ``runs.csv``/``docs/results-logreg*.csv``): on how many seeds the first is above, equal
+    to, below the second, and the mean and std over the seeds of the difference."""
+    with open(runs) as fh:
+        data = list(csv.DictReader(fh))
+    budgets = sorted({(r["epsilon"], r["delta"]) for r in data if r["epsilon"]})
+    rows = []
+    for eps, delta in budgets:
+        here = [r for r in data if (r["epsilon"], r["delta"]) == (eps, delta) or not r["epsilon"]]
+        methods = list(dict.fromkeys(r["method"] for r in here))
+        for metric in metrics:
+            by = {m: {r["seed"]: float(r[metric]) for r in here if r["method"] == m}
+                  for m in methods}
+            for a, b in itertools.combinations(methods, 2):
+                seeds = sorted(set(by[a]) & set(by[b]), key=int)
+                d = np.array([by[a][s] - by[b][s] for s in seeds])
+                rows.append([eps, delta, metric, a, b, len(seeds), int(np.sum(d > 0)),
+                             int(np.sum(d == 0)), int(np.sum(d < 0)), f"{d.mean():.5f}",
+                             f"{d.std(ddof=1) if len(d) > 1 else 0.0:.5f}"])
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("calibration", help="noise std, exact vs zCDP, at the docs' settings")
+    c.add_argument("--out", type=Path, default=Path("docs/results-calibration.csv"))
+    d = sub.add_parser("demo-tuning", help="the demo's η grid on its tuning seeds")
+    d.add_argument("--out", type=Path, default=Path("docs/results-demo-tuning.csv"))
+    d.add_argument("--methods", nargs="+", default=["none", "independent", "blt"])
+    d.add_argument("--grid", nargs="+", type=float, default=[0.01, 0.03, 0.1, 0.3, 1.0])
+    d.add_argument("--seeds", nargs="+", type=int, default=[100, 101, 102])
+    d.add_argument("--rounds", type=int, default=None, help="default: the demo's (20)")
+    n = sub.add_parser("logreg-norms", help="feature and gradient norms, balanced labels")
+    n.add_argument("--out", type=Path, default=Path("docs/results-logreg-norms.csv"))
+    n.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    n.add_argument("--points", type=int, default=1000, help="stream positions per learner")
+    n.add_argument("--learners", type=int, default=20)
+    n.add_argument("--dim", type=int, default=100)
+    q = sub.add_parser("paired", help="per-seed pairwise comparison of a sweep's methods")
+    q.add_argument("--runs", type=Path, default=Path("docs/results-logreg.csv"))
+    q.add_argument("--metrics", nargs="+", default=["final_accuracy", "avg_online_loss"])
+    q.add_argument("--out", type=Path, default=Path("docs/results-logreg-paired.csv"))
+    args = p.parse_args(argv)
+    if args.what == "calibration":
+        _write(args.out, ["page", "mechanism", "steps", "epsilon", "delta", "calibration",
+                          "std_per_coordinate_clip1", "noise_multiplier",
+                          "std_over_exact"], calibration_rows())
+    elif args.what == "demo-tuning":
+        _write(args.out, ["method", "eta", "tuning_seed", "final_accuracy",
+                          "mean_final_accuracy", "chosen"],
+               demo_tuning_rows(args.methods, args.grid, args.seeds, args.rounds))
+    elif args.what == "logreg-norms":
+        _write(args.out, NORMS_HEADER,
+               logreg_norms_rows(args.seeds, args.points, args.learners, args.dim))
+    else:
+        _write(args.out, ["epsilon", "delta", "metric", "method_a", "method_b", "seeds",
+                          "a_above_b", "equal", "a_below_b", "mean_a_minus_b",
+                          "std_a_minus_b"], paired_rows(args.runs, args.metrics))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
