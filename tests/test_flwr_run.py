@@ -95,18 +95,36 @@ def flwr_env(**extra: str) -> Iterator[dict[str, str]]:
     assert not superlink_pids(home)
 
 
+#: Flower's CLI gives the local SuperLink it starts 15 s (flwr.cli.local_superlink); on 2
+#: cores under 4 test workers it can take longer, and the SuperLink then comes up anyway
+SUPERLINK_SLOW = "Failed to start local SuperLink within"
+
+
+def flwr_run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """``flwr run ARGS`` — once more if the only failure was Flower's 15 s wait for the
+    local SuperLink it started (the SuperLink keeps starting, and the second ``flwr run``
+    finds it running); any other failure is returned as it is."""
+    run = [str(FLWR), "run", *args]
+    proc = subprocess.run(run, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and SUPERLINK_SLOW in proc.stdout + proc.stderr:
+        deadline = time.monotonic() + 60
+        while not superlink_pids(Path(env["FLWR_HOME"])) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(10)  # its APIs come up after the process
+        proc = subprocess.run(run, env=env, cwd=cwd, capture_output=True, text=True,
+                              timeout=300)
+    return proc
+
+
 @needs_flwr
 def test_flwr_run_local_simulation(tmp_path: Path) -> None:
     out = tmp_path / "results"
     run_config = (f"num-learners=3 dim=6 num-server-rounds=3 local-steps=2 mechanism='tree' "
                   f"seed=11 data-seed=4 test-size=100 results-dir='{out}'")
     with flwr_env() as env:
-        proc = subprocess.run(
-            [str(FLWR), "run", str(APP), "--stream",
-             "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
-             "--run-config", run_config],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        )
+        proc = flwr_run([str(APP), "--stream",
+                         "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
+                         "--run-config", run_config], env, tmp_path)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         deadline = time.monotonic() + 60
         while not (out / "final_model.npy").exists() and time.monotonic() < deadline:
@@ -137,11 +155,10 @@ def test_flwr_run_of_a_run_every_learner_refuses_is_marked_failed(tmp_path: Path
     # this checkout's code in Flower's processes, whatever the working directory
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     with flwr_env(PYTHONPATH=pythonpath) as env:
-        proc = subprocess.run(
-            [str(FLWR), "run", str(app), "--stream",
-             # one actor (2 CPUs each): every learner refuses, nothing to spread
-             "--federation-config", "num-supernodes=2 client-resources-num-cpus=2"],
-            env=env, cwd=app, capture_output=True, text=True, timeout=300)
+        proc = flwr_run([str(app), "--stream",
+                         # one actor (2 CPUs each): every learner refuses, nothing to spread
+                         "--federation-config", "num-supernodes=2 client-resources-num-cpus=2"],
+                        env, app)
         assert proc.returncode == 0  # Flower's CLI: submitted, whatever the outcome
         runs: list = []
         deadline = time.monotonic() + 60
