@@ -283,6 +283,10 @@ PARTICIPATION_REQUIRED = (
     "datum used once and discarded, paper 000's setting)")
 
 
+#: the config keys that declare how often a datum is used (one of them is required)
+PARTICIPATION_KEYS = ("data-reuse", "epochs", "min-sep", "max-participations")
+
+
 def _reuse(cfg: Mapping[str, Any], where: str) -> str | None:
     raw = cfg.get("data-reuse")
     if raw is None or (isinstance(raw, str) and not raw.strip()):

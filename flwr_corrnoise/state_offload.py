@@ -108,7 +108,7 @@ POLY1305, HMAC_SHA256 = "poly1305", "hmac-sha256"
 
 def default_directory() -> Path:
     """``<temp dir>/flwr-corrnoise-states-<uid>``: the default ``state-offload-dir``, one
-    per user (created ``0700`` on first use by :func:`private_root`)."""
+    per user (created ``0700`` on first use by :func:`private_dir`)."""
     return Path(tempfile.gettempdir()) / f"{DEFAULT_DIR}-{os.getuid()}"
 
 

@@ -33,13 +33,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import stat
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..state_offload import default_directory, private_dir
 
 
 class RoundReplayError(PermissionError):
@@ -48,18 +48,16 @@ class RoundReplayError(PermissionError):
     steps would release noise that already left the learner."""
 
 
-def private_root() -> Path:
-    """``<temp dir>/flwr-corrnoise-<uid>``, created 0700 and refused if another user owns
-    it or others may enter it: the folder holds learners' records (and, for offloaded
-    states, their noise keys), which no other account on the machine may read or plant."""
-    root = Path(tempfile.gettempdir()) / f"flwr-corrnoise-{os.getuid()}"
-    root.mkdir(mode=0o700, exist_ok=True)
-    info = root.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(
-            f"{root} must be a folder owned by this user with mode 0700 (it holds learner "
-            f"records); found mode {stat.S_IMODE(info.st_mode):o}, owner {info.st_uid}")
-    return root
+def ledger_root() -> Path:
+    """``<offload root>/releases``: the ledgers live in the same per-user ``0700`` folder as
+    offloaded states (:func:`~flwr_corrnoise.state_offload.default_directory`, checked by
+    :func:`~flwr_corrnoise.state_offload.private_dir`): they are learner records that no
+    other account on the machine may read or plant."""
+    root = default_directory()
+    private_dir(root)
+    releases = root / "releases"
+    private_dir(releases)
+    return releases
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,7 @@ class SimulationReleaseLedger:
     """The ledger file of one learner in one simulated run (see the module docstring)."""
 
     def __init__(self, run_id: int, node_id: int, key: str, root: Path | None = None) -> None:
-        base = (root if root is not None else private_root() / "releases") / f"run-{run_id}"
+        base = (root if root is not None else ledger_root()) / f"run-{run_id}"
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = base / f"node-{int(node_id)}-{key}.json"
         self._fd: int | None = None

@@ -54,6 +54,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 
 from .. import arraypack, state_offload
 from ..learner import (
+    PARTICIPATION_KEYS,
     PRIVACY_METRICS,
     LearnerState,
     NonFiniteError,
@@ -102,9 +103,6 @@ GENERIC_ERROR = 4100
 #: adds)
 RELEASED_METRICS = frozenset(PRIVACY_METRICS) | {
     "rounds-noised", "num-examples", "learner-id", "server-round"}
-
-#: the config keys that declare how often a datum is used (one of them is required)
-PARTICIPATION_KEYS = ("data-reuse", "epochs", "min-sep", "max-participations")
 
 #: run-config keys that carry privacy settings, and the proposal key each one maps to
 RUN_CONFIG_PROPOSAL = {
