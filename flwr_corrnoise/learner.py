@@ -723,7 +723,7 @@ class RoundMetrics(Mapping[str, float]):
 
     Why lazy: ε spent takes a float root and its exact (60-digit) check per new step count,
     ≈ 0.35 ms, and the in-process engines never read a round's metrics — computing them
-    every round was ≈ 20 % of the Fig. 3 sweep's CPU (docs/benchmarks.md, issue 22). What
+    every round was ≈ 20 % of the Fig. 3 sweep's CPU (docs/benchmarks-history.md, issue 22). What
     is computed is fixed when the round ends (its settings and step count), not when it is
     read, so a later round of the same state changes nothing here."""
 

@@ -181,7 +181,7 @@ def suggest(name: str) -> str | None:
     of an app's own keys (``num-learners``, ``num-partitions``) was compared with every
     table key each time — 26 edit distances in pure Python, ≈ 0.9 ms a key: the
     reference app's nine keys made its learner message 13.0 ms instead of 2.0 ms
-    (docs/benchmarks.md § 3).
+    (docs/benchmarks-history.md, the configuration check).
 
     Near means: the same key up to case, ``_`` for ``-`` or spaces (``clip_norm``), or at
     most ``max(1, len(key) // 6)`` edits away (one edit for ``epsilon``, two for

@@ -15,7 +15,7 @@ run uses the vectorized in-process engine (``flwr_corrnoise.engine.run_vectorize
 learners of a round as one array, each learner's step still the library's one private step,
 the same learner and server code as the Flower app); ``--engine reference`` runs the
 one-learner-at-a-time ``run_inprocess`` instead (the same results to 1e-12, slower; timings
-in docs/benchmarks.md). A run's metrics are computed for all its rounds at once when read
+in docs/benchmarks-history.md, issue 22). A run's metrics are computed for all its rounds at once when read
 (``SweepEvaluator``), and the dynamic regret's per-round optima once per data seed and
 process. Outputs in ``--out``: ``runs.csv`` (per seed), ``tuning.csv``,
 ``curves.csv`` (mean/std per round), ``accuracy.png``, ``loss.png``, ``regret.png``;
@@ -31,7 +31,7 @@ import os
 
 # One BLAS thread per process: the sweep's parallelism is its worker processes, and on 2
 # shared cores a multi-threaded product or eigendecomposition is 3–4× slower in wall time
-# (docs/benchmarks.md, issue 22). Set before NumPy loads when run as a script.
+# (docs/benchmarks-history.md, issue 22). Set before NumPy loads when run as a script.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
