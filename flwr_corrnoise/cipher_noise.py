@@ -106,12 +106,21 @@ MAX_RADIUS = math.sqrt(-2.0 * math.log(SMALLEST_UNIFORM))
 #: total variation between a kernel pair and a Gaussian pair from the radius cut: the mass
 #: 2⁻¹²⁸ of the lowest cell of the 128-bit uniform (≥ P(R > MAX_RADIUS) = 2⁻¹²⁹)
 TAIL_TV_PER_PAIR = 2.0**-128
+#: bytes of keystream a Laplace draw reads, and its smallest uniform: ``2⁻¹⁰⁶``, so the
+#: largest ``|x|`` is ``106·ln 2 ≈ 73.5`` scales (:data:`LAPLACE_MAX`)
+LAPLACE_BYTES = 16
+LAPLACE_SMALLEST_UNIFORM = 2.0**-106
+LAPLACE_MAX = -math.log(LAPLACE_SMALLEST_UNIFORM)
+#: total variation between a kernel Laplace draw and a Laplace one from the tail cut
+LAPLACE_TAIL_TV = 2.0**-106
 #: table bits of the float64 angle: 2¹¹ sectors of 2π/2048 (two 16 KiB tables)
 TABLE_BITS = 11
 
 _DOM_FLOAT32 = 0x01  # float32 rows (float64 rows: bit clear)
 _DOM_REFILL = 0x02  # the second radius word of a pair whose first is below 2³²
 _DOM_SEQUENTIAL = 0x04  # the sequential stream: its chunk c is row t = c of this domain
+_DOM_LAPLACE = 0x08  # unit Laplace rows (float64, 16 bytes a draw)
+_DOM_INTEGER = 0x10  # uniform integers below a bound (16 bytes each)
 _MAX_T = 1 << 56
 _MASK64 = (1 << 64) - 1
 _BYTES_PER_PAIR = {np.dtype(np.float32): 12, np.dtype(np.float64): 16}
@@ -352,6 +361,39 @@ def pairs_from_keystream(ks: np.ndarray, m: int, dtype: np.dtype,
     np.add(ss, t, out=out_sin)
 
 
+def laplace_from_keystream(ks: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Unit Laplace draws from :data:`LAPLACE_BYTES` keystream bytes each (public for the
+    tests, which feed it adversarial keystreams).
+
+    Why this transform: a Laplace variable is a fair sign times an Exp(1) one, and
+    ``−ln U`` is Exp(1) for a uniform ``U`` (inversion: no rejection, so a row's keystream
+    length is a function of its size and a row is addressable by counter). Draw ``i``
+    reads two little-endian 64-bit words ``a, b``: the sign is bit 0 of ``a``, and
+    ``U = (k₁ + (k₂ + 1)·2⁻⁵³)·2⁻⁵³`` with ``k₁ = a >> 11``, ``k₂ = b >> 11`` (53 bits
+    each), a uniform on the 106-bit grid of ``(0, 1]`` whose float64 value is one rounded
+    addition (every other step is exact, so it is the same float on every IEEE machine).
+    The smallest ``U`` is ``2⁻¹⁰⁶``: ``|x| ≤ 106·ln 2 ≈ 73.5`` (:data:`LAPLACE_MAX`), a cut
+    of the Laplace tail of mass ``e^{−73.5} = 2⁻¹⁰⁶`` (:data:`LAPLACE_TAIL_TV`, the mass of
+    the lowest cell). NumPy's own ``laplace`` reads a 53-bit uniform: a cut at 36.7.
+    """
+    n = out.shape[0]
+    if out.dtype != np.float64 or out.ndim != 1 or ks.nbytes < LAPLACE_BYTES * n:
+        raise ValueError("a Laplace row is float64, 16 keystream bytes a draw")
+    words = np.asarray(ks).reshape(-1)[: LAPLACE_BYTES * n].view("<u8").reshape(n, 2)
+    a, b = words[:, 0], words[:, 1]
+    np.copyto(out, b >> np.uint64(11), casting="unsafe")  # exact: 53 bits
+    out += 1.0
+    out *= 2.0**-53
+    out += (a >> np.uint64(11)).astype(np.float64)  # the one rounded step
+    out *= 2.0**-53
+    np.log(out, out=out)  # ln U ≤ 0
+    sign = (a & np.uint64(1)).astype(np.float64)  # 1: keep ln U (negative), 0: −ln U
+    sign *= 2.0
+    sign -= 1.0
+    out *= sign
+    return out
+
+
 class _Keystream:
     """The AES-128 keystream of one key: CTR from a counter block for long rows, and
     ECB of counter blocks written in place for short ones — the same bytes (CTR *is*
@@ -373,6 +415,17 @@ class _Keystream:
         """The first 8 bytes (little-endian) of the block at ``(domain | refill, t, pair)``."""
         block = self.ecb().update(counter_block(domain | _DOM_REFILL, t, pair))
         return int.from_bytes(block[:8], "little")
+
+    def bytes_at(self, domain: int, t: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` of keystream of row ``t`` of ``domain`` from its block 0 (uint8), one
+        CTR context, ``16·CHUNK_PAIRS`` bytes a call (OpenSSL's ``update_into`` wants a
+        block of room beyond the data: the buffer has it)."""
+        enc = Cipher(algorithms.AES(self.key), modes.CTR(counter_block(domain, t))).encryptor()
+        buf = np.empty(nbytes + 16, dtype=np.uint8)
+        zeros, view = memoryview(_ZEROS), memoryview(buf)
+        for first in range(0, nbytes, len(_ZEROS)):
+            enc.update_into(zeros[: min(len(_ZEROS), nbytes - first)], view[first:])
+        return buf[:nbytes]
 
     def fill_rows(self, domain: int, t0: int, out: np.ndarray) -> np.ndarray:
         """Rows ``t0, t0 + 1, …`` of ``domain`` into the rows of ``out`` (2-D,
@@ -583,6 +636,24 @@ class CipherGaussian:
         row = self.row(self._position, d, dtype, out)
         self._position += 1
         self._cache_fill = 0
+        return row
+
+    def laplace_row(self, t: int, n: int) -> np.ndarray:
+        """Row ``t`` of the Laplace domain: ``n`` unit Laplace draws (float64), a pure
+        function of ``(key, t, n)`` (:func:`laplace_from_keystream`)."""
+        n = int(n)
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        ks = self._stream.bytes_at(_DOM_LAPLACE, _check_index(t, _MAX_T, "row index"),
+                                   LAPLACE_BYTES * n)
+        return laplace_from_keystream(ks, np.empty(n))
+
+    def next_laplace(self, n: int) -> np.ndarray:
+        """Laplace row :attr:`position`, then move to the next row: the rows counter is
+        shared with :meth:`next_row`, and the two use different domains, so no keystream
+        block is read twice however the two are interleaved."""
+        row = self.laplace_row(self._position, n)
+        self.position = self._position + 1
         return row
 
     def standard_normal(self, n: int, dtype: Any = np.float64,

@@ -8,11 +8,12 @@ release was enough to find the seed by search in about 61 core-hours), and a gen
 whose **outputs reveal its state** (Mersenne Twister after 624 words; PCG64's 128-bit state
 from a few hundred bytes, Bouillaguet et al. 2020).
 
-**Since issue 34 the NumPy and torch noise streams draw from AES-128-CTR**
+**Since issue 34 every noise of the library is drawn from AES-128-CTR**
 (:mod:`~flwr_corrnoise.cipher_noise`: a standard cipher, rows addressable by counter) under
 the same keys — :func:`key_from_seed` hashes a simulation's seed, OS entropy keys every other
-learner. What follows describes the keyed Philox that streams of noise-state format 2 keep
-(they continue bit for bit) and the decentralized Laplace noise still draws from.
+learner: the NumPy and torch Gaussian streams and the decentralized algorithms' Laplace
+noise (in process and through the Flower relay). What follows describes the keyed Philox
+that streams of noise-state format 2 keep (they continue bit for bit, as they began).
 
 The rule here was: every noise generator of the library is NumPy's **Philox4x64-10**, a
 counter-based generator (Salmon et al., SC 2011: a 10-round Feistel-like bijection of a

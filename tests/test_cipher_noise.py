@@ -448,3 +448,60 @@ def test_rows_ahead_are_not_state_and_are_dropped_when_the_counter_moves() -> No
     assert gen._cache is None
     np.testing.assert_array_equal(gen.next_row(d, dtype, ahead=200),
                                   CipherGaussian.from_seed(5).row(0, d, dtype))
+
+
+# -- Laplace rows (the decentralized algorithms' noise) -----------------------------------------
+def ref_laplace(key: bytes, t: int, n: int) -> np.ndarray:
+    """Pure-Python bits: draw i reads AES(0x08 ‖ t ‖ i) (one block), sign from bit 0 of the
+    first word, U = (k₁ + (k₂ + 1)·2⁻⁵³)·2⁻⁵³ in Python floats, x = ±(−ln U)."""
+    blocks = aes_block(key, (0x08 << 120) | (t << 64), n)
+    out = np.empty(n)
+    for i in range(n):
+        a = int.from_bytes(blocks[16 * i : 16 * i + 8], "little")
+        b = int.from_bytes(blocks[16 * i + 8 : 16 * i + 16], "little")
+        u = (float(a >> 11) + (float(b >> 11) + 1.0) * 2.0**-53) * 2.0**-53
+        e = -np.log(np.float64(u))
+        out[i] = -e if a & 1 else e
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 5, 1000, 2 * K + 3])
+def test_laplace_rows_equal_the_scalar_reference_bit_for_bit(n: int) -> None:
+    gen = CipherGaussian(KEY, position=9)
+    got = gen.next_laplace(n)
+    np.testing.assert_array_equal(got, ref_laplace(KEY, 9, n))
+    assert gen.position == 10
+    np.testing.assert_array_equal(gen.laplace_row(9, n), got)  # addressable by counter
+    # a Laplace row shares no keystream with the Gaussian rows of the same counter
+    assert not np.array_equal(CipherGaussian(KEY).row(9, n)[:n], got)
+
+
+def test_laplace_extremes_and_the_tail_cut() -> None:
+    ks = np.zeros(16 * 4, dtype=np.uint8)
+    words = ks.view("<u8")
+    words[2] = 1  # draw 1: all-zero k₁, k₂ and sign bit 1
+    words[4] = words[5] = (1 << 64) - 1  # draw 2: U = 1 → 0 (sign 1: −0.0)
+    words[6] = 1 << 11  # draw 3: k₁ = 1
+    out = cn.laplace_from_keystream(ks, np.empty(4))
+    assert out[0] == pytest.approx(cn.LAPLACE_MAX, rel=1e-15) and out[1] == -out[0]
+    assert out[2] == 0.0
+    assert out[3] == pytest.approx(53 * math.log(2), rel=1e-12)  # U ≈ 2⁻⁵³
+    assert pytest.approx(106 * math.log(2), rel=1e-15) == cn.LAPLACE_MAX
+    # the cut's mass: P(|Lap(1)| > 73.5) = e^{−73.5} = 2⁻¹⁰⁶, by mpmath
+    with mpmath.workdps(40):
+        assert float(mpmath.exp(-mpmath.mpf(cn.LAPLACE_MAX))) == pytest.approx(
+            cn.LAPLACE_TAIL_TV, rel=1e-12)
+    with pytest.raises(ValueError, match="16 keystream bytes"):
+        cn.laplace_from_keystream(ks[:40], np.empty(3))
+
+
+def test_laplace_law_moments_and_ks() -> None:
+    x = CipherGaussian.from_seed(77).next_laplace(10**6)
+    n = x.size
+    assert abs(x.mean()) < 5 * math.sqrt(2 / n)
+    assert abs(x.var() - 2) < 5 * math.sqrt(20 / n)  # Var(X²) = E X⁴ − 4 = 24 − 4
+    assert stats.kstest(x, stats.laplace.cdf).pvalue > 1e-3
+    assert stats.kstest(np.abs(x), stats.expon.cdf).pvalue > 1e-3
+    for c in (5.0, 8.0):  # the tails: P(|x| > c) = e^{−c}
+        p = math.exp(-c)
+        assert abs(np.mean(np.abs(x) > c) - p) < 5 * math.sqrt(p / n)

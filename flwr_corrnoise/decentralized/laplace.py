@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flwr_corrnoise import arraypack
-from flwr_corrnoise.noise_keys import noise_generator
-from flwr_corrnoise.streams import _pack_rng, _unpack_rng
+from flwr_corrnoise.cipher_noise import CipherGaussian
 
 __all__ = [
     "SCHEDULES",
@@ -45,23 +44,29 @@ SCHEDULES = ("constant", "power", "geometric", "inverse")
 
 
 def laplace(
-    rng: np.random.Generator, scale: float | np.ndarray, shape: int | Sequence[int]
+    rng: CipherGaussian, scale: float | np.ndarray, shape: int | Sequence[int]
 ) -> np.ndarray:
     """Draw ``Lap(0, scale)`` noise of ``shape``; ``scale`` is a scalar or broadcasts to shape
     (per-coordinate scales). Density ``exp(−|x|/b)/(2b)``, variance ``2 b²``.
 
-    The draw is ``scale × Lap(0, 1)``, so a zero scale gives zeros while consuming the same
-    random numbers as any other scale (noise on and off runs stay aligned).
+    The unit draws are the generator's next Laplace row (AES-128-CTR keystream, inversion:
+    :func:`~flwr_corrnoise.cipher_noise.laplace_from_keystream`; the tail is cut at
+    ``73.5·b``, a mass of ``2⁻¹⁰⁶`` per draw that docs/privacy.md adds to δ), so a restored
+    generator continues bit for bit. The draw is ``scale × Lap(0, 1)``: a zero scale gives
+    zeros while consuming the same row as any other scale (noise on and off runs stay
+    aligned).
     """
     b = np.asarray(scale, dtype=float)
     if not np.all(np.isfinite(b)) or np.any(b < 0):
         raise ValueError(f"Laplace scale must be finite and ≥ 0, got {scale!r}")
     shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
-    unit = rng.laplace(0.0, 1.0, size=shape_t)
     try:
         np.broadcast_shapes(b.shape, shape_t)
     except ValueError as err:
         raise ValueError(f"scale of shape {b.shape} does not broadcast to {shape_t}") from err
+    if not isinstance(rng, CipherGaussian):
+        raise TypeError(f"Laplace noise comes from a CipherGaussian, not {type(rng).__name__}")
+    unit = rng.next_laplace(math.prod(shape_t)).reshape(shape_t)
     return unit * b
 
 
@@ -154,14 +159,15 @@ class ScaleSchedule:
 class LaplaceStream:
     """One learner's Laplace noise, step by step, with its state as bytes.
 
-    State is the keyed Philox generator's state (noise_keys.py) and the step counter: a
+    State is the AES-128-CTR generator's five words (:class:`~flwr_corrnoise.cipher_noise.
+    CipherGaussian`: key and row counter) and the step counter: a
     learner whose state lives in Flower's ``context.state`` (or on disk) restores it and
     draws exactly the next step's noise — never
     the same noise twice, never skipping. ``scales`` optionally multiplies the schedule per
     coordinate (heterogeneous per-coordinate scales).
 
     ``seed=None`` (the default) keys the generator with 128 bits of OS entropy
-    (:func:`~flwr_corrnoise.noise_keys.noise_generator`); an integer seed is for
+    (:meth:`~flwr_corrnoise.cipher_noise.CipherGaussian.from_seed`); an integer seed is for
     reproducible simulations and tests. Why no default seed: a default of ``0`` gave every
     stream made without one the same noise, known to anyone, which a release then does not
     hide at all.
@@ -174,7 +180,7 @@ class LaplaceStream:
         seed: int | Sequence[int] | None = None,
         *,
         coordinate_scales: np.ndarray | None = None,
-        _rng: np.random.Generator | None = None,
+        _rng: CipherGaussian | None = None,
         _step: int = 0,
     ) -> None:
         if int(dim) != dim or dim < 1:
@@ -187,8 +193,8 @@ class LaplaceStream:
         if cs.shape != (self.dim,) or not np.all(np.isfinite(cs)) or np.any(cs < 0):
             raise ValueError("coordinate scales must be a finite, ≥ 0 vector of length dim")
         self.coordinate_scales = cs
-        # the library's keyed noise generator (noise_keys.py: Philox, 128-bit key)
-        self.rng = _rng if _rng is not None else noise_generator(seed)
+        # the library's noise kernel: AES-128-CTR under a 128-bit key
+        self.rng = _rng if _rng is not None else CipherGaussian.from_seed(seed)
         self.step = int(_step)
 
     def current_scale(self) -> np.ndarray:
@@ -203,7 +209,7 @@ class LaplaceStream:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {
-            "rng": _pack_rng(self.rng),
+            "rng": self.rng.pack(),
             "step": np.array(self.step, dtype=np.int64),
             "dim": np.array(self.dim, dtype=np.int64),
             "coordinate_scales": self.coordinate_scales,
@@ -217,7 +223,7 @@ class LaplaceStream:
                 int(state["dim"]),
                 ScaleSchedule.from_arrays(state, "schedule_"),
                 coordinate_scales=state["coordinate_scales"],
-                _rng=_unpack_rng(state["rng"]),
+                _rng=CipherGaussian.unpack(state["rng"]),
                 _step=int(state["step"]),
             )
         except KeyError as err:

@@ -37,10 +37,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from flwr_corrnoise import arraypack
+from flwr_corrnoise.cipher_noise import CipherGaussian
 from flwr_corrnoise.decentralized.graphs import Graph
 from flwr_corrnoise.decentralized.laplace import laplace
-from flwr_corrnoise.noise_keys import noise_generator
-from flwr_corrnoise.streams import _pack_rng, _unpack_rng
 
 __all__ = [
     "ALGORITHMS",
@@ -93,19 +92,22 @@ def node_seeds(run_seed: int, nodes: Sequence[int] | np.ndarray) -> np.ndarray:
     """Initial noise-generator words per node, derived from ``(run_seed, node)``: every engine
     gives node ``i`` the same random numbers for the same ``run_seed``.
 
-    The generator is the library's keyed Philox (:func:`flwr_corrnoise.noise_keys.
-    noise_generator`): its 128-bit key is a hash of every bit of ``(run_seed, node)``, and
-    its outputs (a node's released noise) do not reveal the key, so a neighbour or the relay
-    cannot predict later noise from earlier releases. A node outside a simulation passes a
-    ``run_seed`` of 128 bits of OS entropy (``flower/relay.py``), known to no one else."""
+    The generator is the library's noise kernel (:class:`~flwr_corrnoise.cipher_noise.
+    CipherGaussian`, AES-128-CTR; five words: tag, 128-bit key, row counter, sequential
+    position): its key is a hash of every bit of ``(run_seed, node)``, and its outputs (a
+    node's released noise) do not reveal the key short of breaking AES, so a neighbour or
+    the relay cannot predict later noise from earlier releases. A node outside a simulation
+    passes a ``run_seed`` of 128 bits of OS entropy (``flower/relay.py``), known to no one
+    else."""
     return np.stack(
-        [_pack_rng(noise_generator([int(run_seed), int(i), 0xDEC])) for i in nodes]
+        [CipherGaussian.from_seed([int(run_seed), int(i), 0xDEC]).pack() for i in nodes]
     )
 
 
 def draw_laplace(rng_words: np.ndarray, scales: np.ndarray, dim: int) -> tuple[np.ndarray,
                                                                              np.ndarray]:
-    """Per node ``k``: ``Lap(scales[k])^dim`` from that node's own generator.
+    """Per node ``k``: ``Lap(scales[k])^dim`` from that node's own generator (its next
+    Laplace row).
 
     Returns ``(noise [k, dim], new rng words)``. Each node's draw depends only on its own
     RNG words, so drawing for all nodes at once equals drawing node by node.
@@ -113,21 +115,10 @@ def draw_laplace(rng_words: np.ndarray, scales: np.ndarray, dim: int) -> tuple[n
     noise = np.empty((rng_words.shape[0], dim))
     words = rng_words.copy()
     for k in range(rng_words.shape[0]):
-        gen = _unpack_rng(rng_words[k])
+        gen = CipherGaussian.unpack(rng_words[k])
         noise[k] = laplace(gen, np.asarray(scales[k]), dim)
-        words[k] = _pack_rng(gen)
+        words[k] = gen.pack()
     return noise, words
-
-
-def draw_uniform(rng_words: np.ndarray, high: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per node an integer in ``[0, high)`` from its own generator (data sampling)."""
-    out = np.empty(rng_words.shape[0], dtype=np.int64)
-    words = rng_words.copy()
-    for k in range(rng_words.shape[0]):
-        gen = _unpack_rng(rng_words[k])
-        out[k] = gen.integers(high)
-        words[k] = _pack_rng(gen)
-    return out, words
 
 
 # -- inbox -------------------------------------------------------------------------------
