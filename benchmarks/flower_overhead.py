@@ -3,13 +3,14 @@
     python benchmarks/flower_overhead.py --rounds 30 --repeats 2
 
 Both runs use the same 20-learner logistic-regression setting (d = 100, τ = 4, synthetic
-data of paper 000) on Flower's Ray backend. "plain" is Flower's own
-``flwr.serverapp.strategy.FedAvg`` with a ClientApp taking τ noiseless local SGD steps;
-"corrnoise" is ``CorrNoiseFedAvg`` with ``make_client_app`` (clipping, optimized
-correlated noise, state in ``context.state``, privacy checks and reports). Per-round time is
-the interval between consecutive ``evaluate_fn`` calls; we report the median over rounds
-2..R (round 1 includes actor start-up). The runs alternate (plain, corrnoise, plain, ...)
-and the ratio is taken within each pair, so machine noise affects both sides alike.
+data of Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online Federated Learning With
+Correlated Noise") on Flower's Ray backend. "plain" is Flower's own
+``flwr.serverapp.strategy.FedAvg`` with a ClientApp taking τ noiseless local SGD steps; "corrnoise"
+is ``CorrNoiseFedAvg`` with ``make_client_app`` (clipping, optimized correlated noise, state in
+``context.state``, privacy checks and reports). Per-round time is the interval between consecutive
+``evaluate_fn`` calls; we report the median over rounds 2..R (round 1 includes actor start-up). The
+runs alternate (plain, corrnoise, plain, ...) and the ratio is taken within each pair, so machine
+noise affects both sides alike.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from flwr.simulation import run_simulation
 from flwr_corrnoise.apps.logreg import wait_for_nodes
 from flwr_corrnoise.apps.logreg_task import LogRegSetup, initial_parameters, logistic_gradient
 from flwr_corrnoise.flower import CorrNoiseFedAvg, make_client_app
-from flwr_corrnoise.learner import NOISELESS
 from flwr_corrnoise.mechanisms import mechanism_names
+from flwr_corrnoise.settings import NOISELESS
 
 BACKEND = {
     "client_resources": {"num_cpus": 1, "num_gpus": 0.0},

@@ -222,7 +222,7 @@ def child(spec: RunSpec, result_path: Path) -> None:
 
     from flwr_corrnoise.apps.logreg import wait_for_nodes
     from flwr_corrnoise.flower import CorrNoiseFedAvg, make_client_app
-    from flwr_corrnoise.learner import PrivacySettings
+    from flwr_corrnoise.settings import PrivacySettings
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
     me = psutil.Process()

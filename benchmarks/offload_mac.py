@@ -38,7 +38,8 @@ from flwr.app import Context, RecordDict
 
 from flwr_corrnoise import arraypack
 from flwr_corrnoise.flower.session import STATE_KEY, LearnerStorage
-from flwr_corrnoise.learner import LearnerState, PrivacySettings
+from flwr_corrnoise.learner_state import LearnerState
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.state_offload import MAC, OffloadPolicy
 
 SETTINGS = PrivacySettings("blt", 2.0, 1e-3, 1.0, 400)

@@ -5,7 +5,7 @@
 ``CorrNoiseFedAvg.aggregate_train`` on ``--replies`` train replies of one float64 array of
 ``--dim`` values each (the learners' ``ĝ``, built as Flower messages before the clock
 starts). It reads each reply's arrays, checks them and adds them to the sum in learner
-order (:class:`flwr_corrnoise.learner.UpdateSum`), so it holds one update at a time;
+order (:class:`flwr_corrnoise.aggregation.UpdateSum`), so it holds one update at a time;
 before issue 22's last pass it read all of them first, then summed. "peak" is the largest
 memory NumPy and Python allocated during the call (``tracemalloc``), over what the replies
 themselves already hold. Medians over ``--repeats``; prints one markdown row.
@@ -32,7 +32,7 @@ from flwr.app import (
 from flwr.supercore.task_identity import TaskIdentity
 
 from flwr_corrnoise.flower import CorrNoiseFedAvg
-from flwr_corrnoise.learner import PrivacySettings
+from flwr_corrnoise.settings import PrivacySettings
 
 
 class _Grid:

@@ -40,7 +40,8 @@ from _format import human_bytes
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from flwr_corrnoise.flower.session import STATE_KEY, LearnerStorage
-from flwr_corrnoise.learner import LearnerState, PrivacySettings
+from flwr_corrnoise.learner_state import LearnerState
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.state_offload import OffloadPolicy
 
 SETTINGS = PrivacySettings("blt", 2.0, 1e-3, 1.0, 400)

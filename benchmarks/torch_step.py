@@ -37,8 +37,9 @@ from pathlib import Path
 
 import torch
 
-from flwr_corrnoise.learner import LearnerState, PrivacySettings
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.mechanisms import check_mechanism, mechanism_names
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.torch import PrivateOptimizer, torch_local_round
 
 # the paper's CNN is experiment code (the repository's experiments/, not installed); this

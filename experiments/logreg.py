@@ -1,10 +1,13 @@
-"""Paper 000's logistic-regression experiment (Sec. V-A) in process: the sweep driver of
+"""Zhang, Zhu, Fay & Johansson's ("Locally Differentially Private Online Federated Learning With
+Correlated Noise") logistic-regression experiment (Sec. V-A) in process: the sweep driver of
 ``simulations/logreg.py`` and of the tests that check the Flower app against it.
 
 The task itself (:class:`~flwr_corrnoise.apps.logreg_task.LogRegSetup`, the synthetic
 federation, the gradient oracle, the server-side evaluator) is the library's reference app;
-what is here only *runs* it without messaging, including papers 001/002's per-round and
-central variants, so it is experiment code and is not installed.
+what is here only *runs* it without messaging, including Zhang, Zhu, Fay & Johansson, "Locally
+Differentially Private Online Federated Learning With Correlated Noise" (arXiv version) and Zhang,
+Zhu & Johansson's ("Differentially Private Online Federated Learning with Correlated Noise")
+per-round and central variants, so it is experiment code and is not installed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 
 from flwr_corrnoise.apps.logreg_task import LogRegSetup, initial_parameters, logistic_gradient
 from flwr_corrnoise.engine import InProcessResult, run_inprocess
-from flwr_corrnoise.learner import NOISELESS, PrivacySettings
+from flwr_corrnoise.settings import NOISELESS, PrivacySettings
 from flwr_corrnoise.variants import run_round_variant
 
 __all__ = ["run_logreg_inprocess"]
@@ -28,8 +31,8 @@ def run_logreg_inprocess(
 ) -> InProcessResult:
     """Run the experiment on the in-process engine (same code as the Flower app).
 
-    ``setup.noise_at = "round"`` or ``"server"`` runs paper 001's or 002's variant instead
-    (:func:`flwr_corrnoise.variants.run_round_variant`, the math of
+    ``setup.noise_at = "round"`` or ``"server"`` runs Zhang et al. (arXiv)'s or Zhang, Zhu &
+    Johansson's variant instead (:func:`flwr_corrnoise.variants.run_round_variant`, the math of
     :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod` and
     :class:`~flwr_corrnoise.flower.CorrNoiseCentralDPStrategy`): τ plain local steps, the round
     update clipped to :attr:`LogRegSetup.round_clip`, noise once per round; it returns the

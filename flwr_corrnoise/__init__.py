@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from .data.loader import CyclicLoader
-    from .learner import PrivacyConfigError, PrivacySettings
-    from .mechanisms import MECHANISMS, Factorization, build_factorization
+    from .mechanisms import MECHANISMS, build_factorization
     from .mechanisms.participation import Participation
     from .privacy import (
         Calibration,
@@ -32,6 +31,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
         epsilon_for_std,
         epsilon_spent,
     )
+    from .settings import PrivacyConfigError, PrivacySettings
     from .streams import HorizonExhaustedError, NoiseStream
 
 __version__ = "0.1.0"
@@ -39,10 +39,9 @@ __version__ = "0.1.0"
 #: exported name -> the submodule that defines it (imported when the name is first used)
 _EXPORTS: dict[str, str] = {
     "CyclicLoader": ".data.loader",
-    "PrivacyConfigError": ".learner",
-    "PrivacySettings": ".learner",
+    "PrivacyConfigError": ".settings",
+    "PrivacySettings": ".settings",
     "MECHANISMS": ".mechanisms",
-    "Factorization": ".mechanisms",
     "build_factorization": ".mechanisms",
     "Participation": ".mechanisms.participation",
     "Calibration": ".privacy",
@@ -59,7 +58,6 @@ __all__ = [
     "MECHANISMS",
     "Calibration",
     "CyclicLoader",
-    "Factorization",
     "HorizonExhaustedError",
     "NoiseStream",
     "Participation",

@@ -78,18 +78,23 @@ From the chosen test's errors on the evaluation half:
 
 What runs (never a re-implementation of the noise, never a shortcut):
 
-* ``variant="step"`` (paper 000), by ``front_end``: ``"local-round"``:
-  :class:`~flwr_corrnoise.learner.LearnerState` and :func:`~flwr_corrnoise.learner.local_round`,
+* ``variant="step"`` (Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online Federated
+  Learning With Correlated Noise"), by ``front_end``: ``"local-round"``:
+  :class:`~flwr_corrnoise.learner_state.LearnerState` and
+  :func:`~flwr_corrnoise.learner.local_round`,
   the learner round of the ``NumPyClient``, the ``ClientApp`` helper and the in-process
-  engine, ``N/τ`` rounds with the server step :func:`~flwr_corrnoise.learner.aggregate`
+  engine, ``N/τ`` rounds with the server step :func:`~flwr_corrnoise.aggregation.aggregate`
   between them; ``"private-step"``: :func:`~flwr_corrnoise.learner.private_step` one step
   at a time, what :class:`~flwr_corrnoise.flower.PrivateSteps` calls in the user's loop;
   ``"torch"``: :class:`~flwr_corrnoise.torch.PrivateOptimizer` on a bias-free linear model
   (per-example gradients, clipping and the torch noise stream on the CPU). The auditor
   observes what leaves the learner: every round's update ``ĝ``.
-* ``variant="round"`` (paper 001, :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`): a
-  learner state over ``R`` rounds and :func:`~flwr_corrnoise.variants.round_release`.
-* ``variant="central"`` (paper 002, :class:`~flwr_corrnoise.flower.CorrNoiseCentralDPStrategy`):
+* ``variant="round"`` (Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online Federated
+  Learning With Correlated Noise" (arXiv version),
+  :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod`): a learner state over ``R`` rounds and
+  :func:`~flwr_corrnoise.variants.round_release`.
+* ``variant="central"`` (Zhang, Zhu & Johansson, "Differentially Private Online Federated Learning
+  with Correlated Noise", :class:`~flwr_corrnoise.flower.CorrNoiseCentralDPStrategy`):
   :func:`~flwr_corrnoise.variants.central_calibration`,
   :func:`~flwr_corrnoise.variants.central_noise_std`, one
   :class:`~flwr_corrnoise.streams.NoiseStream` on the server and the released average of
@@ -133,24 +138,18 @@ from scipy.optimize import brentq
 from scipy.special import log_ndtr
 from scipy.stats import beta as beta_dist
 
-from .learner import (
-    LearnerState,
-    PrivacySettings,
-    StepCounts,
-    aggregate,
-    clip_by_global_norm,
-    derive_seed,
-    local_round,
-    private_step,
-)
+from .aggregation import aggregate
+from .learner import StepCounts, clip_by_global_norm, local_round, private_step
+from .learner_state import LearnerState
 from .mechanisms import Factorization, check_mechanism
 from .mechanisms.participation import Participation
 from .privacy import METHODS, check_budget
+from .settings import PrivacySettings, derive_seed
 from .streams import NoiseStream, new_seed
 from .variants import central_calibration, central_noise_std, round_release
 
-#: where the noise is added: every local step (paper 000), every round on the learner
-#: (paper 001), once per round on the server (paper 002)
+#: where the noise is added: every local step (Zhang et al.), every round on the learner
+#: (Zhang et al., arXiv), once per round on the server (Zhang, Zhu & Johansson)
 VARIANTS = ("step", "round", "central")
 
 #: the step variant's code paths: the learner round (NumPyClient, ClientApp helper,

@@ -126,8 +126,8 @@ def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorizati
 
     The seconds are the build's alone: everything it uses is imported before the clock
     starts (``tests/test_cli_startup.py`` checks that a build imports nothing)."""
-    from .learner import PrivacySettings
     from .mechanisms import build_factorization
+    from .settings import PrivacySettings
 
     mechanism = get_mechanism(name)
     given = {p.name: getattr(args, p.name, None) for p in mechanism.params
@@ -145,7 +145,9 @@ def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorizati
 
 
 def _mechanism(args: argparse.Namespace) -> dict[str, object]:
-    from .mechanisms import BufferedToeplitz, Optimized, rmse_lower_bound
+    from .mechanisms import rmse_lower_bound
+    from .mechanisms.blt import BufferedToeplitz
+    from .mechanisms.optimized import Optimized
 
     fact, built = _build(args.name, args.steps, args)
     out: dict[str, object] = dict(fact.summary())
@@ -401,7 +403,7 @@ def _report(args: argparse.Namespace) -> dict[str, object]:
 def _add_clip_norm(parser: argparse.ArgumentParser, help: str, *, required: bool = False,
                    default: float | None = None) -> None:
     """``--clip-norm`` (the config key ``clip-norm``, :attr:`PrivacySettings.clip_norm
-    <flwr_corrnoise.learner.PrivacySettings.clip_norm>`): one spelling everywhere."""
+    <flwr_corrnoise.settings.PrivacySettings.clip_norm>`): one spelling everywhere."""
     parser.add_argument("--clip-norm", dest="clip_norm", type=float, default=default,
                         required=required, help=help)
 
@@ -542,8 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "streams over many noise keys; the ε lower bound beside the claimed ε")
     aud.add_argument("--mechanism", required=True, choices=sorted(MECHANISMS))
     aud.add_argument("--variant", default="step", choices=["step", "round", "central"],
-                     help="noise at every local step (paper 000), every round on the "
-                          "learner (001) or once per round on the server (002)")
+                     help="noise at every local step (Zhang et al., LDP online FL), every "
+                          "round on the learner (their arXiv version) or once per round on "
+                          "the server (Zhang, Zhu & Johansson, central DP)")
     aud.add_argument("--steps", type=int, default=16,
                      help="horizon: local steps (step) or rounds (round, central)")
     aud.add_argument("--tau", type=int, default=1, help="step variant: local steps per round")

@@ -5,8 +5,8 @@ budgets, step sizes and seeds at R = 1000 needs something faster. :func:`run_inp
 loops over learners and rounds in one process and calls exactly the functions the Flower
 layer calls (:func:`~flwr_corrnoise.learner.local_round`, whose every step is the one
 :func:`~flwr_corrnoise.learner.private_step`,
-:func:`~flwr_corrnoise.learner.aggregate`, with noise seeds from
-:func:`~flwr_corrnoise.learner.derive_seed`), so for the same seeds it produces the same
+:func:`~flwr_corrnoise.aggregation.aggregate`, with noise seeds from
+:func:`~flwr_corrnoise.settings.derive_seed`), so for the same seeds it produces the same
 global models as the Flower simulation (``tests/test_flower_simulation.py`` checks 1e-10).
 
 :func:`run_vectorized` is the same run with every learner of a round as one ``L×d`` array:
@@ -28,15 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from .learner import (
-    GradientFn,
-    LearnerState,
-    PrivacySettings,
-    aggregate,
-    derive_seed,
-    local_round,
-    local_rounds,
-)
+from .aggregation import aggregate
+from .learner import GradientFn, local_round, local_rounds
+from .learner_state import LearnerState
+from .settings import PrivacySettings, derive_seed
 
 
 @dataclass
@@ -135,7 +130,7 @@ def run_vectorized(
 
 class _Run:
     """What both in-process engines share: one :class:`LearnerState` per learner (noise
-    seeds from :func:`~flwr_corrnoise.learner.derive_seed`), the global model, the
+    seeds from :func:`~flwr_corrnoise.settings.derive_seed`), the global model, the
     round's learners (all, a sampled fraction, or ``schedule[r]``) and the result."""
 
     def __init__(self, initial: Sequence[np.ndarray], n: int,

@@ -9,7 +9,7 @@ the increment divided by ``b``):
 
 * ``N = epochs × ⌈examples / b⌉`` steps, the fixed-epoch participation of a cyclic loader
   (:class:`~flwr_corrnoise.data.loader.CyclicLoader`), and the calibrated std ``V``
-  (:meth:`~flwr_corrnoise.learner.PrivacySettings.calibration`);
+  (:meth:`~flwr_corrnoise.settings.PrivacySettings.calibration`);
 * the **noise** in the model after ``k`` steps, per unit learning rate: the prefix-sum noise
   ``V·‖b_k‖/b`` per coordinate (``b_k`` the row of ``B``), ``√d`` times that in norm, and
   ``1/√m`` of it once ``m`` learners' independent noises are averaged;
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from .learner import PrivacySettings
 from .mechanisms.participation import Participation
+from .settings import PrivacySettings
 
 #: model-noise per-coordinate std above which training is swamped (safe_learning_rate)
 SAFE_MODEL_NOISE = 0.1

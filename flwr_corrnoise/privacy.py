@@ -1,10 +1,10 @@
 """Privacy calibration: from an ``(ε, δ)`` budget to the noise std ``V``, and back.
 
 The whole release of one learner, ``B(C·G + V·ξ)``, is post-processing of a single
-Gaussian mechanism ``C·G + V·ξ`` (paper 000, eq. (4); Denisov et al. 2022, Thm 2.1 for
-adaptive inputs). Replacing one datum of the learner's stream changes one clipped gradient
-by at most ``2·B_g`` in L2, so the mechanism's L2 sensitivity is
-``Δ = 2·B_g·max_j ‖c_j‖`` (paper eq. (15)).
+Gaussian mechanism ``C·G + V·ξ`` (Zhang, Zhu, Fay & Johansson, "Locally Differentially Private
+Online Federated Learning With Correlated Noise", eq. (4); Denisov et al. 2022, Thm 2.1 for adaptive
+inputs). Replacing one datum of the learner's stream changes one clipped gradient by at most
+``2·B_g`` in L2, so the mechanism's L2 sensitivity is ``Δ = 2·B_g·max_j ‖c_j‖`` (paper eq. (15)).
 
 This module is the library's face for that one mechanism; the accounting itself lives in
 :mod:`flwr_corrnoise.accounting`. The factorization describes the release
@@ -40,10 +40,10 @@ from .accounting import (
     GaussianRelease,
     PrivacyBudgetError,
     check_budget,
-    check_positive,
-    replace_one_l2,
 )
 from .accounting import gaussian as _gaussian
+from .accounting.base import check_positive
+from .accounting.events import replace_one_l2
 from .accounting.gaussian import gaussian_delta, gaussian_delta_exact
 from .mechanisms.participation import ONCE, Participation
 
@@ -187,7 +187,7 @@ def calibrate_mechanism(
     the mechanism's ``params`` if given).
 
     ``participation`` says how often one datum enters the ``steps`` steps (default: once,
-    paper 000's stream); the sensitivity is the factorization's under it
+    Zhang et al.'s stream); the sensitivity is the factorization's under it
     (:mod:`flwr_corrnoise.mechanisms.participation`), exact or a certified upper bound.
     """
     from .mechanisms import build_factorization
@@ -202,10 +202,16 @@ def calibrate_factorization(
 ) -> Calibration:
     """**The** calibration of a built factorization: its sensitivity under
     ``participation`` (exact or a certified bound), then :func:`calibrate`. Every caller —
-    a learner's settings (:meth:`~flwr_corrnoise.learner.PrivacySettings.calibration`),
+    a learner's settings (:meth:`~flwr_corrnoise.settings.PrivacySettings.calibration`),
     :func:`calibrate_mechanism`, central DP (:func:`~flwr_corrnoise.variants.
     central_calibration`) and the CLI — goes through it, so the chain "factorization →
     sensitivity → noise std" is written once."""
+    sampling = getattr(participation, "sampling", None)
+    if sampling is not None:  # cyclic Poisson sampling: the amplified calibration
+        from .amplification import calibrate_amplified
+
+        return calibrate_amplified(epsilon, delta, clip_norm, sampling(fact.n), fact,
+                                   relation=participation.relation)  # type: ignore[attr-defined]
     sens = fact.participation_sensitivity(participation)
     return calibrate(epsilon, delta, clip_norm, sens.value, method, mechanism=fact.name,
                      steps=fact.n, participation=participation.describe(),
@@ -253,7 +259,15 @@ def epsilon_spent(
         return 0.0
     std = check_positive("noise std", std)
     _, dlt = check_budget(1.0, delta)
+    fact = build_factorization(mechanism, horizon, **dict(params or {}))
+    sampling = getattr(participation, "sampling", None)
+    if sampling is not None:  # cyclic Poisson sampling: the amplified blocks so far
+        from .amplification import epsilon_spent_amplified
+
+        return epsilon_spent_amplified(std, dlt, clip_norm, sampling(horizon),
+                                       fact.sensitivity, min(steps_done, horizon),
+                                       participation.relation)  # type: ignore[attr-defined]
     acc = accountant(method)
-    release = build_factorization(mechanism, horizon, **dict(params or {})).release(
+    release = fact.release(
         clip_norm, std, steps=min(steps_done, horizon), participation=participation)
     return acc.epsilon(release, dlt)

@@ -9,7 +9,7 @@ the server strategies (:meth:`CorrNoiseFedAvg.from_run_config
 the same defaults, so server and learners cannot drift apart by hand (the server proposing
 ``toeplitz`` while its learners default to ``blt``). A key that is missing is read as its
 default, never silently: a reader that reads several keys (:func:`reading`, around
-:meth:`PrivacySettings.from_config <flwr_corrnoise.learner.PrivacySettings.from_config>`
+:meth:`PrivacySettings.from_config <flwr_corrnoise.flower.config.settings_from_config>`
 and the servers' ``from_run_config``) logs **one start-up line** naming every default it
 used, once per process. A key that is *not* in the table but close to one (``epsilom``,
 ``clip_norm``) is an error that says "did you mean" (:func:`check_keys`): a typo must never
@@ -67,7 +67,18 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "privacy budget ε over the whole horizon"),
     Key("delta", float, 1e-3, (APP, RUN, NODE), "both", "privacy parameter δ"),
     Key("clip-norm", float, 1.0, (APP, RUN, NODE), "both",
-        "L2 clip norm: of each gradient (per-step), of each round update (mod, central)"),
+        "L2 clip norm: of each gradient (per-step), of each round update (mod, central); "
+        "with `adaptive-clip-quantile`, its initial value"),
+    Key("adaptive-clip-quantile", float, None, (APP, RUN, NODE), "learner",
+        "turns adaptive clipping on (Andrew et al. 2021, per learner): the fraction γ of "
+        "norms the clip norm tracks, e.g. 0.5; the clip norm is learner state, never sent, "
+        "and its noised counts are composed into ε (docs/privacy.md#adaptive-clipping)"),
+    Key("adaptive-clip-lr", float, None, (APP, RUN, NODE), "learner",
+        "with `adaptive-clip-quantile`: η_C, the geometric step of ln C per local step (per "
+        "round in the mod); default 0.01"),
+    Key("adaptive-clip-noise", float, None, (APP, RUN, NODE), "learner",
+        "with `adaptive-clip-quantile`: σ_b, the std of the noise on each step's unclipped "
+        "count; default: the counts take 10 % of μ² (the gradient noise grows 5.4 %)"),
     Key("calibration", str, "exact", (APP, RUN, NODE), "both",
         "how the noise std is calibrated to (ε, δ)"),
     Key("horizon", int, None, (APP, RUN, NODE), "both",
@@ -78,7 +89,7 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "`every-round`: the app trains on its whole local dataset every round (the ε "
         "accounts for a datum in every round's update: mod, central; once per round at "
         "any step: per-step, and a round past `num-server-rounds` is refused); `once`: "
-        "each datum used once (paper 000's stream)"),
+        "each datum used once (Zhang et al.'s stream)"),
     Key("epochs", int, None, (APP, RUN, NODE), "both",
         "per-step: passes over the local data in one order fixed once (`CyclicLoader`); "
         "`horizon / epochs` steps each"),
@@ -86,6 +97,18 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "fewest steps (per-step) or rounds (mod, central) between two uses of one datum"),
     Key("max-participations", int, None, (APP, RUN, NODE), "both",
         "most uses of one datum over the horizon (default with `min-sep`: as many as fit)"),
+    Key("sampling-rate", float, None, (APP, RUN, NODE), "both",
+        "per-step: the loop samples its batches (`CyclicPoissonLoader` sets it): each "
+        "eligible example drawn with this probability, the noise calibrated to the "
+        "amplified guarantee (docs/privacy.md#amplification-by-sampling-cyclic-poisson-and-"
+        "banded-noise); needs `expected-batch-size`"),
+    Key("sampling-cycle", int, 1, (APP, RUN, NODE), "both",
+        "with `sampling-rate`: the groups of cyclic Poisson sampling (step i draws from "
+        "group i mod cycle; 1 = Poisson sampling, DP-SGD); a banded mechanism gets this "
+        "many bands"),
+    Key("expected-batch-size", float, None, (APP, RUN, NODE), "both",
+        "with `sampling-rate`: what every step's noised sum is divided by (never the "
+        "drawn size, which stays secret)"),
     Key("num-server-rounds", int, None, (APP, RUN, NODE), "both",
         "rounds of the run; required by the servers, and by a learner without `horizon`"),
     Key("local-steps", int, None, (APP, RUN, NODE), "both",

@@ -273,7 +273,7 @@ def _generation_of(name: str) -> int | None:
 
 def write(folder: Path, arrays: Mapping[str, np.ndarray], *, identity: str,
           generation: int, keep: str | None = None) -> OffloadHandle:
-    """Write a state's ``arrays`` (:meth:`~flwr_corrnoise.learner.LearnerState.state_dict`)
+    """Write a state's ``arrays`` (:meth:`~flwr_corrnoise.learner_state.LearnerState.state_dict`)
     to a new file in ``folder`` (``0600``), chunk by chunk, MAC'd as it is written under a
     fresh key, and return its handle. ``folder`` must exist (:meth:`OffloadPolicy.prepare`
     makes it). ``keep``: the file the round was loaded from (the handle the driver holds

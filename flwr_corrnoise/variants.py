@@ -1,13 +1,16 @@
-"""The math of the two other variants (papers 001 and 002), shared by Flower and the sweeps.
+"""The math of the two other variants (Zhang, Zhu, Fay & Johansson, "Locally Differentially Private
+Online Federated Learning With Correlated Noise" (arXiv version) and Zhang, Zhu & Johansson,
+"Differentially Private Online Federated Learning with Correlated Noise"), shared by Flower and the
+sweeps.
 
 Nothing here imports Flower: :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod` and
 :class:`~flwr_corrnoise.flower.CorrNoiseCentralDPStrategy` call these functions, and so does the
 in-process engine of the logistic-regression experiment (:func:`run_round_variant`), so the
 experiment measures exactly what the Flower classes do.
 
-* per-round local noise (paper 001): a learner releases ``clip(Δ_r, B) + e[r]``, with
+* per-round local noise (Zhang et al., arXiv): a learner releases ``clip(Δ_r, B) + e[r]``, with
   ``e`` its own ``R×R`` stream calibrated by :func:`round_calibration`;
-* central noise (paper 002): the trusted server releases
+* central noise (Zhang, Zhu & Johansson): the trusted server releases
   ``mean_i clip(Δ_i, B) + e[r]`` with one stream whose std is :func:`central_noise_std`.
 """
 
@@ -18,20 +21,22 @@ from typing import Any
 
 import numpy as np
 
-from .learner import PrivacySettings, clip_by_global_norm, derive_seed
+from .learner import clip_by_global_norm
 from .mechanisms.participation import ONCE, Participation
 from .privacy import Calibration, Method, calibrate_mechanism
+from .settings import PrivacySettings, derive_seed
 from .streams import NoiseStream
 
-#: where the noise is added: every local step (paper 000), every round on the learner
-#: (paper 001), or once per round on the server (paper 002)
+#: where the noise is added: every local step (Zhang, Zhu, Fay & Johansson, "Locally Differentially
+#: Private Online Federated Learning With Correlated Noise"), every round on the learner (Zhang et
+#: al., arXiv), or once per round on the server (Zhang, Zhu & Johansson)
 NOISE_AT = ("step", "round", "server")
 
 
 def round_release(
     delta: np.ndarray, clip_norm: float, noise: NoiseStream
 ) -> tuple[np.ndarray, float]:
-    """Paper 001: ``clip(Δ, B) + e[r]`` for one learner's flat round update ``Δ``
+    """Zhang et al. (arXiv): ``clip(Δ, B) + e[r]`` for one learner's flat round update ``Δ``
     (``B`` = ``clip_norm``).
 
     Returns the released update and ``‖Δ‖`` before clipping. ``noise`` advances one step.

@@ -1,4 +1,5 @@
-"""Paper 000, Sec. V-B (Fig. 4): the CNN under (2, 10⁻³)-LDP, τ ∈ {1, 2, 4} with R·τ fixed.
+"""Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online Federated Learning With
+Correlated Noise", Sec. V-B (Fig. 4): the CNN under (2, 10⁻³)-LDP, τ ∈ {1, 2, 4} with R·τ fixed.
 
 What docs/results-cnn.md reports (the paper's horizon, R·τ = 5000 steps of one image,
 the methods whose streams fit in memory; ≈ 60 min per τ on one core):
@@ -39,8 +40,9 @@ from pathlib import Path
 import numpy as np
 
 from experiments.cnn import CNNResult, CNNSetup, run_cnn
-from flwr_corrnoise.learner import NOISELESS
 from flwr_corrnoise.mechanisms import check_mechanism, mechanism_names
+from flwr_corrnoise.privacy import METHODS as CALIBRATIONS
+from flwr_corrnoise.settings import NOISELESS
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Fig. 4's methods (a deliberate subset of the registry, checked against it)
@@ -56,7 +58,7 @@ NAMES = {
     "blt": "BLT, 4 buffers",
 }
 HEADER = ["dataset", "method", "tau", "rounds", "epsilon", "delta", "seed", "final_accuracy",
-          "steps", "batch_size", "eta", "train_size", "seconds", "engine"]
+          "steps", "batch_size", "eta", "train_size", "seconds", "engine", "calibration"]
 
 
 def base_setup(args: argparse.Namespace) -> CNNSetup:
@@ -65,7 +67,7 @@ def base_setup(args: argparse.Namespace) -> CNNSetup:
         steps=args.steps, batch_size=args.batch_size, epsilon=args.epsilon, delta=args.delta,
         clip=args.clip, eta=args.eta, eta_g=args.eta_g, train_size=args.train_size,
         iid_size=args.iid_size, test_size=args.test_size, eval_every=args.eval_every,
-        threads=args.threads, engine=args.engine,
+        threads=args.threads, engine=args.engine, calibration=args.calibration,
     )
 
 
@@ -88,15 +90,30 @@ def tune_eta(c: float, tau: int, scale: str) -> float:
 
 def tuning_setups(args: argparse.Namespace) -> list[CNNSetup]:
     """One run per method, τ and grid point on the tuning seed ``--tune-seed`` (its model
-    initialization, noise and data partition are those of no evaluation seed)."""
+    initialization, noise and data partition are those of no evaluation seed). With
+    ``--shared-eta`` only the noiseless run at the first τ is tuned."""
     base = base_setup(args)
     if args.tune_seed < args.seeds:
         raise ValueError(f"the tuning seed {args.tune_seed} is one of the evaluation seeds "
                          f"0 … {args.seeds - 1}")
+    methods, taus = ([NOISELESS], args.taus[:1]) if args.shared_eta else (args.methods,
+                                                                          args.taus)
     return [base.with_(mechanism=m, tau=t, seed=args.tune_seed, data_seed=args.tune_seed,
                        eta=tune_eta(c, t, args.tune_scale),
                        eval_every=args.steps // t)  # tuning needs the final accuracy only
-            for t in args.taus for m in args.methods for c in args.tune_etas]
+            for t in taus for m in methods for c in args.tune_etas]
+
+
+def shared_eta(tuning: list[list], methods: list[str], taus: list[int]
+               ) -> dict[tuple[str, int], float]:
+    """The paper's protocol ("for all the algorithms, we use the same step sizes",
+    Zhang, Zhu, Fay & Johansson, Sec. V-B): the noiseless run's best η on the tuning
+    seed, for every method and τ."""
+    best = best_etas([r for r in tuning if r[1] == NOISELESS])
+    if len(best) != 1:
+        raise ValueError(f"--shared-eta needs the noiseless tuning of one τ, got {best}")
+    (eta,) = best.values()
+    return {(m, t): eta for m in methods for t in taus}
 
 
 def best_etas(rows: list[list]) -> dict[tuple[str, int], float]:
@@ -142,7 +159,7 @@ def row(res: CNNResult) -> list:
     s = res.setup
     return [s.dataset, s.mechanism, s.tau, s.rounds, s.epsilon, s.delta, s.seed,
             round(res.final_accuracy, 4), s.steps, s.batch_size, s.eta,
-            s.train_size or 60000, round(res.seconds, 1), s.engine]
+            s.train_size or 60000, round(res.seconds, 1), s.engine, s.calibration]
 
 
 def curve_rows(results: list[CNNResult]) -> list[list]:
@@ -196,21 +213,26 @@ def table(rows: list[list]) -> str:
     """Mean (± std over seeds) final accuracy per method (rows) and τ (columns), one
     table per dataset, horizon and batch size."""
     out = []
-    groups = dict.fromkeys((r[0], int(r[8]), int(r[9])) for r in rows)
-    for dataset, steps, batch in groups:
-        sub = [r for r in rows if (r[0], int(r[8]), int(r[9])) == (dataset, steps, batch)]
+    groups = dict.fromkeys((r[0], int(r[8]), int(r[9]), calibration(r)) for r in rows)
+    for dataset, steps, batch, cal in groups:
+        sub = [r for r in rows
+               if (r[0], int(r[8]), int(r[9]), calibration(r)) == (dataset, steps, batch, cal)]
         taus = sorted({int(r[2]) for r in sub})
         methods = sorted(dict.fromkeys(r[1] for r in sub), key=order)
-        lines = [f"**{dataset}, R·τ = {steps} steps of {batch} image(s)**, final test "
-                 f"accuracy (ε = {sub[0][4]}, δ = {sub[0][5]}):", "",
+        etas_all = sorted({float(r[10]) for r in sub})
+        step = (f"one η = {etas_all[0]:g} for every method and τ" if len(etas_all) == 1
+                else "η tuned per method and τ (in brackets)")
+        seeds = sorted({int(r[6]) for r in sub})
+        lines = [f"**{dataset}, R·τ = {steps} steps of {batch} image(s), {cal} calibration, "
+                 f"{step}**; final test accuracy, mean ± std over seeds "
+                 f"{', '.join(map(str, seeds))} (ε = {sub[0][4]}, δ = {sub[0][5]}):", "",
                  "| method | " + " | ".join(f"τ = {t}, R = {steps // t}" for t in taus) + " |",
                  "|---|" + "---|" * len(taus)]
         for m in methods:
             cells = []
             for t in taus:
                 acc = [float(r[7]) for r in sub if r[1] == m and int(r[2]) == t]
-                cell = (f"{np.mean(acc):.3f} ± {np.std(acc):.3f}" if len(acc) > 1
-                        else f"{acc[0]:.3f}" if acc else "")
+                cell = accuracy_cell(acc, len(seeds))
                 etas = sorted({float(r[10]) for r in sub if r[1] == m and int(r[2]) == t})
                 if acc and len({float(r[10]) for r in sub}) > 1:  # η tuned per cell
                     cell += " (η = " + ", ".join(f"{e:g}" for e in etas) + ")"
@@ -218,6 +240,11 @@ def table(rows: list[list]) -> str:
             lines.append(f"| {NAMES.get(m, m)} | " + " | ".join(cells) + " |")
         out.append("\n".join(lines))
     return "\n\n".join(out)
+
+
+def calibration(r: list) -> str:
+    """A row's calibration (rows written before the column existed used the exact one)."""
+    return r[14] if len(r) > 14 else "exact"
 
 
 def order(method: str) -> int:
@@ -245,10 +272,10 @@ def snr_table(horizons: list[int], learners: int = 10) -> str:
 
 
 def merge_docs_rows(path: Path, new: list[list],
-                    key: tuple[int, ...] = (0, 1, 2, 6, 8, 9)) -> list[list]:
+                    key: tuple[int, ...] = (0, 1, 2, 6, 8, 9, 14)) -> list[list]:
     """The docs CSV keeps every run; a rerun replaces the rows of the same configuration
-    (columns ``key`` of a row: dataset, method, τ, seed, steps, batch; the tuning CSV adds
-    η)."""
+    (columns ``key`` of a row: dataset, method, τ, seed, steps, batch, calibration; the
+    tuning CSV adds η)."""
     same = {tuple(str(r[i]) for i in key) for r in new}
     old: list[list] = []
     if path.exists():
@@ -266,6 +293,105 @@ def update_marked_section(path: Path, name: str, text: str) -> None:
         raise ValueError(f"{path} has no {begin} … {end} section")
     head, rest = doc.split(begin, 1)
     path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+
+
+#: ``--docs-table``: the docs CSV a run's rows are merged into (its tuning rows go to
+#: ``<name>-tuning.csv``), each rendered into the blocks of docs/results-cnn.md by
+#: :func:`render_blocks`
+DOCS_TABLES = {"cnn": "results-cnn", "paper": "results-cnn-paper", "batch": "results-cnn-batch"}
+#: the page's block names per docs table (runs, tuning)
+DOCS_BLOCKS = {"cnn": ("cnn", "tuning"), "paper": ("paper", "paper-tuning"),
+               "batch": ("batch", None)}
+
+
+def render_blocks(docs: Path = ROOT / "docs") -> dict[str, str]:
+    """Every generated block of docs/results-cnn.md, rendered from the committed CSVs
+    alone: what ``--docs`` writes, and what tests/test_doc_numbers.py compares with the
+    page (so no table can drift from its file)."""
+    blocks: dict[str, str] = {}
+    for name, stem in DOCS_TABLES.items():
+        runs_block, tuning_block = DOCS_BLOCKS[name]
+        if (docs / f"{stem}.csv").exists():
+            rows = read_csv(docs / f"{stem}.csv")
+            blocks[runs_block] = batch_table(rows) if name == "batch" else table(rows)
+        if tuning_block and (docs / f"{stem}-tuning.csv").exists():
+            blocks[tuning_block] = tuning_table(read_csv(docs / f"{stem}-tuning.csv"))
+    cnn = read_csv(docs / "results-cnn.csv")
+    blocks["snr"] = snr_table(sorted({300, 1000, 5000, *(int(r[8]) for r in cnn)}))
+    return blocks
+
+
+def write_docs(args: argparse.Namespace, rows: list[list], tuning: list[list]) -> None:
+    """Merge the rows into ``docs/<DOCS_TABLES[--docs-table]>.csv`` (the batch sweep keeps
+    its τ = 1 rows only), copy the plot, and rewrite every block of docs/results-cnn.md
+    from the CSVs."""
+    docs = ROOT / "docs"
+    stem = DOCS_TABLES[args.docs_table]
+    if args.docs_table == "batch":
+        rows = [r for r in rows if int(r[2]) == 1]
+    merged = merge_docs_rows(docs / f"{stem}.csv", rows)
+    with open(docs / f"{stem}.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([HEADER, *merged])
+    if tuning and args.docs_table != "batch":
+        merged_tuning = merge_docs_rows(docs / f"{stem}-tuning.csv", tuning,
+                                        key=(0, 1, 2, 6, 8, 9, 10, 14))
+        with open(docs / f"{stem}-tuning.csv", "w", newline="") as fh:
+            csv.writer(fh).writerows([HEADER, *merged_tuning])
+    if args.docs_table != "batch":
+        (docs / "figures").mkdir(exist_ok=True)
+        suffix = "" if args.calibration == "exact" else f"-{args.calibration}"
+        shutil.copy(args.out / "accuracy.png", docs / "figures" /
+                    f"cnn-accuracy-{args.steps}x{args.batch_size}{suffix}.png")
+    for name, text in render_blocks(docs).items():
+        update_marked_section(docs / "results-cnn.md", name, text)
+
+
+def batch_table(rows: list[list], learners: int = 10) -> str:
+    """The batch sweep: final accuracy per batch ``B`` (rows) and method at a fixed number
+    of images per learner ``N·B`` and τ = 1, beside each private method's final
+    noise-to-signal ratio. A step adds its noise to the *sum* of ``B`` clipped gradients
+    (the sensitivity is ``2·B_g`` whatever ``B``), so the ratio is
+    :func:`~experiments.cnn.final_noise_to_signal` at ``N`` steps divided by ``B``."""
+    from experiments.cnn import PaperCNN, final_noise_to_signal
+
+    d = sum(p.numel() for p in PaperCNN().parameters())
+    out = []
+    groups = dict.fromkeys((r[0], int(r[8]) * int(r[9]), calibration(r)) for r in rows)
+    for dataset, images, cal in groups:
+        sub = [r for r in rows
+               if (r[0], int(r[8]) * int(r[9]), calibration(r)) == (dataset, images, cal)]
+        methods = sorted(dict.fromkeys(r[1] for r in sub), key=order)
+        private = [m for m in methods if m != NOISELESS]
+        seeds = sorted({int(r[6]) for r in sub})
+        lines = [f"**{dataset}, {images} images per learner (N·B), τ = 1, {cal} "
+                 f"calibration, one η per B for every method**; final test accuracy, mean ± "
+                 f"std over seeds {', '.join(map(str, seeds))} (ε = {sub[0][4]}, "
+                 f"δ = {sub[0][5]}), and the final noise-to-signal ratio:", "",
+                 "| B (images per step) | N = R (steps) | η | "
+                 + " | ".join(NAMES.get(m, m) for m in methods) + " | "
+                 + " | ".join(f"noise/signal, {NAMES.get(m, m)}" for m in private) + " |",
+                 "|---|---|---|" + "---|" * (len(methods) + len(private))]
+        for b in sorted({int(r[9]) for r in sub}):
+            here = [r for r in sub if int(r[9]) == b]
+            steps = int(here[0][8])
+            etas = ", ".join(f"{e:g}" for e in sorted({float(r[10]) for r in here}))
+            cells = [accuracy_cell([float(r[7]) for r in here if r[1] == m], len(seeds))
+                     for m in methods]
+            ratios = [final_noise_to_signal(CNNSetup(
+                mechanism=m, steps=steps, num_learners=learners, epsilon=float(sub[0][4]),
+                delta=float(sub[0][5]), calibration=cal), d) / b for m in private]
+            lines.append(f"| {b} | {steps} | {etas} | " + " | ".join(cells) + " | "
+                         + " | ".join(f"{x:.2f}" for x in ratios) + " |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def accuracy_cell(acc: list[float], seeds: int) -> str:
+    """``mean ± std`` over the seeds (a cell with fewer seeds than its table says so)."""
+    if not acc:
+        return ""
+    text = f"{np.mean(acc):.3f} ± {np.std(acc):.3f}" if len(acc) > 1 else f"{acc[0]:.3f}"
+    return text + (f" [{len(acc)} seed{'s' * (len(acc) > 1)}]" if len(acc) != seeds else "")
 
 
 def flower_check(setup: CNNSetup, reference: CNNResult) -> float:
@@ -289,14 +415,15 @@ CURVES_HEADER = ["dataset", "method", "tau", "seed", "round", "test_accuracy", "
 
 
 def run_key(r: list) -> tuple[str, ...]:
-    """What identifies a run in runs.csv: dataset, method, τ, seed, steps, batch, η, engine."""
-    return tuple(str(r[i]) for i in (0, 1, 2, 6, 8, 9, 10, 13))
+    """What identifies a run in runs.csv: dataset, method, τ, seed, steps, batch, η, engine,
+    calibration."""
+    return tuple(str(r[i]) for i in (0, 1, 2, 6, 8, 9, 10, 13, 14))
 
 
 def setup_key(s: CNNSetup) -> tuple[str, ...]:
     """:func:`run_key` of the row a setup will write."""
     return tuple(str(x) for x in (s.dataset, s.mechanism, s.tau, s.seed, s.steps,
-                                  s.batch_size, s.eta, s.engine))
+                                  s.batch_size, s.eta, s.engine, s.calibration))
 
 
 def _one(setup: CNNSetup) -> tuple[list, list[list]]:
@@ -379,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epsilon", type=float, default=2.0)
     p.add_argument("--delta", type=float, default=1e-3)
     p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--calibration", default="exact", choices=list(CALIBRATIONS),
+                   help="exact: the analytic Gaussian (tight); zcdp: the paper's zCDP "
+                        "calibration (noise multiplier 1.98 at (2, 1e-3))")
     p.add_argument("--eta", type=float, default=0.05)
     p.add_argument("--eta-g", type=float, default=1.0)
     p.add_argument("--train-size", type=int, default=None, help="default: all 60,000")
@@ -400,12 +530,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="tune η per method and τ on this grid (see --tune-scale) first")
     p.add_argument("--tune-scale", default="tau", choices=["tau", "none"],
                    help="tau: grid point c means η = c/τ; none: η = c")
+    p.add_argument("--shared-eta", action="store_true",
+                   help="the paper's protocol: tune η on the noiseless run at the first τ "
+                        "only and use it for every method and τ")
     p.add_argument("--tune-seed", type=int, default=100,
                    help="the tuning runs' seed (not an evaluation seed)")
     p.add_argument("--flower", action="store_true",
                    help="also run the first configuration on Flower's Ray simulation")
     p.add_argument("--out", type=Path, default=Path("results/cnn"))
     p.add_argument("--docs", action="store_true", help="write docs/results-cnn.csv etc.")
+    p.add_argument("--docs-table", default="cnn", choices=sorted(DOCS_TABLES),
+                   help="with --docs: which docs CSV the rows join (cnn: the tuned grid, "
+                        "paper: the paper's protocol, batch: the batch sweep, τ = 1 rows)")
     p.add_argument("--from-runs", action="store_true",
                    help="do not run: redo the plot, table and docs from --out's CSVs")
     args = p.parse_args(argv)
@@ -426,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
         etas = None
         if args.tune_etas:
             tuning, _ = run_jobs(tuning_setups(args), args.out, "tuning", args.workers)
-            etas = best_etas(tuning)
+            etas = (shared_eta(tuning, args.methods, args.taus) if args.shared_eta
+                    else best_etas(tuning))
             print(tuning_table(tuning))
         jobs = setups(args, etas)
         rows, curves = run_jobs(jobs, args.out, "runs", args.workers)
@@ -438,23 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Flower Ray simulation of {jobs[0].label} τ={jobs[0].tau}: max |Δx| = {diff:.2e}")
         (args.out / "flower-check.txt").write_text(f"{jobs[0]}\nmax abs difference {diff}\n")
     if args.docs:
-        docs = ROOT / "docs"
-        merged = merge_docs_rows(docs / "results-cnn.csv", rows)
-        with open(docs / "results-cnn.csv", "w", newline="") as fh:
-            csv.writer(fh).writerows([HEADER, *merged])
-        (docs / "figures").mkdir(exist_ok=True)
-        shutil.copy(args.out / "accuracy.png",
-                    docs / "figures" / f"cnn-accuracy-{args.steps}x{args.batch_size}.png")
-        update_marked_section(docs / "results-cnn.md", "cnn", table(merged))
-        if tuning:
-            merged_tuning = merge_docs_rows(docs / "results-cnn-tuning.csv", tuning,
-                                            key=(0, 1, 2, 6, 8, 9, 10))
-            with open(docs / "results-cnn-tuning.csv", "w", newline="") as fh:
-                csv.writer(fh).writerows([HEADER, *merged_tuning])
-            update_marked_section(docs / "results-cnn.md", "tuning",
-                                  tuning_table(merged_tuning))
-        horizons = sorted({300, 1000, 5000, *(int(r[8]) for r in merged)})
-        update_marked_section(docs / "results-cnn.md", "snr", snr_table(horizons))
+        write_docs(args, rows, tuning)
     print(f"results in {args.out.resolve()}")
     return 0
 

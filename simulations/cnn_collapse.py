@@ -32,7 +32,7 @@ import torch
 
 from experiments.cnn import CNNSetup, batch_stream, cnn_data, initial_model
 from flwr_corrnoise.engine import run_inprocess
-from flwr_corrnoise.learner import PrivacySettings
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.torch import ModuleGradient, get_parameters, set_parameters
 
 LAYERS = ("conv1", "conv2", "fc1")

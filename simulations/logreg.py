@@ -1,4 +1,5 @@
-"""Paper 000, Sec. V-A: online logistic regression with correlated-noise local DP.
+"""Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online Federated Learning With
+Correlated Noise", Sec. V-A: online logistic regression with correlated-noise local DP.
 
 Full size (n = 20, d = 100, τ = 4, R = 1000, α = β = 0.1, 10 seeds, both budgets):
 
@@ -15,9 +16,9 @@ run uses the vectorized in-process engine (``flwr_corrnoise.engine.run_vectorize
 learners of a round as one array, each learner's step still the library's one private step,
 the same learner and server code as the Flower app); ``--engine reference`` runs the
 one-learner-at-a-time ``run_inprocess`` instead (the same results to 1e-12, slower; timings
-in docs/benchmarks-history.md, issue 22). A run's metrics are computed for all its rounds at once when read
-(``SweepEvaluator``), and the dynamic regret's per-round optima once per data seed and
-process. Outputs in ``--out``: ``runs.csv`` (per seed), ``tuning.csv``,
+in docs/benchmarks-history.md, issue 22). A run's metrics are computed for all its rounds at
+once when read (``SweepEvaluator``), and the dynamic regret's per-round optima once per data
+seed and process. Outputs in ``--out``: ``runs.csv`` (per seed), ``tuning.csv``,
 ``curves.csv`` (mean/std per round), ``accuracy.png``, ``loss.png``, ``regret.png``;
 ``--docs`` also writes ``docs/results-logreg.csv`` (``-fedprox.csv`` for ``--labels
 fedprox``, ``-TAG.csv`` with ``--docs-tag TAG``) and the tuning scores beside it
@@ -60,9 +61,10 @@ from flwr_corrnoise.apps.logreg_task import (  # noqa: E402
     logistic_gradient,
 )
 from flwr_corrnoise.engine import InProcessResult, run_vectorized  # noqa: E402
-from flwr_corrnoise.learner import NOISELESS, LearnerState  # noqa: E402
+from flwr_corrnoise.learner_state import LearnerState  # noqa: E402
 from flwr_corrnoise.mechanisms import check_mechanism  # noqa: E402
 from flwr_corrnoise.metrics import round_optimum  # noqa: E402
+from flwr_corrnoise.settings import NOISELESS  # noqa: E402
 
 #: the paper's methods (a deliberate subset of the registry, checked against it)
 METHODS = [NOISELESS, *(check_mechanism(m)
@@ -154,8 +156,10 @@ class BatchGradient:
 
 
 def run_vectorized_logreg(setup: LogRegSetup, evaluate=None) -> InProcessResult:
-    """The experiment on the vectorized engine (the per-step methods; papers 001/002's
-    variants, ``noise_at`` ≠ ``"step"``, run on :func:`run_logreg_inprocess`). Equals
+    """The experiment on the vectorized engine (the per-step methods; Zhang, Zhu, Fay & Johansson,
+    "Locally Differentially Private Online Federated Learning With Correlated Noise" (arXiv version)
+    and Zhang, Zhu & Johansson's ("Differentially Private Online Federated Learning with Correlated
+    Noise") variants, ``noise_at`` ≠ ``"step"``, run on :func:`run_logreg_inprocess`). Equals
     :func:`run_logreg_inprocess` to 1e-12 on the same seeds
     (``tests/test_vectorized_engine.py``)."""
     if setup.noise_at != "step" and setup.mechanism != NOISELESS:
@@ -443,8 +447,8 @@ def configs(args: argparse.Namespace) -> list[LogRegSetup]:
 
 
 def method_name(s: LogRegSetup) -> str:
-    """``toeplitz`` (per-step, paper 000), ``toeplitz@round`` (paper 001) or
-    ``toeplitz@server`` (paper 002): the method column of the CSVs and tables."""
+    """``toeplitz`` (per-step, Zhang et al.), ``toeplitz@round`` (Zhang et al., arXiv) or
+    ``toeplitz@server`` (Zhang, Zhu & Johansson): the method column of the CSVs and tables."""
     if s.mechanism == "none":
         return "none"
     return s.mechanism if s.noise_at == "step" else f"{s.mechanism}@{s.noise_at}"
@@ -452,8 +456,8 @@ def method_name(s: LogRegSetup) -> str:
 
 def display_name(method: str) -> str:
     mechanism, _, where = method.partition("@")
-    suffix = {"": "", "round": ", per round (paper 001)",
-              "server": ", central (paper 002)"}[where]
+    suffix = {"": "", "round": ", per round (Zhang et al., arXiv)",
+              "server": ", central (Zhang, Zhu & Johansson)"}[where]
     return NAMES.get(mechanism, mechanism) + suffix
 
 
@@ -672,9 +676,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="label rule of the synthetic data (docs/data.md): our balanced "
                         "'centred' adaptation or the paper's naive 'fedprox' rule")
     p.add_argument("--methods", nargs="+", default=METHODS,
-                   help="mechanisms (noise at every local step, paper 000); NAME@round adds "
-                        "the noise once per round on the learner (paper 001), NAME@server "
-                        "on a trusted server (paper 002)")
+                   help="mechanisms (noise at every local step, Zhang et al.); NAME@round "
+                        "adds the noise once per round on the learner (Zhang et al., arXiv), "
+                        "NAME@server on a trusted server (Zhang, Zhu & Johansson)")
     p.add_argument("--budgets", nargs="+", type=parse_budget, default=[(2.0, 1e-3), (0.5, 1e-3)])
     p.add_argument("--eta-grid", nargs="+", type=float, default=[0.01, 0.02, 0.05, 0.1, 0.2])
     p.add_argument("--tune-seeds", type=int, default=1)

@@ -64,20 +64,25 @@ import torch
 
 from experiments.cnn import PaperCNN, accuracy
 from experiments.data.mnist import load_dataset, paper_partition
+from flwr_corrnoise.amplification import choose_bands
 from flwr_corrnoise.data.loader import CyclicLoader
-from flwr_corrnoise.learner import NOISELESS, PrivacySettings
+from flwr_corrnoise.data.sampling import CyclicPoissonLoader
 from flwr_corrnoise.mechanisms import check_mechanism
 from flwr_corrnoise.mechanisms.participation import Participation
+from flwr_corrnoise.settings import NOISELESS, PrivacySettings, derive_seed
 from flwr_corrnoise.torch import get_parameters, run_inprocess_device, set_parameters
 from simulations.cnn import update_marked_section  # the same "table:NAME" markers
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the library's mechanisms compared here (a deliberate subset, checked against the registry)
-OURS = [check_mechanism(m) for m in ("blt", "independent")]
+OURS = [check_mechanism(m) for m in ("bandmf", "blt", "independent")]
+#: ours under cyclic Poisson sampling (the others: a fixed cyclic order)
+SAMPLED = ["bandmf"]
 OPACUS = ["opacus", "opacus-replace-one"]
 METHODS = [NOISELESS, *OURS, *OPACUS]
 NAMES = {
     NOISELESS: "noiseless",
+    "bandmf": "amplified BandMF, cyclic Poisson (ours)",
     "blt": "BLT for k epochs (ours)",
     "independent": "independent noise, fixed order",
     "opacus": "Opacus DP-SGD (Poisson, PRV, add/remove)",
@@ -99,10 +104,11 @@ ROUND_HEADER = ["dataset", "method", "epsilon", "seed", "eta", "round", "test_ac
 class SmallCNN(torch.nn.Module):
     """conv 5×5×8 stride 2 → ReLU → conv 5×5×16 stride 2 → ReLU → FC 10 (5,994 weights).
 
-    Why not paper 000's CNN (:class:`~experiments.cnn.PaperCNN`, 3·10⁵ weights): its
-    per-example gradients cost ≈ 60× more, ≈ 15 min per run on 2 shared cores; a DP model
-    this small is also what DP-SGD practice recommends (the noise grows with √d).
-    ``--model paper`` runs the paper's CNN instead.
+    Why not Zhang, Zhu, Fay & Johansson's ("Locally Differentially Private Online Federated Learning
+    With Correlated Noise") CNN (:class:`~experiments.cnn.PaperCNN`, 3·10⁵ weights): its per-example
+    gradients cost ≈ 60× more, ≈ 15 min per run on 2 shared cores; a DP model this small is also
+    what DP-SGD practice recommends (the noise grows with √d). ``--model paper`` runs the paper's
+    CNN instead.
     """
 
     def __init__(self, num_classes: int = 10) -> None:
@@ -159,11 +165,25 @@ class Setup:
         """Opacus' Poisson rate: ``1/len(data_loader)`` (``batch/examples`` when it divides)."""
         return 1.0 / self.steps_per_epoch
 
-    def loader(self, learner: int) -> CyclicLoader:
-        """Learner ``learner``'s cyclic order (public: fixed before training)."""
+    def loader(self, learner: int) -> CyclicLoader | CyclicPoissonLoader:
+        """Learner ``learner``'s loop: its cyclic order (public: fixed before training), or
+        for ``bandmf`` its cyclic Poisson sampler over the bands :func:`bands` chose, keyed
+        by the learner's noise seed (the sampler derives its own sub-key from it)."""
+        if self.method in SAMPLED:
+            return CyclicPoissonLoader(self.examples, self.batch_size, rounds=self.rounds,
+                                       key=derive_seed(self.seed, learner),
+                                       local_epochs=self.local_epochs, bands=self.bands,
+                                       order_seed=self.seed * 1000 + learner)
         return CyclicLoader(self.examples, self.batch_size, rounds=self.rounds,
                             local_epochs=self.local_epochs,
                             order_seed=self.seed * 1000 + learner)
+
+    @property
+    def bands(self) -> int:
+        """``bandmf``'s bands: the library's choice for this (ε, δ, N, steps per epoch)
+        (:func:`~flwr_corrnoise.amplification.choose_bands`, replace-one)."""
+        s = CyclicLoader(self.examples, self.batch_size, self.rounds, self.local_epochs)
+        return chosen_bands(self.epsilon, self.delta, s.horizon, s.steps_per_epoch)
 
     def settings(self) -> PrivacySettings:
         """Ours: the loader's horizon and participation (all learners share them)."""
@@ -187,7 +207,7 @@ def _dataset(name: str, root: str | None) -> Any:
 @cache
 def partitions(dataset: str, root: str | None, learners: int, examples: int,
                data_seed: int) -> tuple[np.ndarray, ...]:
-    """Each learner's fixed local dataset (indices into the training set): paper 000's
+    """Each learner's fixed local dataset (indices into the training set): Zhang et al.'s
     split (half spread at random, half by class) of a random subset of ``2·learners·examples``
     images, each part cut to ``examples`` — disjoint, the same for every method."""
     ds = _dataset(dataset, root)
@@ -220,6 +240,13 @@ def initial_model(s: Setup) -> torch.nn.Module:
 
 
 # -- accounting ---------------------------------------------------------------------------
+
+@cache
+def chosen_bands(epsilon: float, delta: float, horizon: int, steps_per_epoch: int) -> int:
+    """The bands :func:`~flwr_corrnoise.amplification.choose_bands` picks (smallest
+    prefix-sum noise RMSE)."""
+    return choose_bands(epsilon, delta, horizon, steps_per_epoch)[0].bands
+
 
 @cache
 def opacus_noise_multiplier(epsilon: float, delta: float, sample_rate: float,
@@ -289,6 +316,21 @@ def privacy_columns(s: Setup) -> dict[str, Any]:
         return {"accountant": "", "relation": "", "epsilon_reported": 0.0,
                 "epsilon_replace_one": 0.0, "noise_std": 0.0, "noise_multiplier": 0.0,
                 "sensitivity": 0.0, "noise_rmse": 0.0}
+    if s.method in SAMPLED:
+        st = s.settings()
+        cal = st.calibration()
+        fact = st.factorization()
+        sampling = st.participation.sampling(n)  # type: ignore[attr-defined]
+        sigma = cal.noise_multiplier
+        return {"accountant": f"flwr-corrnoise {cal.accountant} b={cal.bands}",
+                "relation": cal.relation, "epsilon_reported": st.epsilon_spent(n),
+                # dp_accounting's PLD on the same events: ⌈N/b⌉ Poisson-subsampled steps
+                "epsilon_replace_one": pld_epsilon_poisson(
+                    sigma, sampling.sampling_rate, sampling.cycles(), s.delta),
+                "noise_std": cal.std, "noise_multiplier": sigma,
+                "sensitivity": cal.column_norm,
+                "noise_rmse": cal.std / s.clip_norm * math.sqrt(
+                    float(np.mean(fact.row_errors())))}
     if s.method in OURS:
         st = s.settings()
         cal = st.calibration()

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from flwr_corrnoise.arraypack import MAGIC, pack, unpack
-from flwr_corrnoise.learner import LearnerState, PrivacySettings
+from flwr_corrnoise.learner_state import LearnerState
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.streams import NoiseStream
 
 

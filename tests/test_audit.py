@@ -31,9 +31,9 @@ from flwr_corrnoise.audit import (
     law_check,
 )
 from flwr_corrnoise.cli import main
-from flwr_corrnoise.learner import PrivacySettings
 from flwr_corrnoise.mechanisms import MECHANISMS
 from flwr_corrnoise.privacy import epsilon_for_std
+from flwr_corrnoise.settings import PrivacySettings
 
 EPS, DELTA = 2.0, 1e-3
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from flwr_corrnoise.cipher_noise import CipherGaussian
-from flwr_corrnoise.learner import LearnerState, PrivacySettings, local_round
+from flwr_corrnoise.learner import local_round
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.mechanisms import FactorizationChangedError, build_factorization, cache
 from flwr_corrnoise.mechanisms.banded import (
     NAME,
@@ -21,6 +22,7 @@ from flwr_corrnoise.mechanisms.banded import (
 )
 from flwr_corrnoise.mechanisms.streaming import NUMPY_OPS
 from flwr_corrnoise.mechanisms.toeplitz import inverse_sqrt_coefficients
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.streams import NoiseStream, normalize_shapes
 
 from .test_streams import draw_all, xi_matrix

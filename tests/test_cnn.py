@@ -148,7 +148,7 @@ def test_final_noise_to_signal_matches_a_sampled_stream(mechanism: str) -> None:
     """The closed form against the noise streams themselves: sum every learner's N
     increments, average over learners, compare the norm with N·B_g."""
     from experiments.cnn import final_noise_to_signal
-    from flwr_corrnoise.learner import LearnerState
+    from flwr_corrnoise.learner_state import LearnerState
 
     setup = CNNSetup(mechanism=mechanism, steps=32, num_learners=3, clip=0.7)
     d = 20000
@@ -167,8 +167,8 @@ def test_collapse_diagnostics_measure_the_noise_drift(root: Path, tmp_path: Path
     """simulations/cnn_collapse.py: at τ = 1 gradients are taken at x^r (no drift); at
     τ = 2 the second iterate's drift is the learner's own noise increment, whose norm
     η·V·√d·‖(C⁻¹)_k‖ we compute from the factorization independently."""
-    from flwr_corrnoise.learner import PrivacySettings
     from flwr_corrnoise.mechanisms import build_factorization
+    from flwr_corrnoise.settings import PrivacySettings
     from simulations import cnn_collapse
 
     cnn_collapse.main(["--data-root", str(root), "--dataset", "mnist", "--learners", "2",

@@ -24,16 +24,15 @@ import numpy as np
 import pytest
 
 from deploy.local import LocalDeployment
+from flwr_corrnoise.aggregation import aggregate
 from flwr_corrnoise.apps.logreg_task import LogRegSetup, initial_parameters, logistic_gradient
 from flwr_corrnoise.flower.checkpoint import CHECKPOINT_FILE
-from flwr_corrnoise.learner import (
-    LearnerState,
-    PrivacySettings,
-    aggregate,
-    local_round,
-)
+from flwr_corrnoise.flower.config import settings_from_config
+from flwr_corrnoise.learner import local_round
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.persistence import STATE_FILE, StateStore
 from flwr_corrnoise.secure_noise import ChaCha20Gaussian
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.streams import NoiseStream
 
 pytestmark = [
@@ -135,7 +134,7 @@ def replay(
     server died and ran the round again): those steps are spent, and a round run again
     after a server crash starts from the same checkpointed model."""
     defaults = LogRegSetup().to_run_config()
-    settings = PrivacySettings.from_config({**defaults, **LEARNER})
+    settings = settings_from_config({**defaults, **LEARNER})
     grads = [logistic_gradient(SETUP, i) for i in range(3)]
     x = initial_parameters(SETUP)
     shapes = [p.shape for p in x]

@@ -166,10 +166,14 @@ def test_moving_average_keeps_the_ends_level() -> None:
 
 def test_round_and_server_variants_follow_their_definitions() -> None:
     """noise-at round/server: plain τ local steps, the round update clipped to η·τ·B_g, then
-    paper 001's per-learner or paper 002's server noise; replayed by hand here."""
+    Zhang, Zhu, Fay & Johansson's ("Locally Differentially Private Online Federated Learning With
+    Correlated Noise", arXiv version) per-learner or Zhang, Zhu & Johansson's ("Differentially
+    Private Online Federated Learning with Correlated Noise") server noise; replayed by hand
+    here."""
     from experiments.logreg import run_logreg_inprocess
     from flwr_corrnoise.apps.logreg_task import logistic_gradient
-    from flwr_corrnoise.learner import PrivacySettings, clip_by_global_norm, derive_seed
+    from flwr_corrnoise.learner import clip_by_global_norm
+    from flwr_corrnoise.settings import PrivacySettings, derive_seed
     from flwr_corrnoise.streams import NoiseStream
     from flwr_corrnoise.variants import central_calibration
 
@@ -214,5 +218,5 @@ def test_script_runs_the_variants(tmp_path: Path) -> None:
         methods = [row["method"] for row in csv.DictReader(fh)]
     assert sorted(methods) == ["blt@server", "noiseless", "toeplitz", "toeplitz@round"]
     table = (out / "table.md").read_text()
-    assert "Toeplitz (MF iii), per round (paper 001)" in table
-    assert "BLT, 4 buffers (ours), central (paper 002)" in table
+    assert "Toeplitz (MF iii), per round (Zhang et al., arXiv)" in table
+    assert "BLT, 4 buffers (ours), central (Zhang, Zhu & Johansson)" in table

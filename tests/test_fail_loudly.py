@@ -21,7 +21,7 @@ from flwr_corrnoise.flower import (
     privacy_metrics_aggr,
 )
 from flwr_corrnoise.flower.monitor import RoundWatch, simulation_grid
-from flwr_corrnoise.learner import PrivacySettings
+from flwr_corrnoise.settings import PrivacySettings
 
 from .test_strategy import FakeGrid, reply, task_identity  # noqa: F401  (autouse fixture)
 

@@ -74,8 +74,8 @@ def test_a_short_build_is_silent(caplog, monkeypatch) -> None:
 def test_the_default_mechanism_builds_fast_and_near_the_optimum() -> None:
     """The default (`blt`) against the optimized factorization, solved here to a certified
     0.01 % gap: within 5 % of its RMSE; and the default settings name it."""
-    from flwr_corrnoise.learner import PrivacySettings
     from flwr_corrnoise.mechanisms.blt import BufferedToeplitz
+    from flwr_corrnoise.settings import PrivacySettings
     from flwr_corrnoise.settings_keys import KEYS
 
     assert PrivacySettings().mechanism == KEYS["mechanism"].default == "blt"
@@ -112,7 +112,7 @@ def _flower_log(exc: BaseException) -> str:
 
 def test_a_configuration_error_is_logged_on_one_line() -> None:
     from flwr_corrnoise.flower import RunFailedError
-    from flwr_corrnoise.learner import PrivacyConfigError
+    from flwr_corrnoise.settings import PrivacyConfigError
     from flwr_corrnoise.settings_keys import ConfigKeyError
 
     for exc in (ConfigKeyError("'epsilom' in the run config is not a flwr-corrnoise key: "

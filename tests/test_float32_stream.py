@@ -17,8 +17,10 @@ from scipy.linalg import toeplitz
 
 from flwr_corrnoise.cipher_noise import CipherGaussian
 from flwr_corrnoise.flower.session import STATE_KEY, LearnerStorage
-from flwr_corrnoise.learner import LearnerState, PrivacySettings, local_rounds
+from flwr_corrnoise.learner import local_rounds
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.mechanisms import build_factorization, mechanism_names
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.state_offload import OffloadPolicy
 from flwr_corrnoise.streams import NoiseStream, StreamGroup
 

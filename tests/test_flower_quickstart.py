@@ -46,7 +46,7 @@ from flwr_corrnoise.flower import (  # noqa: E402
     PrivateSteps,
     private_optimizer,
 )
-from flwr_corrnoise.learner import PrivacyConfigError  # noqa: E402
+from flwr_corrnoise.settings import PrivacyConfigError  # noqa: E402
 
 from .adoption import harness  # noqa: E402
 from .flower_helpers import fingerprint  # noqa: E402

@@ -23,7 +23,8 @@ from flwr_corrnoise.apps.logreg_task import (
     logistic_gradient,
 )
 from flwr_corrnoise.flower import CorrNoiseFedAvg, CorrNoiseNumPyClient, numpy_client_app
-from flwr_corrnoise.learner import LearnerState, PrivacySettings, derive_seed
+from flwr_corrnoise.learner_state import LearnerState
+from flwr_corrnoise.settings import PrivacySettings, derive_seed
 
 from .flower_helpers import backend_config, read_results, simulate
 
@@ -87,7 +88,9 @@ def test_offloaded_states_give_the_same_model(tmp_path: Path) -> None:
 
 
 def inprocess_with_state_reset(setup: LogRegSetup) -> np.ndarray:
-    from flwr_corrnoise.learner import aggregate, derive_seed, local_round
+    from flwr_corrnoise.aggregation import aggregate
+    from flwr_corrnoise.learner import local_round
+    from flwr_corrnoise.settings import derive_seed
 
     x = initial_parameters(setup)
     for r in range(setup.rounds):

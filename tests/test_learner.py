@@ -1,22 +1,18 @@
-"""The shared local round and server aggregation (paper 000, Algorithm 1)."""
+"""The shared local round and server aggregation (Zhang, Zhu, Fay & Johansson, "Locally
+Differentially Private Online Federated Learning With Correlated Noise", Algorithm 1)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from flwr_corrnoise.learner import (
-    LearnerState,
-    NonFiniteError,
-    PrivacyConfigError,
-    PrivacySettings,
-    aggregate,
-    check_update,
-    local_round,
-    privacy_metrics,
-)
+from flwr_corrnoise.aggregation import aggregate, check_update
+from flwr_corrnoise.flower.config import check_proposal, privacy_proposal, settings_from_config
+from flwr_corrnoise.learner import NonFiniteError, local_round
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.mechanisms import build_factorization
 from flwr_corrnoise.privacy import calibrate
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings, privacy_metrics
 from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream
 
 SHAPES = [(3,), (2, 2)]
@@ -210,22 +206,22 @@ def test_check_update_rejects_malformed() -> None:
 def test_weaker_proposals_are_refused(proposal: dict, match: str) -> None:
     settings = PrivacySettings("toeplitz", 2.0, 1e-3, 1.0, 4000)
     with pytest.raises(PrivacyConfigError, match=match):
-        settings.check_proposal(proposal)
+        check_proposal(settings, proposal)
 
 
 def test_equal_or_stricter_proposals_are_accepted() -> None:
     settings = PrivacySettings("toeplitz", 2.0, 1e-3, 1.0, 4000)
-    settings.check_proposal(settings.proposal())
-    settings.check_proposal({"privacy-epsilon": 1.0, "privacy-horizon": 100})
-    settings.check_proposal({})
+    check_proposal(settings, privacy_proposal(settings))
+    check_proposal(settings, {"privacy-epsilon": 1.0, "privacy-horizon": 100})
+    check_proposal(settings, {})
 
 
 def test_settings_from_run_config() -> None:
     cfg = {"mechanism": "tree", "epsilon": 0.5, "delta": 1e-5, "clip-norm": 2.0,
            "data-reuse": "once", "num-server-rounds": 10, "local-steps": 4}
-    s = PrivacySettings.from_config(cfg)
+    s = settings_from_config(cfg)
     assert (s.mechanism, s.epsilon, s.delta, s.clip_norm, s.horizon) == ("tree", 0.5, 1e-5, 2.0, 40)
     with pytest.raises(PrivacyConfigError, match="unknown mechanism"):
-        PrivacySettings.from_config({"mechanism": "laplace", "horizon": 10})
+        settings_from_config({"mechanism": "laplace", "horizon": 10})
     with pytest.raises(ValueError, match="ε must be"):
-        PrivacySettings.from_config({"epsilon": -1, "horizon": 10})
+        settings_from_config({"epsilon": -1, "horizon": 10})

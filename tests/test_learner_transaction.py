@@ -22,16 +22,10 @@ from flwr.app import Context, RecordDict
 
 from flwr_corrnoise import arraypack
 from flwr_corrnoise.flower.session import RELEASED_METRICS, LearnerSession
-from flwr_corrnoise.learner import (
-    LearnerState,
-    PrivacyConfigError,
-    PrivacySettings,
-    StepCounts,
-    local_round,
-    privacy_metrics,
-    private_step,
-)
+from flwr_corrnoise.learner import StepCounts, local_round, private_step
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.persistence import StateStore
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings, privacy_metrics
 from flwr_corrnoise.streams import HorizonExhaustedError
 
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
@@ -188,7 +182,7 @@ def test_the_device_optimizer_stores_the_learner_state_and_reads_its_old_format(
 
 def test_every_front_end_releases_the_same_privacy_metadata(tmp_path: Path) -> None:
     """The NumPy round, the release gate and the device optimizer report one definition
-    (:func:`~flwr_corrnoise.learner.privacy_metrics`), all of it on the gate's list."""
+    (:func:`~flwr_corrnoise.settings.privacy_metrics`), all of it on the gate's list."""
     state = LearnerState.create(SETTINGS, [(DIM,)], seed=1)
     result = local_round([np.zeros(DIM)], lambda p, i: [np.ones(DIM)], state, SETTINGS, 2, 0.1)
     expected = privacy_metrics(SETTINGS, 2)

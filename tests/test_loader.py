@@ -26,7 +26,7 @@ from flwr.clientapp import ClientApp
 
 from flwr_corrnoise.data.loader import CyclicLoader
 from flwr_corrnoise.flower import PrivateSteps
-from flwr_corrnoise.learner import PrivacySettings
+from flwr_corrnoise.flower.config import settings_from_config
 from flwr_corrnoise.mechanisms import build_factorization
 
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
@@ -111,7 +111,7 @@ def test_the_loader_sets_horizon_and_participation_and_the_pld_confirms_the_epsi
         x = reply.content["arrays"].to_numpy_ndarrays()[0]
     assert spent == sorted(spent) and spent[-1] == pytest.approx(2.0)
 
-    settings = PrivacySettings.from_config({**CFG, **loader().config()})
+    settings = settings_from_config({**CFG, **loader().config()})
     cal = settings.calibration()
     assert cal.participation == "6 epochs of 3 steps (fixed cyclic order)"
     # independent: the worst example's uses, as the loader handed them out, summed on the

@@ -17,10 +17,12 @@ import pytest
 from flwr.app import Context, MessageType, RecordDict
 
 from flwr_corrnoise.flower import CorrNoiseRoundMod, make_client_app
-from flwr_corrnoise.learner import LearnerState, PrivacySettings
-from flwr_corrnoise.mechanisms import Optimized, build_factorization, cache
+from flwr_corrnoise.learner_state import LearnerState
+from flwr_corrnoise.mechanisms import build_factorization, cache
+from flwr_corrnoise.mechanisms.optimized import Optimized
 from flwr_corrnoise.persistence import STATE_FILE, StateBusyError, StateStore
 from flwr_corrnoise.privacy import calibrate
+from flwr_corrnoise.settings import PrivacySettings
 
 from .test_release_gate import DIM, LEARNER, message, np_gradient, round_mod
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)

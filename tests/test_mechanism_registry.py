@@ -14,20 +14,19 @@ import numpy as np
 import pytest
 
 from flwr_corrnoise.engine import run_inprocess
-from flwr_corrnoise.learner import PrivacyConfigError, PrivacySettings, derive_seed
 from flwr_corrnoise.mechanisms import (
     MECHANISMS,
-    Independent,
     build_factorization,
-    factorization_by_digest,
     get_mechanism,
     mechanism_names,
-    prefix_sum_matrix,
     register,
 )
-from flwr_corrnoise.mechanisms.registry import unregister
+from flwr_corrnoise.mechanisms.base import prefix_sum_matrix
+from flwr_corrnoise.mechanisms.independent import Independent
+from flwr_corrnoise.mechanisms.registry import factorization_by_digest, unregister
 from flwr_corrnoise.noise_keys import noise_generator
 from flwr_corrnoise.privacy import calibrate, calibrate_mechanism
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings, derive_seed
 from flwr_corrnoise.streams import NoiseStream, normalize_shapes
 
 from . import test_streams

@@ -19,8 +19,8 @@ from dp_accounting.pld.pld_privacy_accountant import PLDAccountant  # noqa: E402
 
 from flwr_corrnoise.data.idx import FILES, write_idx  # noqa: E402
 from flwr_corrnoise.data.loader import CyclicLoader  # noqa: E402
-from flwr_corrnoise.learner import PrivacySettings  # noqa: E402
 from flwr_corrnoise.mechanisms.participation import Participation  # noqa: E402
+from flwr_corrnoise.settings import PrivacySettings  # noqa: E402
 from simulations import multi_epoch  # noqa: E402
 
 # slow, and on one xdist worker: the module fixture (the --quick run) is computed once

@@ -383,7 +383,7 @@ def test_one_bad_example_in_a_batch_zeroes_only_itself(per_example: str, kind: s
     examples — zeroing the whole batch would move it by up to ``b·B_g``, past the ``2·B_g``
     the noise is calibrated for."""
     torch = pytest.importorskip("torch")
-    from flwr_corrnoise.learner import PrivacySettings
+    from flwr_corrnoise.settings import PrivacySettings
     from flwr_corrnoise.torch import PrivateOptimizer
 
     def summed(kind_: str, keep: list[int]) -> tuple[np.ndarray, dict[str, float]]:
@@ -427,7 +427,9 @@ def test_refusals_that_are_not_data_keep_their_error(simulated: None) -> None:
 def test_an_interrupt_still_rolls_the_round_back() -> None:
     """Only a datum's ``Exception`` is a zero gradient; an interrupt stops the round and
     nothing changes (nothing was released, so no noise is reused)."""
-    from flwr_corrnoise.learner import LearnerState, PrivacySettings, local_round
+    from flwr_corrnoise.learner import local_round
+    from flwr_corrnoise.learner_state import LearnerState
+    from flwr_corrnoise.settings import PrivacySettings
 
     class Interrupted(BaseException):
         pass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flwr_corrnoise.learner import LearnerState, PrivacySettings
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.noise_keys import (
     KEY_BITS,
     PHILOX_TAG,
@@ -21,6 +21,7 @@ from flwr_corrnoise.noise_keys import (
     pack_generator,
     unpack_generator,
 )
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.streams import NoiseStream
 
 

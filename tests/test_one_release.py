@@ -35,9 +35,10 @@ from flwr_corrnoise.cli import main
 from flwr_corrnoise.data.loader import CyclicLoader
 from flwr_corrnoise.flower import PrivateSteps, make_client_app
 from flwr_corrnoise.flower import session as session_module
+from flwr_corrnoise.flower.config import settings_from_config
 from flwr_corrnoise.flower.release_ledger import RoundReplayError, SimulationReleaseLedger
-from flwr_corrnoise.learner import PrivacyConfigError, PrivacySettings
 from flwr_corrnoise.mechanisms.participation import Participation, ParticipationError
+from flwr_corrnoise.settings import PrivacyConfigError
 
 from .flower_helpers import backend_config, simulate
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
@@ -90,14 +91,14 @@ def test_a_config_without_a_declared_participation_is_refused() -> None:
     cfg = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-5, "clip-norm": 1.0,
            "horizon": 12}
     with pytest.raises(PrivacyConfigError, match="must be declared"):
-        PrivacySettings.from_config(cfg)
-    assert PrivacySettings.from_config({**cfg, "data-reuse": "once"}).participation.single
-    every = PrivacySettings.from_config({**cfg, "data-reuse": "every-round",
+        settings_from_config(cfg)
+    assert settings_from_config({**cfg, "data-reuse": "once"}).participation.single
+    every = settings_from_config({**cfg, "data-reuse": "every-round",
                                          "num-server-rounds": 3})
     assert every.participation == Participation.min_separation(1, 3)
     assert every.max_rounds == 3
     with pytest.raises(PrivacyConfigError, match="declare one participation"):
-        PrivacySettings.from_config({**cfg, "data-reuse": "once", "epochs": 2})
+        settings_from_config({**cfg, "data-reuse": "once", "epochs": 2})
 
 
 def test_the_user_loop_without_a_declaration_releases_nothing(simulated: None) -> None:

@@ -16,7 +16,8 @@ import math
 import numpy as np
 import pytest
 
-from flwr_corrnoise.mechanisms import BLTParams, BufferedToeplitz, build_factorization
+from flwr_corrnoise.mechanisms import BLTParams, build_factorization
+from flwr_corrnoise.mechanisms.blt import BufferedToeplitz
 from flwr_corrnoise.mechanisms.participation import (
     Participation,
     ParticipationError,
@@ -194,7 +195,8 @@ def test_blt_optimized_for_participations_beats_the_single_participation_blt() -
     """Item 2: a BLT optimized for (k, b) has a lower RMSE under (k, b) than the BLT
     optimized for one use, its sensitivity is exact (Σω ≤ 1: c non-increasing), and the
     learner builds it from its participation (another digest, restorable by it)."""
-    from flwr_corrnoise.learner import LearnerState, PrivacySettings
+    from flwr_corrnoise.learner_state import LearnerState
+    from flwr_corrnoise.settings import PrivacySettings
     from flwr_corrnoise.streams import NoiseStream
 
     p = Participation.epochs(6, 20)

@@ -13,8 +13,9 @@ from flwr_corrnoise.flower.client import (
     error_code,
     learner_seed,
 )
-from flwr_corrnoise.learner import LearnerState, PrivacyConfigError
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.persistence import MARKER_FILE, STATE_FILE, StateLostError, StateStore
+from flwr_corrnoise.settings import PrivacyConfigError
 
 SETUP = LogRegSetup(num_learners=2, dim=4, rounds=5, tau=2, eta=0.1, mechanism="blt")
 NODE = {"partition-id": 0, "mechanism": "blt", "epsilon": 2.0, "delta": 1e-3,

@@ -83,8 +83,8 @@ def test_the_device_step_warns_when_the_step_size_would_blow_the_model_up(
 
     import torch
 
-    from flwr_corrnoise.learner import PrivacySettings
     from flwr_corrnoise.plan import safe_learning_rate
+    from flwr_corrnoise.settings import PrivacySettings
     from flwr_corrnoise.torch import PrivateOptimizer
     from flwr_corrnoise.torch import optimizer as optimizer_module
 

@@ -14,7 +14,7 @@ from flwr.app import Context, Message, MessageType  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
 from flwr_corrnoise.flower import PrivateSteps, private_optimizer  # noqa: E402
-from flwr_corrnoise.learner import LearnerState  # noqa: E402
+from flwr_corrnoise.learner_state import LearnerState  # noqa: E402
 from flwr_corrnoise.persistence import StateStore  # noqa: E402
 from flwr_corrnoise.torch import TorchNoiseStream  # noqa: E402
 

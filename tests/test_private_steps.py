@@ -14,7 +14,10 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, R
 from flwr.clientapp import ClientApp
 
 from flwr_corrnoise.flower import PrivateSteps
-from flwr_corrnoise.learner import LearnerState, PrivacySettings, derive_seed, local_round
+from flwr_corrnoise.flower.config import settings_from_config
+from flwr_corrnoise.learner import local_round
+from flwr_corrnoise.learner_state import LearnerState
+from flwr_corrnoise.settings import derive_seed
 
 from .test_release_gate import message
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
@@ -68,7 +71,7 @@ def test_same_noise_and_model_as_the_strict_mode(simulated: None) -> None:
     the strict mode's local round implies (x − η·τ·ĝ), round after round: the noise stream
     and counters survive in context.state."""
     ctx = context()
-    settings = PrivacySettings.from_config(CFG)
+    settings = settings_from_config(CFG)
     state = LearnerState.create(settings, [(DIM,)], derive_seed(9, 0))
     x = np.full(DIM, 0.3)
     for r in (1, 2):

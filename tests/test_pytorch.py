@@ -11,11 +11,9 @@ torch = pytest.importorskip("torch")
 from flwr.app import Context, RecordDict  # noqa: E402
 
 from flwr_corrnoise.flower import TorchCorrNoiseClient  # noqa: E402
-from flwr_corrnoise.learner import (  # noqa: E402
-    LearnerState,
-    PrivacySettings,
-    local_round,
-)
+from flwr_corrnoise.learner import local_round  # noqa: E402
+from flwr_corrnoise.learner_state import LearnerState  # noqa: E402
+from flwr_corrnoise.settings import PrivacySettings  # noqa: E402
 from flwr_corrnoise.torch import (  # noqa: E402
     ModuleGradient,
     get_parameters,

@@ -350,7 +350,7 @@ def test_neighbouring_streams_through_flower_simulation(tmp_path: Path) -> None:
     from flwr.serverapp import Grid, ServerApp
 
     from flwr_corrnoise.flower import CorrNoiseFedAvg
-    from flwr_corrnoise.learner import PrivacySettings
+    from flwr_corrnoise.settings import PrivacySettings
 
     from .flower_helpers import simulate
 

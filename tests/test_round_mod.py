@@ -1,4 +1,6 @@
-"""The per-round correlated-noise mod (paper 001's variant) around unmodified ClientApps."""
+"""The per-round correlated-noise mod (Zhang, Zhu, Fay & Johansson's ("Locally Differentially
+Private Online Federated Learning With Correlated Noise", arXiv version) variant) around unmodified
+ClientApps."""
 
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_corrnoise.apps.logreg_task import LogRegSetup, logistic_gradient
 from flwr_corrnoise.flower import CorrNoiseRoundMod
 from flwr_corrnoise.flower.round_mod import ROUND_STATE_KEY, round_settings
-from flwr_corrnoise.learner import PrivacySettings, clip_by_global_norm, derive_seed
-from flwr_corrnoise.mechanisms import build_factorization, prefix_sum_matrix
+from flwr_corrnoise.learner import clip_by_global_norm
+from flwr_corrnoise.mechanisms import build_factorization
+from flwr_corrnoise.mechanisms.base import prefix_sum_matrix
+from flwr_corrnoise.settings import PrivacySettings, derive_seed
 from flwr_corrnoise.streams import NoiseStream
 
 from .flower_helpers import local_sgd, simulate

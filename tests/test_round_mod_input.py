@@ -17,7 +17,8 @@ from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from flwr_corrnoise.flower import CorrNoiseRoundMod
 from flwr_corrnoise.flower.round_mod import ROUND_STATE_KEY, declared_shapes
-from flwr_corrnoise.learner import LearnerState, PrivacyConfigError, PrivacySettings
+from flwr_corrnoise.learner_state import LearnerState
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings
 
 from .test_round_mod import Inner, context, train_message
 from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)

@@ -13,8 +13,10 @@ from flwr.app import Context, RecordDict
 from scipy import stats
 
 from flwr_corrnoise.flower.session import LearnerSession
-from flwr_corrnoise.learner import LearnerState, PrivacyConfigError, PrivacySettings, local_round
-from flwr_corrnoise.mechanisms import MECHANISMS, BinaryTree, build_factorization
+from flwr_corrnoise.learner import local_round
+from flwr_corrnoise.learner_state import LearnerState
+from flwr_corrnoise.mechanisms import MECHANISMS, build_factorization
+from flwr_corrnoise.mechanisms.tree import BinaryTree
 from flwr_corrnoise.secure_noise import (
     GRID_BITS,
     ChaCha20Gaussian,
@@ -23,6 +25,7 @@ from flwr_corrnoise.secure_noise import (
     on_grid,
     round_to_grid,
 )
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings
 from flwr_corrnoise.streams import NoiseStream
 
 KEY = bytes(range(32))

@@ -14,7 +14,8 @@ import pytest
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_corrnoise.flower import CorrNoiseLocalDPStrategy
-from flwr_corrnoise.learner import PrivacyConfigError, PrivacySettings
+from flwr_corrnoise.flower.config import settings_from_config
+from flwr_corrnoise.settings import PrivacyConfigError
 
 QUICKSTART = {"num-server-rounds": 3, "local-epochs": 2, "lr": 0.1, "mechanism": "blt",
               "epsilon": 2.0, "delta": 1e-5, "clip-norm": 1.0}
@@ -55,7 +56,7 @@ def test_the_quickstart_server_line_starts_and_says_what_the_learners_set(caplog
 def test_the_summary_shows_the_learners_noise_std(per_round: bool, caplog) -> None:
     cfg = {**QUICKSTART, "local-steps": 4, "data-reuse": "every-round"}
     strategy = CorrNoiseLocalDPStrategy(FedAvg(), cfg, per_round=per_round)
-    learner = PrivacySettings.from_config(
+    learner = settings_from_config(
         {**cfg, "horizon": 3} if per_round else cfg, per_round=per_round)
     cal = learner.calibration()
     text = summary(strategy, caplog)

@@ -14,8 +14,9 @@ from flwr_corrnoise.flower import (
     CorrNoiseFedAvg,
     CorrNoiseLocalDPStrategy,
 )
+from flwr_corrnoise.flower.config import check_proposal, privacy_proposal, settings_from_config
 from flwr_corrnoise.flower.session import RUN_CONFIG_PROPOSAL, LearnerSession
-from flwr_corrnoise.learner import PrivacyConfigError, PrivacySettings
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings
 from flwr_corrnoise.settings_keys import KEYS, ConfigKeyError, lookup, render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,8 +85,8 @@ def test_the_defaults_are_one_start_up_line_per_reader(caplog, simulated: None) 
     assert "server-learning-rate=1.0" in server[0] and "max-idle-rounds=3" in server[0]
     assert local == []  # the same run config's defaults were announced already
     # every default named in the line is the one the code used
-    assert CorrNoiseFedAvg.from_run_config(run).proposal == PrivacySettings(
-        horizon=10).proposal()
+    assert CorrNoiseFedAvg.from_run_config(run).proposal == privacy_proposal(
+        PrivacySettings(horizon=10))
 
 
 @pytest.mark.parametrize(("typo", "meant"), [
@@ -158,10 +159,10 @@ def test_a_key_is_compared_with_the_table_once_per_process() -> None:
 
 def test_no_silent_horizon_of_one() -> None:
     with pytest.raises(PrivacyConfigError, match="'local-steps' is missing"):
-        PrivacySettings.from_config({"num-server-rounds": 10})
+        settings_from_config({"num-server-rounds": 10})
     with pytest.raises(PrivacyConfigError, match="'num-server-rounds' is missing"):
-        PrivacySettings.from_config({"local-steps": 4})
-    assert PrivacySettings.from_config({"num-server-rounds": 10, "local-steps": 4,
+        settings_from_config({"local-steps": 4})
+    assert settings_from_config({"num-server-rounds": 10, "local-steps": 4,
                                         "data-reuse": "once"}).horizon == 40
 
 
@@ -184,10 +185,10 @@ def test_servers_and_learners_read_the_same_settings(simulated: None) -> None:
     strategy = CorrNoiseFedAvg.from_run_config(cfg)
     learner = LearnerSession(Context(run_id=1, node_id=1, node_config={"partition-id": 0},
                                      state=RecordDict(), run_config=cfg))
-    learner.settings.check_proposal(strategy.proposal)  # agrees: not refused
-    assert strategy.proposal == learner.settings.proposal()
+    check_proposal(learner.settings, strategy.proposal)  # agrees: not refused
+    assert strategy.proposal == privacy_proposal(learner.settings)
     assert strategy.local_steps == 2 and strategy.min_available_nodes == 2
-    assert CorrNoiseLocalDPStrategy(FedAvg(), cfg).proposal == learner.settings.proposal()
+    assert CorrNoiseLocalDPStrategy(FedAvg(), cfg).proposal == privacy_proposal(learner.settings)
     central = CorrNoiseCentralDPStrategy.from_run_config(FedAvg(), cfg)
     assert (central.mechanism, central.num_rounds, central.calibration.epsilon) == (
         "toeplitz", 5, 1.5)

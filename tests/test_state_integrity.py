@@ -43,7 +43,7 @@ from flwr_corrnoise.flower import (
     make_client_app,
     numpy_client_app,
 )
-from flwr_corrnoise.learner import LearnerState
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.persistence import (
     COMMITS_FILE,
     LEDGER_FILE,

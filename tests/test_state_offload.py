@@ -16,8 +16,9 @@ from flwr.app import ConfigRecord, Context, RecordDict
 
 from flwr_corrnoise import arraypack, state_offload
 from flwr_corrnoise.flower.session import STATE_KEY, LearnerStorage
-from flwr_corrnoise.learner import LearnerState, PrivacySettings
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.persistence import StateIntegrityError, StateLostError
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.state_offload import OffloadHandle, OffloadPolicy
 
 SETTINGS = PrivacySettings(mechanism="blt", epsilon=2.0, delta=1e-3, clip_norm=1.0,

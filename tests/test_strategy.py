@@ -19,7 +19,7 @@ from flwr.app import (
 )
 
 from flwr_corrnoise.flower import CorrNoiseFedAvg
-from flwr_corrnoise.learner import PrivacySettings
+from flwr_corrnoise.settings import PrivacySettings
 
 
 def reply(content, node: int) -> Message:
@@ -115,7 +115,7 @@ def test_replies_are_summed_in_learner_order_one_at_a_time(
     the valid updates in learner-id order, to the bit (float32 replies widen exactly);
     each reply's arrays are read only when its turn in that order comes, and the records
     (rejections, ε reports) keep the order the replies came in."""
-    from flwr_corrnoise.learner import UpdateSum, aggregate
+    from flwr_corrnoise.aggregation import UpdateSum, aggregate
 
     rng = np.random.default_rng(7)
     x = [rng.standard_normal(5), rng.standard_normal((2, 3))]

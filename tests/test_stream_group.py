@@ -6,15 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flwr_corrnoise.learner import (
-    LearnerState,
-    PrivacySettings,
-    StepCounts,
-    private_step,
-    private_steps,
-)
-from flwr_corrnoise.mechanisms import MECHANISMS, BinaryTree, build_factorization
+from flwr_corrnoise.learner import StepCounts, private_step, private_steps
+from flwr_corrnoise.learner_state import LearnerState
+from flwr_corrnoise.mechanisms import MECHANISMS, build_factorization
 from flwr_corrnoise.mechanisms.streaming import HistoryKernel
+from flwr_corrnoise.mechanisms.tree import BinaryTree
+from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream, StreamGroup
 from tests.test_streams import xi_matrix
 

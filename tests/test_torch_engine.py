@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from flwr_corrnoise.engine import run_inprocess  # noqa: E402
 from flwr_corrnoise.flower import make_torch_client_app  # noqa: E402
-from flwr_corrnoise.learner import PrivacySettings, derive_seed  # noqa: E402
+from flwr_corrnoise.settings import PrivacySettings, derive_seed  # noqa: E402
 from flwr_corrnoise.torch import (  # noqa: E402
     ModuleGradient,
     TorchNoiseStream,

@@ -18,14 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flwr_corrnoise.learner import LearnerState, PrivacyConfigError, PrivacySettings  # noqa: E402
-from flwr_corrnoise.torch import (  # noqa: E402
-    PerExampleGradients,
-    PrivateOptimizer,
-    TorchNoiseStream,
-    register_grad_sampler,
-)
-from flwr_corrnoise.torch.grad_sample import grad_sampler, sampled_layers  # noqa: E402
+from flwr_corrnoise.learner_state import LearnerState  # noqa: E402
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings  # noqa: E402
+from flwr_corrnoise.torch import PrivateOptimizer, TorchNoiseStream, register_grad_sampler  # noqa: E402
+from flwr_corrnoise.torch.grad_sample import PerExampleGradients, grad_sampler, sampled_layers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CE = torch.nn.functional.cross_entropy
@@ -50,7 +46,7 @@ import flwr_corrnoise.torch as t
 names = [m.name for m in pkgutil.iter_modules(t.__path__, t.__name__ + ".")]
 for name in names:
     importlib.import_module(name)
-from flwr_corrnoise.learner import LearnerState
+from flwr_corrnoise.learner_state import LearnerState
 s = t.TorchNoiseStream.create("blt", horizon=4, dim=3, std=1.0, seed=1)
 s.next()
 back = LearnerState.from_bytes(LearnerState(step=1, position=1, noise=s).to_bytes())
@@ -73,7 +69,7 @@ def test_the_core_and_the_flower_layer_import_no_torch(tmp_path: Path) -> None:
     got = run_python(f"""
 import json, sys
 import flwr_corrnoise.flower
-from flwr_corrnoise.learner import LearnerState
+from flwr_corrnoise.learner_state import LearnerState
 try:
     LearnerState.from_bytes(open({str(tmp_path / "state")!r}, "rb").read())
     error = ""

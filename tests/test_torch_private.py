@@ -11,12 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flwr_corrnoise.learner import (  # noqa: E402
-    LearnerState,
-    PrivacyConfigError,
-    PrivacySettings,
-    local_round,
-)
+from flwr_corrnoise.learner import local_round  # noqa: E402
+from flwr_corrnoise.learner_state import LearnerState  # noqa: E402
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings  # noqa: E402
 from flwr_corrnoise.streams import HorizonExhaustedError  # noqa: E402
 from flwr_corrnoise.torch import (  # noqa: E402
     ModuleGradient,

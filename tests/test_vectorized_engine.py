@@ -12,14 +12,10 @@ from flwr_corrnoise.apps.logreg_task import (
     logistic_gradient,
 )
 from flwr_corrnoise.engine import run_inprocess, run_vectorized
-from flwr_corrnoise.learner import (
-    LearnerState,
-    PrivacySettings,
-    StepCounts,
-    local_round,
-    local_rounds,
-)
+from flwr_corrnoise.learner import StepCounts, local_round, local_rounds
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.mechanisms import MECHANISMS
+from flwr_corrnoise.settings import PrivacySettings
 from simulations.logreg import (
     BatchGradient,
     Job,

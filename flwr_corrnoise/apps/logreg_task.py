@@ -1,11 +1,14 @@
 """The task of the reference Flower app (:mod:`flwr_corrnoise.apps.logreg`): online
-logistic regression on synthetic(α, β) streams, the setting of paper 000 (Sec. V-A).
+logistic regression on synthetic(α, β) streams, the setting of Zhang, Zhu, Fay & Johansson, "Locally
+Differentially Private Online Federated Learning With Correlated Noise" (Sec. V-A).
 
 Why this is library and not experiment code: it is what the installed ``flwr run`` example
 (``examples/logreg-app``), the SuperNodes of a deployment (``deploy/``) and the demo run, and
 those processes can import only installed code. The paper reproductions that drive it
-(sweeps, the in-process runs of papers 001/002's variants, figures) live in the repository's
-``experiments/`` and ``simulations/`` (see ``docs/architecture.md``).
+(sweeps, the in-process runs of Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online
+Federated Learning With Correlated Noise" (arXiv version) and Zhang, Zhu & Johansson's
+("Differentially Private Online Federated Learning with Correlated Noise") variants, figures) live
+in the repository's ``experiments/`` and ``simulations/`` (see ``docs/architecture.md``).
 
 :class:`LogRegSetup` is the whole configuration (it maps one-to-one to the kebab-case
 run-config keys of the Flower app); :class:`LogRegEvaluator` computes, for the global
@@ -32,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from ..data import SyntheticConfig, SyntheticFederation
-from ..learner import NOISELESS, GradientFn, PrivacySettings
+from ..learner import GradientFn
 from ..metrics import accuracy, logistic_grad, logistic_loss, round_optimum
+from ..settings import NOISELESS, PrivacySettings
 from ..variants import NOISE_AT
 
 #: run-config key ↔ field name (Flower convention: kebab-case keys)
@@ -78,7 +82,7 @@ LABEL_RULES: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class LogRegSetup:
-    """Paper 000 Sec. V-A defaults: n = 20, d = 100, τ = 4, R = 1000, α = β = 0.1."""
+    """Zhang et al., Sec. V-A defaults: n = 20, d = 100, τ = 4, R = 1000, α = β = 0.1."""
 
     num_learners: int = 20
     dim: int = 100
@@ -99,8 +103,9 @@ class LogRegSetup:
     test_size: int = 2000
     fraction_train: float = 1.0
     labels: str = "centred"
-    noise_at: str = "step"  # "step" (paper 000), "round" (paper 001), "server" (paper 002)
-    #: the task is paper 000's stream: each datum used once, at one step (its declaration,
+    #: "step" (Zhang et al.), "round" (Zhang et al., arXiv), "server" (Zhang, Zhu & Johansson)
+    noise_at: str = "step"
+    #: the task is Zhang et al.'s stream: each datum used once, at one step (its declaration,
     #: which every private config must make: the library has no default for it)
     data_reuse: str = "once"
 
@@ -193,7 +198,7 @@ def logistic_gradient(setup: LogRegSetup, learner: int) -> GradientFn:
 
 
 def initial_parameters(setup: LogRegSetup) -> list[np.ndarray]:
-    """``x^0 = 0`` (paper 000 assumes ``x^0 = 0``)."""
+    """``x^0 = 0`` (Zhang et al.'s paper assumes ``x^0 = 0``)."""
     return [np.zeros(setup.dim)]
 
 

@@ -2,10 +2,10 @@
 
 Nothing here re-implements the algorithm: the local round is
 :func:`flwr_corrnoise.learner.local_round` and the server step
-:func:`flwr_corrnoise.learner.aggregate`.
+:func:`flwr_corrnoise.aggregation.aggregate`.
 
 Every front end is exported here, with the settings they all take
-(:class:`~flwr_corrnoise.learner.PrivacySettings`). The PyTorch ones
+(:class:`~flwr_corrnoise.settings.PrivacySettings`). The PyTorch ones
 (:mod:`~flwr_corrnoise.flower.torch_app`: ``make_torch_client_app``, ``private_optimizer``,
 ``TorchCorrNoiseClient``, ``FlowerPrivateOptimizer``; and :mod:`~flwr_corrnoise.flower.training`'s
 ``private_training``, ``PrivateTrainLoader``) are imported when first asked for,
@@ -20,10 +20,8 @@ from importlib import import_module
 from importlib.util import find_spec
 from typing import Any
 
-from ..learner import PrivacySettings
 from .central_dp import CorrNoiseCentralDPStrategy
 from .client import (
-    STATE_KEY,
     CorrNoiseLearner,
     CorrNoiseNumPyClient,
     make_client_app,
@@ -32,7 +30,7 @@ from .client import (
 from .local_dp import CorrNoiseLocalDPStrategy
 from .monitor import RunFailedError, privacy_metrics_aggr
 from .round_mod import CorrNoiseRoundMod
-from .steps import PrivateSteps, PrivateStepsGuard
+from .steps import PrivateSteps
 from .strategy import CorrNoiseFedAvg
 
 #: the PyTorch front ends, loaded from :mod:`.torch_app` on first use (they need torch)
@@ -42,16 +40,13 @@ _TORCH_NAMES = ("FlowerPrivateOptimizer", "PrivateTrainLoader", "TorchCorrNoiseC
 _TRAINING_NAMES = ("PrivateTrainLoader", "private_training")
 
 __all__ = [
-    "STATE_KEY",
     "CorrNoiseCentralDPStrategy",
     "CorrNoiseFedAvg",
     "CorrNoiseLearner",
     "CorrNoiseLocalDPStrategy",
     "CorrNoiseNumPyClient",
     "CorrNoiseRoundMod",
-    "PrivacySettings",
     "PrivateSteps",
-    "PrivateStepsGuard",
     "RunFailedError",
     "make_client_app",
     "numpy_client_app",

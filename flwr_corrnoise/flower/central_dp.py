@@ -1,4 +1,5 @@
-"""Central DP with correlated noise: a wrapper around any FedAvg-family strategy (paper 002).
+"""Central DP with correlated noise: a wrapper around any FedAvg-family strategy (Zhang, Zhu &
+Johansson, "Differentially Private Online Federated Learning with Correlated Noise").
 
 With a trusted aggregator, one correlated-noise stream on the server replaces one per
 learner: the noise is added once, to the *average*, so it is ``m`` times smaller for the
@@ -70,13 +71,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..learner import PrivacySettings, check_update, clip_by_global_norm
+from ..aggregation import check_update
+from ..learner import clip_by_global_norm
 from ..mechanisms.participation import ONCE, Participation
 from ..plan import round_plan_warning
 from ..privacy import Calibration, epsilon_spent
+from ..settings import PrivacyConfigError, PrivacySettings
 from ..settings_keys import lookup, reading, require
 from ..streams import NoiseStream
 from ..variants import central_calibration, central_noise_std
+from .config import settings_from_config
 from .monitor import (
     APP_NOT_LOADED_CODES,
     RoundWatch,
@@ -186,11 +190,15 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         with reading(run_config, where):  # near-miss keys refused; one line of defaults
             rounds = lookup(run_config, "horizon", where) or require(
                 run_config, "num-server-rounds", where, "it is the central noise's horizon")
-            s = PrivacySettings.from_config({**dict(run_config), "horizon": rounds}, where,
+            s = settings_from_config({**dict(run_config), "horizon": rounds}, where,
                                             per_round=True)
             server = {"min_learners": lookup(run_config, "min-learners", where),
                       "max_idle_rounds": lookup(run_config, "max-idle-rounds", where),
                       "connect_timeout": lookup(run_config, "connect-timeout", where)}
+        if s.adaptive is not None:  # a learner's own clip norm; the server's is fixed
+            raise PrivacyConfigError(
+                "adaptive-clip-quantile is a learner's (local DP) setting: central DP clips "
+                "every round update to the fixed clip-norm; unset it in the run config")
         return cls(strategy, mechanism=s.mechanism, epsilon=s.epsilon, delta=s.delta,
                    clip_norm=s.clip_norm, num_rounds=s.horizon, method=s.method,
                    participation=s.participation, seed=seed, **server)

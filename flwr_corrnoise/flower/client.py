@@ -33,7 +33,9 @@ from flwr.app import Context, Message, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
-from ..learner import GradientFn, LearnerState, PrivacyConfigError, PrivacySettings, local_round
+from ..learner import GradientFn, local_round
+from ..learner_state import LearnerState
+from ..settings import PrivacyConfigError, PrivacySettings
 from .session import (
     ERROR_CODES,
     GENERIC_ERROR,
@@ -145,7 +147,8 @@ class CorrNoiseLearner:
 
 
 class CorrNoiseNumPyClient(NumPyClient):
-    """A ``NumPyClient`` whose ``fit`` is paper 000's private local round.
+    """A ``NumPyClient`` whose ``fit`` is Zhang, Zhu, Fay & Johansson's ("Locally Differentially
+    Private Online Federated Learning With Correlated Noise") private local round.
 
     Adapt an existing NumPyClient by subclassing this class instead of ``NumPyClient``,
     passing the ``Context`` to ``__init__``, and replacing ``fit`` with

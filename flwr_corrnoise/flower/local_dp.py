@@ -25,9 +25,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..learner import NOISELESS, PrivacyConfigError, PrivacySettings
 from ..plan import round_plan_warning
+from ..settings import NOISELESS, PrivacyConfigError, PrivacySettings
 from ..settings_keys import lookup, require, summarized
+from .config import privacy_proposal, settings_from_config
 from .monitor import (
     REPORTED,
     RoundWatch,
@@ -53,7 +54,7 @@ def budget_proposal(cfg: Mapping[str, Any], with_horizon: bool,
     budget = PrivacySettings(mechanism=mechanism, epsilon=lookup(cfg, "epsilon", where),
                              delta=lookup(cfg, "delta", where),
                              clip_norm=lookup(cfg, "clip-norm", where))
-    out = budget.proposal()
+    out = privacy_proposal(budget)
     del out["privacy-horizon"]  # PrivacySettings' placeholder, not the run's
     if with_horizon:
         out["privacy-horizon"] = int(cfg.get("horizon") or int(cfg["num-server-rounds"])
@@ -119,7 +120,7 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
                                                  and cfg.get("local-steps")))
             declared = any(k in cfg for k in PARTICIPATION_KEYS)
             if horizon and (declared or cfg.get("mechanism") == NOISELESS):
-                privacy = PrivacySettings.from_config(cfg, "run config", per_round=per_round)
+                privacy = settings_from_config(cfg, "run config", per_round=per_round)
             else:
                 # a learner with a CyclicLoader derives its horizon and participation from
                 # its loop (Flower's quickstart: no 'local-steps' in the run config): the
@@ -130,7 +131,7 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
                                              ("how often a datum is used", declared))
                     if not known)
         if self.left_to_learners is None:
-            self.proposal = privacy.proposal() if privacy is not None and \
+            self.proposal = privacy_proposal(privacy) if privacy is not None and \
                 privacy.mechanism != NOISELESS else {}
         #: the settings the proposal fixes completely (ε, δ, noise std, uses: the summary)
         self.settings = privacy
@@ -139,7 +140,7 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
         self.privacy: dict[str, dict[str, float]] = {}
 
     def summary(self) -> None:
-        variant = "per-round (paper 001)" if self.per_round else "per-step (paper 000)"
+        variant = "per-round (Zhang et al., arXiv)" if self.per_round else "per-step (Zhang et al.)"
         log_summary(self, f"Correlated-noise local DP, {variant}, around "
                           f"{type(self.strategy).__name__}", [
             "privacy proposal: " + (", ".join(f"{k}={v}" for k, v in self.proposal.items())

@@ -53,8 +53,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..accounting import PrivacyBudgetError
-from ..learner import PrivacyConfigError
 from ..persistence import StateLostError
+from ..settings import PrivacyConfigError
 from ..settings_keys import ConfigKeyError, lookup
 from .release_ledger import RoundReplayError
 from .session import ERROR_CODES, QueryRefusedError

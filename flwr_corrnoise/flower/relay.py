@@ -54,17 +54,19 @@ failure: it counts as a zero gradient (:func:`flwr_corrnoise.decentralized.tasks
 data_gradient`), so a node's replies — kind, codes, reasons, metrics — do not depend on
 it; the count goes to the node's log and ``state-dir/diagnostics.jsonl`` only.
 
-The **declared data bounds** paper 003's ε is computed from (``feature-bound``, ``clip``:
-the algorithm's ``bound_fields``) are the node's own privacy settings like its noise: from
-its node config and the app's defaults, recorded in its state, and a run-config value larger
-than its own (a ``clip`` of 0 is none: the largest) is a refused proposal (4101).
+The **declared data bounds** Chen & Wang's ("Locally Differentially Private Distributed Online
+Learning with Guaranteed Optimality") ε is computed from (``feature-bound``, ``clip``: the
+algorithm's ``bound_fields``) are the node's own privacy settings like its noise: from its node
+config and the app's defaults, recorded in its state, and a run-config value larger than its own (a
+``clip`` of 0 is none: the largest) is a refused proposal (4101).
 
-Threat model in one paragraph (``docs/decentralized.md`` has the full one): for paper 003
+Threat model in one paragraph (``docs/decentralized.md`` has the full one): for Chen & Wang
 every message is already an ε-LDP release, so the relay learns nothing the neighbours do not;
 it can still drop, delay, reorder or replace messages — nodes detect missing or extra senders
 and out-of-order steps, but not a forged *value* (no authentication beyond Flower's transport).
-For paper 004 the gossip messages are **raw sums of clipped gradients**: 004 is (ε, 0)-DP of
-the decisions only with trusted neighbours and a trusted relay — not local DP.
+For Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private Algorithms for Decentralized
+Online Learning" the gossip messages are **raw sums of clipped gradients**: Wang et al. is (ε, 0)-DP
+of the decisions only with trusted neighbours and a trusted relay — not local DP.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ from flwr_corrnoise.flower.session import (
     learner_config,
     learner_seed,
 )
-from flwr_corrnoise.learner import LearnerState
+from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.persistence import StateLostError, StateStore
 from flwr_corrnoise.state_offload import OffloadPolicy
 from flwr_corrnoise.streams import new_seed
@@ -127,7 +129,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 STATE_KEY = "decentralized-node"
-#: the front end a relay node's :class:`~flwr_corrnoise.learner.LearnerState` is bound to
+#: the front end a relay node's :class:`~flwr_corrnoise.learner_state.LearnerState` is bound to
 #: (its ``binding``, with the node index and the algorithm)
 FRONT_END = "relay-node"
 
@@ -166,7 +168,7 @@ def relay_seed(context: Context, defaults: Mapping[str, Any] | None = None) -> i
 
     Outside Flower's simulation engine: 128 bits of OS entropy, always — whether or not the
     node has a ``state-dir`` — and a ``noise-seed`` in its node config or the app's defaults
-    is refused (:class:`~flwr_corrnoise.learner.PrivacyConfigError`, code 4101). Why: a seed
+    is refused (:class:`~flwr_corrnoise.settings.PrivacyConfigError`, code 4101). Why: a seed
     from the run config is the relay's to know (ε = ∞ against it), and a fixed node seed
     replays the same noise after a wiped state.
 
@@ -315,7 +317,7 @@ def _proposed(algo: NodeAlgorithm, key: str, raw: Any) -> Any:
 
 class RelayNode:
     """One node bound to a Flower ``Context``: own settings and seed, one round. Its state is
-    a :class:`~flwr_corrnoise.learner.LearnerState` (the algorithm's arrays its ``payload``)
+    a :class:`~flwr_corrnoise.learner_state.LearnerState` (the algorithm's arrays its ``payload``)
     kept by the learners' own :class:`~flwr_corrnoise.flower.session.LearnerStorage`: the
     same lock, load, ledger/state/commit checks and commit as every other learner; only the
     privacy policy — the proposal check and the binding — is the algorithm's. Use
@@ -485,7 +487,7 @@ class RelayNode:
 def make_relay_client_app(config_defaults: Mapping[str, Any] | None = None) -> ClientApp:
     """The node ClientApp. Its configuration is ``config_defaults`` < run config (simulations
     only) < node config (``node-index``/``partition-id``, ``state-dir``, its own privacy keys,
-    e.g. ``noise-scale``/``noise-exponent`` for paper 003; ``noise-seed`` in simulations
+    e.g. ``noise-scale``/``noise-exponent`` for Chen & Wang; ``noise-seed`` in simulations
     only)."""
     app = ClientApp()
     defaults = dict(config_defaults or {})

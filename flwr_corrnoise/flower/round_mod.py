@@ -1,8 +1,11 @@
-"""Per-round correlated noise as a Flower mod around *any* ClientApp (paper 001's variant).
+"""Per-round correlated noise as a Flower mod around *any* ClientApp (Zhang, Zhu, Fay & Johansson's
+("Locally Differentially Private Online Federated Learning With Correlated Noise", arXiv version)
+variant).
 
-Paper 000 adds noise at every local step, which needs our training loop. Paper 001 adds the
-correlated noise **once per communication round**, to the learner's round update: the
-local steps stay the user's own, so the noise fits a Flower mod, attachable with
+Zhang, Zhu, Fay & Johansson's "Locally Differentially Private Online Federated Learning With
+Correlated Noise" adds noise at every local step, which needs our training loop. Zhang et al.'s
+arXiv version adds the correlated noise **once per communication round**, to the learner's round
+update: the local steps stay the user's own, so the noise fits a Flower mod, attachable with
 ``ClientApp(mods=[...])`` or ``@app.train(mods=[...])``, around an unmodified app.
 
 Per round ``r`` the mod lets the wrapped app train, takes its update
@@ -13,7 +16,7 @@ is then ``Σ_{s≤r} clip(Δ_s) + V·(B·ξ)[r]``: the matrix mechanism over *ro
 
 **Guarantee, and how it differs from the per-step algorithm.** Neighbouring data replace
 one datum of the learner's stream, and each datum is used in **one** round (online
-learning, as in paper 001). Replacing it changes one clipped round update by at most
+learning, as in Zhang et al. (arXiv)). Replacing it changes one clipped round update by at most
 ``2B``, so the release is one Gaussian mechanism with L2 sensitivity
 ``2·B·max_j ‖c_j‖`` over the ``R×R`` factorization, calibrated by
 :func:`flwr_corrnoise.privacy.calibrate` (the same code as everywhere else), under
@@ -73,13 +76,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from ..learner import (
-    LearnerState,
-    NonFiniteError,
-    PrivacyConfigError,
-    PrivacySettings,
-    private_step,
-)
+from ..learner import NonFiniteError, private_step
+from ..learner_state import LearnerState
+from ..settings import PrivacyConfigError, PrivacySettings
 from .session import (
     ROUND_STATE_KEY,
     LearnerSession,
@@ -119,7 +118,7 @@ def declared_shapes(model: Any) -> Shapes:
 
 
 class CorrNoiseRoundMod:
-    """Clip each round's update and add per-round correlated noise (paper 001).
+    """Clip each round's update and add per-round correlated noise (Zhang et al., arXiv).
 
     ``settings`` (optional) fixes the privacy settings in code; otherwise they are read from
     the context as described in the module docstring. ``config_defaults`` are the app's

@@ -53,23 +53,20 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from .. import arraypack, state_offload
-from ..learner import (
-    PARTICIPATION_KEYS,
+from ..learner import NonFiniteError, StepCounts, check_round, check_rounds_left
+from ..learner_state import LearnerState
+from ..persistence import StateBusyError, StateIntegrityError, StateLostError, StateStore
+from ..privacy import PrivacyBudgetError
+from ..settings import (
     PRIVACY_METRICS,
-    LearnerState,
-    NonFiniteError,
     PrivacyConfigError,
     PrivacySettings,
-    StepCounts,
-    check_round,
-    check_rounds_left,
     derive_seed,
     privacy_metrics,
 )
-from ..persistence import StateBusyError, StateIntegrityError, StateLostError, StateStore
-from ..privacy import PrivacyBudgetError
 from ..state_offload import OffloadHandle, OffloadPolicy
 from ..streams import HorizonExhaustedError
+from .config import PARTICIPATION_KEYS, check_proposal, settings_from_config
 from .release_ledger import RoundReplayError, SimulationReleaseLedger
 
 log = logging.getLogger(__name__)
@@ -99,7 +96,7 @@ GENERIC_ERROR = 4100
 
 #: what a private learner's reply may hold besides the noised arrays: functions of its
 #: settings, counters and the server's message only (the privacy metadata of
-#: :func:`~flwr_corrnoise.learner.privacy_metrics`, and what :meth:`LearnerSession.reply`
+#: :func:`~flwr_corrnoise.settings.privacy_metrics`, and what :meth:`LearnerSession.reply`
 #: adds)
 RELEASED_METRICS = frozenset(PRIVACY_METRICS) | {
     "rounds-noised", "num-examples", "learner-id", "server-round"}
@@ -200,7 +197,7 @@ def round_settings(cfg: Mapping[str, Any]) -> PrivacySettings:
         raise PrivacyConfigError(
             "the per-round learner needs its horizon in rounds ('horizon', or "
             "'num-server-rounds' in a simulation)")
-    return PrivacySettings.from_config({**dict(cfg), "horizon": int(horizon)},
+    return settings_from_config({**dict(cfg), "horizon": int(horizon)},
                                        where="learner's config", per_round=True)
 
 
@@ -227,7 +224,7 @@ def metric_record(metrics: Mapping[str, Any]) -> MetricRecord:
 
 
 class LearnerStorage:
-    """Where one learner's :class:`~flwr_corrnoise.learner.LearnerState` lives — its
+    """Where one learner's :class:`~flwr_corrnoise.learner_state.LearnerState` lives — its
     ``state-dir`` (:class:`~flwr_corrnoise.persistence.StateStore`) if it has one, and
     ``context.state[key]`` — and the one code that locks, loads, verifies and commits it.
 
@@ -346,11 +343,13 @@ class LearnerStorage:
 class LearnerSession:
     """One learner's privacy identity for one Flower message.
 
-    ``kind`` is ``"step"`` (paper 000's per-step learner) or ``"round"`` (paper 001's mod:
-    the horizon counts rounds). ``settings``/``seed`` given in code override the context
-    (tests, in-process engines); ``release_metrics`` and ``allow_evaluation`` are the app
-    code's opt-ins, added to the node config's ``release-metrics`` and
-    ``client-evaluation`` (the run config can set neither).
+    ``kind`` is ``"step"`` (Zhang, Zhu, Fay & Johansson's ("Locally Differentially Private Online
+    Federated Learning With Correlated Noise") per-step learner) or ``"round"`` (Zhang, Zhu, Fay &
+    Johansson's ("Locally Differentially Private Online Federated Learning With Correlated Noise",
+    arXiv version) mod: the horizon counts rounds). ``settings``/``seed`` given in code override the
+    context (tests, in-process engines); ``release_metrics`` and ``allow_evaluation`` are the app
+    code's opt-ins, added to the node config's ``release-metrics`` and ``client-evaluation`` (the
+    run config can set neither).
     """
 
     def __init__(
@@ -425,12 +424,12 @@ class LearnerSession:
                 f"'local-steps') in {where}; on a real SuperNode the run config is the "
                 f"server's and is only a proposal"
             )
-        return PrivacySettings.from_config(cfg, where="learner's config")
+        return settings_from_config(cfg, where="learner's config")
 
     # -- the server's proposal --------------------------------------------------------------
     def check_proposal(self, config: Mapping[str, Any]) -> None:
         """Refuse a round config or run config that would weaken this learner's privacy."""
-        self.settings.check_proposal({**run_config_proposal(self.context), **dict(config)})
+        check_proposal(self.settings, {**run_config_proposal(self.context), **dict(config)})
 
     def transaction(
         self,
@@ -502,7 +501,7 @@ class LearnerSession:
         Loading only reads: a refused load releases nothing and changes nothing on disk.
 
         ``dtype``: the model's float dtype; a fresh learner's stream is float32 for a
-        float32 model (:meth:`~flwr_corrnoise.learner.LearnerState.create`), float64
+        float32 model (:meth:`~flwr_corrnoise.learner_state.LearnerState.create`), float64
         otherwise. A stored stream keeps the dtype it was made in, whatever the model's
         dtype now (a strategy may send float64 after a float32 start): its noise goes on
         in the arithmetic it started in, never converted.

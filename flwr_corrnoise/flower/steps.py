@@ -1,4 +1,5 @@
-"""Per-step correlated noise inside the user's own NumPy training loop (paper 000).
+"""Per-step correlated noise inside the user's own NumPy training loop (Zhang, Zhu, Fay & Johansson,
+"Locally Differentially Private Online Federated Learning With Correlated Noise").
 
 The strict mode (:func:`~flwr_corrnoise.flower.make_client_app`) runs the local loop
 itself, on a gradient oracle addressed by stream position, so it can enforce "each datum
@@ -40,8 +41,12 @@ that, this mode trusts it), or the participation of ``data-reuse``/``epochs``/
 ``min-sep``/``max-participations``. With ``loader=CyclicLoader(...)`` the library knows it
 instead of trusting it: the loader sets the horizon and the fixed-epoch participation, every
 step needs a batch drawn from :meth:`PrivateSteps.batches`, and a config that disagrees with
-the loader is refused. The library cannot see which data a step touches; with a loader,
-feed each step exactly the loader's batch. A datum whose
+the loader is refused. ``loader=CyclicPoissonLoader(..., key=...)`` samples the batches
+instead (cyclic Poisson, Choquette-Choo et al., "(Amplified) Banded Matrix Factorization"):
+the noise is calibrated to the amplified guarantee, the batches' sizes vary and stay
+secret — compute each step's gradient as the *sum* over its batch divided by
+``loader.expected_batch_size``, never by the drawn count. The library cannot see which
+data a step touches; with a loader, feed each step exactly the loader's batch. A datum whose
 gradient cannot be computed must not stop the loop: a non-finite or wrong-size gradient
 passed to :meth:`PrivateSteps.step` counts as zero, and so does an exception raised
 inside a callable passed to it; an exception raised in the user's code *outside* it turns
@@ -59,16 +64,10 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
-from ..data.loader import CyclicLoader
-from ..learner import (
-    LearnerState,
-    PrivacyConfigError,
-    PrivacySettings,
-    StepCounts,
-    bind_data_order,
-    check_horizon,
-    private_step,
-)
+from ..data.sampling import Loader
+from ..learner import StepCounts, check_horizon, private_step
+from ..learner_state import LearnerState, bind_data_order
+from ..settings import PrivacyConfigError, PrivacySettings
 from .session import LearnerSession, PrivateLearnerGuard, answer
 
 log = logging.getLogger(__name__)
@@ -76,7 +75,7 @@ log = logging.getLogger(__name__)
 __all__ = ["PrivateSteps", "PrivateStepsGuard", "check_loader"]
 
 
-def log_plan(loader: CyclicLoader, settings: PrivacySettings, size: int) -> None:
+def log_plan(loader: Loader, settings: PrivacySettings, size: int) -> None:
     """The plan of this learner's loop (:mod:`flwr_corrnoise.plan`), logged on its first
     round: the noise-to-signal of its own update at the loader's batch size (one learner;
     the server's average over ``m`` divides it by ``√m``)."""
@@ -90,7 +89,7 @@ def log_plan(loader: CyclicLoader, settings: PrivacySettings, size: int) -> None
     log.info("flwr-corrnoise learner %s", format_plan(plan))
 
 
-def check_loader(loader: CyclicLoader, settings: PrivacySettings,
+def check_loader(loader: Loader, settings: PrivacySettings,
                  config: Mapping[str, Any]) -> None:
     """Refuse settings that do not match the loop the loader describes: a horizon, a
     participation, local steps or a round count other than the loader's would calibrate
@@ -147,7 +146,7 @@ class PrivateSteps:
         release_metrics: Iterable[str] = (),
         settings: PrivacySettings | None = None,
         seed: int | str | None = "from-context",
-        loader: CyclicLoader | None = None,
+        loader: Loader | None = None,
     ) -> None:
         with _lock:
             guarded = id(msg) in _GUARDED

@@ -4,13 +4,14 @@
 sends ``x^r`` with the round's config (``server-round``, ``local-steps`` τ,
 ``learning-rate`` η, and the privacy settings it *proposes* — learners check them against
 their own and refuse weaker ones), and aggregates the replies with
-:func:`flwr_corrnoise.learner.aggregate`, i.e. paper 000's Algorithm 1 line 16,
-``x^{r+1} = x^r − η_g·η·τ·mean_i ĝ_i``, over the learners that answered with a valid
-update. Replies with a wrong shape or dtype, NaN/Inf or missing keys are rejected and
-logged; error replies (a learner refusing a config or out of budget) are recorded.
-Per-learner privacy reports (ε spent, steps, noise std) are kept in :attr:`privacy`.
-With a :class:`~flwr_corrnoise.flower.checkpoint.ServerCheckpoint` the strategy saves its
-progress after every round and :meth:`CorrNoiseFedAvg.start` resumes from it.
+:func:`flwr_corrnoise.aggregation.aggregate`, i.e. Zhang, Zhu, Fay & Johansson's ("Locally
+Differentially Private Online Federated Learning With Correlated Noise") Algorithm 1 line 16,
+``x^{r+1} = x^r − η_g·η·τ·mean_i ĝ_i``, over the learners that answered with a valid update. Replies
+with a wrong shape or dtype, NaN/Inf or missing keys are rejected and logged; error replies (a
+learner refusing a config or out of budget) are recorded. Per-learner privacy reports (ε spent,
+steps, noise std) are kept in :attr:`privacy`. With a
+:class:`~flwr_corrnoise.flower.checkpoint.ServerCheckpoint` the strategy saves its progress after
+every round and :meth:`CorrNoiseFedAvg.start` resumes from it.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from ..learner import NOISELESS, PrivacySettings, UpdateSum, check_update
+from ..aggregation import UpdateSum, check_update
+from ..settings import NOISELESS, PrivacySettings
 from ..settings_keys import lookup, reading, require
 from .checkpoint import ServerCheckpoint, ServerProgress
+from .config import privacy_proposal, settings_from_config
 from .monitor import RoundWatch, learner_key, log_summary, privacy_report, start_config
 
 log = logging.getLogger(__name__)
@@ -35,7 +38,7 @@ PRIVACY_KEYS = ("epsilon-spent", "epsilon", "delta", "noise-std", "steps", "hori
 
 
 class CorrNoiseFedAvg(FedAvg):
-    """FedAvg for correlated-noise local DP (paper 000, Algorithm 1).
+    """FedAvg for correlated-noise local DP (Zhang et al., Algorithm 1).
 
     Parameters
     ----------
@@ -85,7 +88,7 @@ class CorrNoiseFedAvg(FedAvg):
         self.local_steps = int(local_steps)
         self.learning_rate = float(learning_rate)
         self.server_learning_rate = float(server_learning_rate)
-        self.proposal = privacy.proposal() if privacy is not None else {}
+        self.proposal = privacy_proposal(privacy) if privacy is not None else {}
         self._models: dict[int, list[np.ndarray]] = {}
         self._dtypes: dict[int, list[np.dtype]] = {}
         #: per-learner privacy report, keyed by node id (latest round the learner answered)
@@ -113,7 +116,7 @@ class CorrNoiseFedAvg(FedAvg):
             tau = require(run_config, "local-steps", where, "τ is sent to the learners")
             eta = require(run_config, "learning-rate", where, "η is sent to the learners")
             require(run_config, "num-server-rounds", where, "it sets the horizon")
-            privacy = PrivacySettings.from_config(run_config, where)
+            privacy = settings_from_config(run_config, where)
             args: dict[str, Any] = {
                 "local_steps": tau, "learning_rate": eta,
                 "server_learning_rate": lookup(run_config, "server-learning-rate", where),
@@ -125,7 +128,7 @@ class CorrNoiseFedAvg(FedAvg):
 
     def summary(self) -> None:
         """Our start-up summary: τ, η, η_g, the proposal and uniform averaging."""
-        log_summary(self, "Correlated-noise local DP (paper 000)", [
+        log_summary(self, "Correlated-noise local DP (Zhang et al.)", [
             f"local steps τ = {self.local_steps}, learning rate η = {self.learning_rate:g}, "
             f"server learning rate η_g = {self.server_learning_rate:g}",
             "privacy proposal: " + (", ".join(f"{k}={v}" for k, v in self.proposal.items())

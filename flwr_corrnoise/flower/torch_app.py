@@ -27,7 +27,8 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ..data.loader import CyclicLoader
-from ..learner import LearnerState, PrivacySettings
+from ..learner_state import LearnerState
+from ..settings import PrivacySettings
 from ..torch.host import ModuleGradient
 from ..torch.optimizer import PrivateOptimizer, device_local_round, refuse_secure_noise
 from ..torch.params import BatchStream, LossFn, check_parameters, set_parameters

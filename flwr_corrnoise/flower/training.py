@@ -75,7 +75,8 @@ from flwr.app import ArrayRecord, Context, Message
 from torch.utils.data import DataLoader
 
 from ..data.loader import CyclicLoader
-from ..learner import PrivacyConfigError, check_horizon
+from ..learner import check_horizon
+from ..settings import PrivacyConfigError
 from ..streams import HorizonExhaustedError
 from .steps import PrivateSteps
 from .torch_app import EpochBatches, FlowerPrivateOptimizer, _session_optimizer

@@ -3,20 +3,21 @@
 :func:`flwr_corrnoise.engine.run_inprocess` runs Algorithm 1 with the NumPy reference
 round (:func:`~flwr_corrnoise.learner.local_round`): every local step copies the
 parameters to the host in float64, clips and adds noise in NumPy and copies them back.
-That is the definition, and slow for a CNN (≈ 25 min for 50,000 steps of paper 000's
-CNN on one core). :func:`run_inprocess_device` runs the same algorithm with each learner's
-local round on its model's device (:func:`~flwr_corrnoise.torch.optimizer.device_local_round`:
-clipping, the correlated increment from a
+That is the definition, and slow for a CNN (≈ 25 min for 50,000 steps of Zhang, Zhu, Fay &
+Johansson's ("Locally Differentially Private Online Federated Learning With Correlated Noise") CNN
+on one core). :func:`run_inprocess_device` runs the same algorithm with each learner's local round
+on its model's device (:func:`~flwr_corrnoise.torch.optimizer.device_local_round`: clipping, the
+correlated increment from a
 :class:`~flwr_corrnoise.torch.streams.TorchNoiseStream` and the SGD step stay on the
 device) and the server step of every engine
-(:func:`~flwr_corrnoise.learner.aggregate`, float64 on the host, once per round). Noise
-seeds come from :func:`~flwr_corrnoise.learner.derive_seed` as in the Flower layer, so
+(:func:`~flwr_corrnoise.aggregation.aggregate`, float64 on the host, once per round). Noise
+seeds come from :func:`~flwr_corrnoise.settings.derive_seed` as in the Flower layer, so
 learner ``i`` of a run with seed ``s`` draws the stream a Flower learner with
 ``partition-id = i`` and seed ``s`` draws on the same device type.
 
 The parameters cross host↔device twice per learner and round (the global model in, the
 update ``ĝ`` out), as in a Flower round; never per step. Each learner's counters, stream
-and data position are its optimizer's :class:`~flwr_corrnoise.learner.LearnerState`, the
+and data position are its optimizer's :class:`~flwr_corrnoise.learner_state.LearnerState`, the
 state every front end keeps. Formerly ``flwr_corrnoise.torch_engine``.
 """
 
@@ -28,8 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..aggregation import aggregate
 from ..engine import run_rounds
-from ..learner import PrivacySettings, aggregate, derive_seed
+from ..settings import PrivacySettings, derive_seed
 from .optimizer import PrivateOptimizer, device_local_round
 from .params import BatchStream, LossFn, get_parameters
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..learner import PrivacyConfigError
+from ..settings import PrivacyConfigError
 from .params import LossFn
 
 __all__ = [

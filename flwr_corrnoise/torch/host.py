@@ -17,7 +17,9 @@ import math
 import numpy as np
 import torch
 
-from ..learner import LearnerState, NonFiniteError, PrivacySettings, RoundResult, local_round
+from ..learner import NonFiniteError, RoundResult, local_round
+from ..learner_state import LearnerState
+from ..settings import PrivacySettings
 from .params import BatchStream, LossFn, check_parameters, get_parameters, set_parameters
 
 __all__ = ["ModuleGradient", "torch_local_round"]
@@ -35,7 +37,7 @@ class ModuleGradient:
     (the loader, the model or the loss raising on a wrong-shape input or a label out of
     range: :func:`~flwr_corrnoise.learner.attempt_datum`). Parameters that are not the
     model's (a data-independent mismatch) are refused with
-    :class:`~flwr_corrnoise.learner.PrivacyConfigError` instead. The last finite loss is
+    :class:`~flwr_corrnoise.settings.PrivacyConfigError` instead. The last finite loss is
     kept in ``last_loss`` for the learner's own diagnostics; it is never sent.
     """
 

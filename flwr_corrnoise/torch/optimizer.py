@@ -1,8 +1,9 @@
 """The private step on the model's device: :class:`PrivateOptimizer` and the round driver.
 
-Paper 000's Algorithm 1, one local step at a time, on any ``torch.nn.Module``: the
-per-example gradients (:mod:`~flwr_corrnoise.torch.grad_sample`), each clipped to ``B_g``
-over all parameters, summed; the next increment of the learner's
+Zhang, Zhu, Fay & Johansson's ("Locally Differentially Private Online Federated Learning With
+Correlated Noise") Algorithm 1, one local step at a time, on any ``torch.nn.Module``: the
+per-example gradients (:mod:`~flwr_corrnoise.torch.grad_sample`), each clipped to ``B_g`` over all
+parameters, summed; the next increment of the learner's
 :class:`~flwr_corrnoise.torch.streams.TorchNoiseStream`, drawn on the model's device in the
 model's dtype; the wrapped optimizer's step. Nothing crosses to the host during a round;
 the update ``ĝ`` leaves the device once, at the end (:func:`device_local_round`). The
@@ -13,7 +14,7 @@ Nothing here imports Flower: :mod:`flwr_corrnoise.flower.torch_app` puts this st
 
 Privacy: one datum = one example. With per-example clipping the *sum* over a batch of
 ``b`` moves by at most ``2·B_g`` when one example is replaced, the sensitivity
-:class:`~flwr_corrnoise.learner.PrivacySettings` calibrates ``V`` to; the noise is added to
+:class:`~flwr_corrnoise.settings.PrivacySettings` calibrates ``V`` to; the noise is added to
 that sum and the step uses ``(sum + e)/b``, post-processing of the calibrated release
 (sensitivity ``2·B_g/b`` and noise ``V/b`` on the mean).
 """
@@ -32,15 +33,9 @@ import numpy as np
 import torch
 
 from .. import arraypack
-from ..learner import (
-    LearnerState,
-    PrivacyConfigError,
-    PrivacySettings,
-    attempt_datum,
-    check_horizon,
-    check_round,
-    privacy_metrics,
-)
+from ..learner import attempt_datum, check_horizon, check_round
+from ..learner_state import LearnerState
+from ..settings import PrivacyConfigError, PrivacySettings, privacy_metrics
 from ..streams import HorizonExhaustedError, split_flat
 from .grad_sample import PerExampleGradients
 from .params import BatchStream, LossFn, check_parameters
@@ -103,12 +98,12 @@ def refuse_secure_noise() -> NoReturn:
 # -- the private step on the model's device ---------------------------------------------
 
 #: the format of the states :class:`PrivateOptimizer` wrote before it stored the learner
-#: state (:meth:`~flwr_corrnoise.learner.LearnerState.to_bytes`); still read
+#: state (:meth:`~flwr_corrnoise.learner_state.LearnerState.to_bytes`); still read
 PRIVATE_STATE_FORMAT = 1
 
 
 class PrivateOptimizer:
-    """A torch optimizer whose :meth:`step` is one private local step of paper 000's
+    """A torch optimizer whose :meth:`step` is one private local step of Zhang et al.'s
     Algorithm 1, on the model's device; you keep your own training loop.
 
     Modelled on Opacus' ``make_private``: wrap your optimizer once, then per step::
@@ -129,7 +124,7 @@ class PrivateOptimizer:
       ``torch.func``'s ``vmap(grad)``: :mod:`~flwr_corrnoise.torch.grad_sample`), each
       example's gradient clipped to ``B_g`` **over all parameters together**, summed:
       replacing one example moves the sum by at most ``2·B_g``, the sensitivity the
-      calibration (:class:`~flwr_corrnoise.learner.PrivacySettings`) assumes. An example
+      calibration (:class:`~flwr_corrnoise.settings.PrivacySettings`) assumes. An example
       whose loss or gradient is not finite counts as zero (whether it is finite depends on
       the data, so it must not change what is released).
     * :meth:`step` — adds the next increment ``e[k]`` (std ``V``) of the learner's
@@ -151,18 +146,18 @@ class PrivateOptimizer:
     :class:`~flwr_corrnoise.streams.HorizonExhaustedError` before anything changes.
     :meth:`to_bytes` / ``state=`` carry everything across ``ClientApp`` instances and
     restarts, in the one learner-state format
-    (:class:`~flwr_corrnoise.learner.LearnerState`: the counters, the stream, the settings
+    (:class:`~flwr_corrnoise.learner_state.LearnerState`: the counters, the stream, the settings
     it was made with); a state made under other privacy settings is refused. The step's
     bookkeeping is the NumPy step's (:func:`~flwr_corrnoise.learner.private_step`): the
     horizon rule (:func:`~flwr_corrnoise.learner.check_horizon`), the learner state's
-    counters, :func:`~flwr_corrnoise.learner.privacy_metrics`; only the per-example
+    counters, :func:`~flwr_corrnoise.settings.privacy_metrics`; only the per-example
     clipping and the noise add are device operations.
 
     With plain SGD at learning rate ``η`` a step is exactly the reference
     ``z ← z − η·(clip(g) + e[k])`` of :func:`~flwr_corrnoise.learner.local_round` (for
     ``b = 1`` the two coincide; tested). Other optimizers (momentum, Adam) only
     post-process the privatized gradients, so the privacy is the same, but the update is
-    no longer paper 000's. Models with batch-dependent layers (``BatchNorm``) cannot have
+    no longer Zhang et al.'s. Models with batch-dependent layers (``BatchNorm``) cannot have
     per-example gradients; use ``GroupNorm``/``LayerNorm``, as with Opacus.
 
     Data-dependent numbers (the loss :meth:`backward` returns, :meth:`diagnostics`) are for
@@ -171,7 +166,7 @@ class PrivateOptimizer:
 
     Arguments: ``seed`` — the learner's noise seed for a new learner (``None``: OS
     entropy, for deployment); ``state`` — bytes from :meth:`to_bytes` to continue one, or
-    a :class:`~flwr_corrnoise.learner.LearnerState` to advance in place (the Flower front
+    a :class:`~flwr_corrnoise.learner_state.LearnerState` to advance in place (the Flower front
     ends: the learner transaction's state; its stream moves to the model's device);
     ``stream`` — a stream to continue (not more than one of the three);
     ``loss_fn(outputs, targets)`` — applied to one example at a time for per-example
@@ -197,6 +192,12 @@ class PrivateOptimizer:
         noise_dtype: torch.dtype | None = None,
         per_example: str = "auto",
     ) -> None:
+        if settings.adaptive is not None:  # its clip norm moves on the host path only
+            raise PrivacyConfigError(
+                "adaptive clipping (adaptive-clip-quantile) runs on the host step only "
+                "(PrivateSteps.step(), make_torch_client_app(engine='host'), the per-round "
+                "mod); the device optimizer clips to the fixed clip-norm: unset "
+                "adaptive-clip-quantile here")
         self.optimizer = optimizer
         self.model = model
         self.settings = settings
@@ -234,6 +235,10 @@ class PrivateOptimizer:
         #: the last batch size seen, the divisor of a step whose batch could not be loaded
         self._last_batch = 1
         self._step_size_checked = False
+        #: a sampled participation's expected batch size (what every per-example step's
+        #: noised sum is divided by), else None: the step's own batch size
+        expected = getattr(settings.participation, "expected_batch_size", None)
+        self._expected_batch: float | None = None if expected is None else float(expected)
 
     # -- the loop ----------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -258,6 +263,11 @@ class PrivateOptimizer:
         your local logs; it is data-dependent and must not be sent).
         """
         b = _batch_size(inputs)
+        if b == 0 and self._expected_batch is not None:
+            # a sampled step that drew nothing: a zero sum, noised and divided like any other
+            self.optimizer.zero_grad(set_to_none=True)
+            self._batch = 0
+            return torch.zeros((), device=self.device)
         loss, why = attempt_datum(partial(self._backward, inputs, targets),
                                   "a per-example gradient")
         if not why:
@@ -432,6 +442,10 @@ class PrivateOptimizer:
             # whole-batch mode: the step's gradient is the unit of privacy
             grads = self._clip_whole(grads, None)
             divisor = 1
+        elif self._expected_batch is not None:
+            # a sampled loop: the expected batch size, never the drawn one (public, the same
+            # at every step, so the update does not reveal how many examples a step drew)
+            divisor = self._expected_batch
         else:
             divisor = self._batch
         if self.noise is not None:
@@ -443,7 +457,7 @@ class PrivateOptimizer:
             torch._foreach_div_(grads, divisor)
         if not self._step_size_checked:
             self._step_size_checked = True
-            self._check_step_size(divisor)
+            self._check_step_size(max(1, round(divisor)))
         for p, g in zip(self.params, grads, strict=True):
             p.grad = g
         if self._round_sum is None:
@@ -523,7 +537,7 @@ class PrivateOptimizer:
 
     def metrics(self) -> dict[str, float]:
         """What may leave the learner: functions of its settings and counters only
-        (:func:`~flwr_corrnoise.learner.privacy_metrics`, as in every front end)."""
+        (:func:`~flwr_corrnoise.settings.privacy_metrics`, as in every front end)."""
         return privacy_metrics(self.settings, self.state.step)
 
     def diagnostics(self) -> dict[str, float]:
@@ -536,11 +550,11 @@ class PrivateOptimizer:
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything needed to continue, as named arrays: the learner state's
-        (:meth:`~flwr_corrnoise.learner.LearnerState.state_dict`)."""
+        (:meth:`~flwr_corrnoise.learner_state.LearnerState.state_dict`)."""
         return self.state.state_dict()
 
     def to_bytes(self) -> bytes:
-        """The learner state (:meth:`~flwr_corrnoise.learner.LearnerState.to_bytes`, the one
+        """The learner state (:meth:`~flwr_corrnoise.learner_state.LearnerState.to_bytes`, the one
         format every front end stores: the counters, the noise stream's state and the
         settings it was made with), for ``context.state`` or disk. The wrapped optimizer's
         own state (momentum buffers) is yours to keep (``optimizer.state_dict()``)."""

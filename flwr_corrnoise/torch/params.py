@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from ..learner import PrivacyConfigError
+from ..settings import PrivacyConfigError
 
 __all__ = ["BatchStream", "LossFn", "check_parameters", "get_parameters", "set_parameters"]
 
