@@ -1,0 +1,147 @@
+"""Device noise (flwr_corrnoise/torch/device_noise.py) on CPU tensors: the torch ChaCha20
+keystream bit for bit against ``cryptography``'s (OpenSSL) and RFC 8439's test vector, the
+normals against a NumPy transform of the same words, rows by counter, state, keys, the law.
+The same code is what runs on a CUDA device; that run is not part of this suite."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from flwr_corrnoise.torch import device_noise as dn  # noqa: E402
+from flwr_corrnoise.torch.device_noise import DeviceGaussian  # noqa: E402
+
+KEY = bytes(range(32))
+
+
+def openssl_words(key: bytes, nonce: tuple[int, int, int], first: int, count: int) -> np.ndarray:
+    """``count`` blocks from block ``first`` by cryptography's ChaCha20 (16-byte nonce:
+    the 32-bit counter, then the 96-bit nonce, little-endian), as uint32 words."""
+    iv = first.to_bytes(4, "little") + b"".join(w.to_bytes(4, "little") for w in nonce)
+    ks = Cipher(algorithms.ChaCha20(key, iv), mode=None).encryptor().update(bytes(64 * count))
+    return np.frombuffer(ks, dtype="<u4").astype(np.int64)
+
+
+@pytest.mark.parametrize(("nonce", "first", "count"),
+                         [((0, 0, 0), 0, 1), ((1, 5, 0), 0, 7), ((2, 2**32 - 1, 2**31), 3, 40),
+                          ((0x101, 17, 9), 2**32 - 5, 5)])
+def test_the_keystream_equals_openssl_bit_for_bit(nonce: tuple[int, int, int], first: int,
+                                                  count: int) -> None:
+    got = dn.chacha20_blocks(KEY, nonce, first, count).reshape(-1).numpy()
+    np.testing.assert_array_equal(got, openssl_words(KEY, nonce, first, count))
+    other = dn.chacha20_blocks(bytes(32), nonce, first, count).reshape(-1).numpy()
+    assert not np.array_equal(got, other)
+
+
+def test_rfc_8439_block_function_vector() -> None:
+    """RFC 8439 § 2.3.2: key 00…1f, nonce 00:00:00:09:00:00:00:4a:00:00:00:00, counter 1."""
+    nonce = (0x09000000, 0x4A000000, 0)
+    words = dn.chacha20_blocks(KEY, nonce, 1, 1)[0].tolist()
+    assert [f"{w:08x}" for w in words[:4]] == ["e4e7f110", "15593bd1", "1fdd0f50", "c47120a3"]
+    assert [f"{w:08x}" for w in words[12:]] == ["d19c12b5", "b94e16de", "e883d0cb", "4e3c50a2"]
+
+
+def ref_normals(words: np.ndarray, d: int, dtype: type, refill: dict[int, int]) -> np.ndarray:
+    """The transform in NumPy on the same words (float64 through mpmath-free formulas)."""
+    m = (d + 1) // 2
+    lo, hi = words[0 : 2 * m : 2], words[1 : 2 * m : 2]
+    w = [int(a) | (int(b) << 32) for a, b in zip(lo, hi, strict=True)]
+    r = np.empty(m)
+    for j, wj in enumerate(w):
+        if wj >= 1 << 32:
+            r[j] = math.sqrt(-2.0 * math.log((wj >> 1) * 2.0**-63))
+        else:
+            u = wj * 2.0**-64 + (2.0 * float(refill[j]) + 1.0) * 2.0**-129
+            r[j] = math.sqrt(-2.0 * math.log(u))
+    if dtype is np.float32:
+        theta = words[2 * m : 3 * m] * (2 * math.pi * 2.0**-32)
+    else:
+        a = [int(x) | (int(y) << 32) for x, y in zip(words[2 * m : 4 * m : 2],
+                                                     words[2 * m + 1 : 4 * m : 2], strict=True)]
+        theta = np.array([x >> 11 for x in a], dtype=np.float64) * (2 * math.pi * 2.0**-53)
+    return np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:d]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("d", [1, 2, 7, 1001])
+def test_rows_are_the_transform_of_the_openssl_keystream(dtype: torch.dtype, d: int) -> None:
+    gen = DeviceGaussian(KEY, position=4)
+    z = gen.next_row(d, dtype)
+    assert z.dtype == dtype and z.shape == (d,) and gen.position == 5
+    domain = dn.DOMAIN_FLOAT32 if dtype == torch.float32 else dn.DOMAIN_FLOAT64
+    per_pair = 3 if dtype == torch.float32 else 4
+    m = (d + 1) // 2
+    words = openssl_words(KEY, (domain, 4, 0), 0, -(-per_pair * m // 16))
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    want = ref_normals(words, d, np_dtype, {})
+    rtol = 2e-6 if dtype == torch.float32 else 1e-13
+    np.testing.assert_allclose(z.numpy().astype(np.float64), want, rtol=rtol, atol=rtol)
+    assert torch.equal(gen.row(4, d, dtype), z)  # row t by counter, whatever came before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_adversarial_words_take_the_refill_path_to_the_stated_tail(dtype: torch.dtype) -> None:
+    m = 8
+    rng = np.random.default_rng(1)
+    words = rng.integers(0, 2**32, 4 * m, dtype=np.int64)
+    words[1 : 2 * m : 2][::2] = 0  # hi = 0: w < 2³² on every other pair
+    words[0:2] = 0  # pair 0: w = 0
+    refill = {j: (0 if j == 0 else int(rng.integers(0, 2**63)) * 2 + 1) for j in range(m)}
+    asked: list[int] = []
+
+    def fl_refill(pairs: torch.Tensor) -> torch.Tensor:
+        asked.extend(pairs.tolist())
+        return torch.tensor([float(refill[j]) for j in pairs.tolist()], dtype=torch.float64)
+
+    z = dn.normals_from_words(torch.from_numpy(words), 2 * m, dtype, fl_refill)
+    assert asked == list(range(0, m, 2))
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    want = ref_normals(words, 2 * m, np_dtype, refill)
+    np.testing.assert_allclose(z.numpy().astype(np.float64), want, rtol=2e-6, atol=1e-6)
+    radius = math.hypot(float(z[0]), float(z[m]))  # w = 0, v = 0: u = 2⁻¹²⁹
+    assert radius == pytest.approx(math.sqrt(2 * 129 * math.log(2)), rel=1e-6)
+
+
+def test_refill_words_come_from_their_own_nonce() -> None:
+    gen = DeviceGaussian(KEY)
+    want = openssl_words(KEY, (dn.DOMAIN_FLOAT32 | dn.DOMAIN_REFILL, 9, 0), 12, 1)
+    v = int(want[0]) | (int(want[1]) << 32)
+    assert float(gen.refill_word(dn.DOMAIN_FLOAT32, 9, 12)) == float(v)
+
+
+def test_pack_unpack_continues_and_keys() -> None:
+    gen = DeviceGaussian.from_seed(17)
+    gen.next_row(10)
+    words = gen.pack()
+    assert words.dtype == np.uint64 and words.shape == (6,)
+    again = DeviceGaussian.unpack(words)
+    assert again.position == gen.position == 1 and again.key == gen.key
+    assert torch.equal(again.next_row(33, torch.float64), gen.next_row(33, torch.float64))
+    with pytest.raises(ValueError, match="device-noise"):
+        DeviceGaussian.unpack(words[:5])
+    assert str(gen.key) not in repr(gen)
+    # seeds sharing their low 64 bits give unrelated keys; no seed: OS entropy, 256 bits
+    assert DeviceGaussian.from_seed(5).key != DeviceGaussian.from_seed(5 + 2**64).key
+    keys = {DeviceGaussian.from_seed(None).key for _ in range(16)}
+    assert len(keys) == 16 and max(k.bit_length() for k in keys) > 248
+    with pytest.raises(ValueError, match="32 bytes"):
+        DeviceGaussian(bytes(16))
+    with pytest.raises(ValueError, match="float32 or float64"):
+        gen.row(0, 4, torch.float16)
+
+
+def test_moments_and_ks_against_the_normal() -> None:
+    """2·10⁵ draws of each dtype (CPU tensors are slow for the 32-bit word arithmetic: the
+    suite's budget): mean, variance within 5 standard errors, KS against N(0, 1)."""
+    gen = DeviceGaussian.from_seed(2024)
+    for dtype in (torch.float32, torch.float64):
+        z = gen.next_row(200_000, dtype).numpy().astype(np.float64)
+        se = 1 / math.sqrt(z.size)
+        assert abs(z.mean()) < 5 * se and abs(z.var() - 1) < 5 * math.sqrt(2) * se
+        assert stats.kstest(z, "norm").pvalue > 1e-3
