@@ -191,6 +191,11 @@ def calibrate_adaptive(
     ``V·e_t`` to the normalized row, the step multiplies by ``C_t``: module docstring).
     Raises :class:`PrivacyBudgetError` when a given ``σ_b`` alone spends the budget."""
     eps, dlt = check_budget(epsilon, delta)
+    if getattr(participation, "expected_batch_size", None) is not None:
+        raise PrivacyBudgetError(
+            "adaptive clipping is accounted for a declared participation, not under "
+            "amplification by sampling (its counts would need the sampled accountant): use "
+            "a fixed clip-norm with a sampled loader")
     acc = accountant(method)
     sens = fact.participation_sensitivity(participation)
     grad_l2 = 2.0 * sens.value
