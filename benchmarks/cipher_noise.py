@@ -28,6 +28,16 @@ untimed, when one runs out); the figure is the best repeat's mean µs per step::
 
     python benchmarks/cipher_noise.py --dims 1000 --repeats 30 --stream-dims 2 20 100 1000
 
+``--grid-dims D …`` measures the floating-point defence (Mironov 2012; the secure mode's
+power-of-two grid, :mod:`flwr_corrnoise.secure_noise`) against a learner's message: a step
+of an AES ``blt`` stream (N = 4000, float64), ``value + noise`` and the release's bytes
+(``tobytes``: the copy a message makes — a lower bound on a message's cost, so the ratio is
+an upper bound on the grid's share), side by side with the grid alone (``round_to_grid`` of
+the increment, ``add_on_grid``'s exact sum with its checks), each of ``--stream-steps``
+steps a repeat::
+
+    python benchmarks/cipher_noise.py --dims 1000 --repeats 10 --grid-dims 100000 1000000
+
 ``--ks N`` draws ``N`` normals of each dtype once and prints their moments and a
 Kolmogorov–Smirnov test against ``scipy.stats.norm`` (the issue's 10⁷-draw check; the test
 suite keeps to 10⁶).
@@ -134,6 +144,41 @@ def stream_steps(dims: list[int], repeats: int, steps: int, horizon: int = 4000)
                       f"{t / best[0]:.2f}× |", flush=True)
 
 
+def grid_cost(dims: list[int], repeats: int, steps: int) -> None:
+    """ms per learner step, plain and with the grid, and the grid's share of it."""
+    print()
+    print("| d | learner step (AES blt stream + value + noise + bytes), ms | grid alone "
+          "(round + exact add), ms | grid ÷ step |")
+    print("|---|---|---|---|")
+    for d in dims:
+        t_step, t_grid = _grid_row(d, repeats, steps)
+        print(f"| {d:,} | {1e3 * t_step:.2f} | {1e3 * t_grid:.2f} | "
+              f"{100 * t_grid / t_step:.0f} % |", flush=True)
+
+
+def _grid_row(d: int, repeats: int, steps: int, std: float = 1.3) -> tuple[float, float]:
+    from flwr_corrnoise.secure_noise import add_on_grid, granularity, round_to_grid
+    from flwr_corrnoise.streams import NoiseStream
+
+    streams = [NoiseStream.create("blt", 4000, d, std, 1)]
+    value = np.random.default_rng(0).standard_normal(d)
+    g = granularity(std)
+    noise = streams[0].next()
+    buf = np.empty(d)
+
+    def step() -> None:
+        if streams[0].remaining < 1:
+            streams[0] = NoiseStream.create("blt", 4000, d, std, 1)
+        (value + streams[0].next()).tobytes()
+
+    def grid() -> None:
+        add_on_grid(value, round_to_grid(noise, g, out=buf), g)
+
+    best = best_of({"step": lambda: [step() for _ in range(steps)],
+                    "grid": lambda: [grid() for _ in range(steps)]}, repeats)
+    return best["step"] / steps, best["grid"] / steps
+
+
 def floor(repeats: int) -> None:
     """Where the time goes, per normal, on one chunk's hot buffers."""
     k = cn.CHUNK_PAIRS
@@ -224,6 +269,8 @@ def main() -> None:
                    help="also time NoiseStream.next() at these d (Philox vs AES)")
     p.add_argument("--stream-steps", type=int, default=100, metavar="K",
                    help="steps a repeat times (--stream-dims)")
+    p.add_argument("--grid-dims", type=int, nargs="*", default=[], metavar="D",
+                   help="the floating-point defence's cost against a learner step at these d")
     p.add_argument("--ks", type=int, default=0, metavar="N",
                    help="moments and a KS test of N draws of each dtype")
     args = p.parse_args()
@@ -237,6 +284,8 @@ def main() -> None:
         if not 1 <= args.stream_steps <= 4000:
             p.error("--stream-steps must be in [1, 4000]")
         stream_steps(args.stream_dims, args.repeats, args.stream_steps)
+    if args.grid_dims:
+        grid_cost(args.grid_dims, args.repeats, args.stream_steps)
     if args.floor:
         floor(args.repeats)
     if args.ks:

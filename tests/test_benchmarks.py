@@ -86,7 +86,7 @@ def test_cipher_noise() -> None:
     rows of the --ks check (timings are only checked to be measured: docs/benchmarks.md
     compares them)."""
     rows = run("cipher_noise.py", "--dims", "2000", "--repeats", "2", "--floor",
-               "--ks", "20000")
+               "--ks", "20000", "--grid-dims", "500", "--stream-steps", "5")
     draws = {(r[1], r[2]): r for r in rows if r[0] == "2,000"}
     assert set(draws) == {("Philox ziggurat", "float32"), ("Philox ziggurat", "float64"),
                           ("ChaCha20Gaussian (secure_noise)", "float64"),
@@ -100,6 +100,9 @@ def test_cipher_noise() -> None:
             "float64 sin + cos (a pair)", "float64 table gathers (cos, sin; a pair)",
             "transform, chunk of 32768 pairs, float32"} <= set(pieces)
     assert all(v > 0 for v in pieces.values())
+    grid = [r for r in rows if r[0] == "500"]  # the floating-point defence's share
+    assert len(grid) == 1 and float(grid[0][1]) > 0 and float(grid[0][2]) > 0
+    assert grid[0][3].endswith("%")
     ks = {r[0]: r for r in rows if r[0] in ("float32", "float64")}
     assert set(ks) == {"float32", "float64"}
     assert all(r[1] == "20,000" and 0 <= float(r[-1]) <= 1 for r in ks.values())
