@@ -1,6 +1,7 @@
-"""Logistic-regression losses and the dynamic regret of paper 000, eq. (1).
+"""Logistic-regression losses and the dynamic regret of Zhang, Zhu, Fay & Johansson, "Locally
+Differentially Private Online Federated Learning With Correlated Noise", eq. (1).
 
-Conventions (paper 000, Sec. V-A): a model ``x ∈ ℝ^d`` (no separate intercept), data
+Conventions (Zhang et al., Sec. V-A): a model ``x ∈ ℝ^d`` (no separate intercept), data
 ``(a, b) ∈ ℝ^d × {−1, +1}``, per-datum loss ``f(x) = log(1 + exp(−b·⟨x, a⟩))`` (natural
 log). All functions take ``features`` of shape ``(m, d)`` and ``labels`` of shape ``(m,)``
 and work with *means* over the ``m`` points, so values do not grow with the batch size.
@@ -176,7 +177,7 @@ def round_optimum(features: np.ndarray, labels: np.ndarray) -> float:
 
 
 def dynamic_regret(online_losses: Sequence[float], optima: Sequence[float], tau: int) -> float:
-    """Dynamic regret of paper 000, eq. (1): ``Σ_r τ·(f^r(x^r) − (f^r)*)``.
+    """Dynamic regret of Zhang et al., eq. (1): ``Σ_r τ·(f^r(x^r) − (f^r)*)``.
 
     Args:
         online_losses: ``f^r(x^r)`` for every round ``r``, the **mean** loss of the model

@@ -1,8 +1,9 @@
 """Per-learner noise streams: one correlated-noise increment per local step.
 
 A learner's released prefix sums are ``A·G + V·B·ξ``; what it adds at step ``k`` is the
-*increment* ``e[k] = V·(b_k − b_{k−1})·ξ`` (paper 000, Algorithm 1 lines 9–10), with ``ξ``
-a ``W×d`` matrix of i.i.d. standard normals and ``V`` the calibrated noise std.
+*increment* ``e[k] = V·(b_k − b_{k−1})·ξ`` (Zhang, Zhu, Fay & Johansson, "Locally Differentially
+Private Online Federated Learning With Correlated Noise", Algorithm 1 lines 9–10), with ``ξ`` a
+``W×d`` matrix of i.i.d. standard normals and ``V`` the calibrated noise std.
 
 ``ξ`` is drawn row by row from the AES-128-CTR kernel (:mod:`~flwr_corrnoise.cipher_noise`)
 keyed by 128 bits (OS entropy for a deployed learner, a hash of every bit of the seed in a

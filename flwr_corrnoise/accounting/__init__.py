@@ -9,8 +9,10 @@ Who builds which event:
   (:meth:`flwr_corrnoise.mechanisms.Factorization.release`), accounted by
   :class:`AnalyticGaussianAccountant` (``"exact"``) or :class:`ZCdpAccountant` (``"zcdp"``);
   :mod:`flwr_corrnoise.privacy` calibrates and reports through them;
-* paper 003's nodes and baselines — a :class:`LaplaceSeries` (one release per step, a
-  labelled sensitivity bound each) or a :class:`PerDatumLaplace`; paper 004's — a
+* Chen & Wang's ("Locally Differentially Private Distributed Online Learning with Guaranteed
+  Optimality") nodes and baselines — a :class:`LaplaceSeries` (one release per step, a labelled
+  sensitivity bound each) or a :class:`PerDatumLaplace`; Wang, Yang, Yao, Song & Wan's ("Revisiting
+  Differentially Private Algorithms for Decentralized Online Learning") — a
   :class:`SelfComposed` Laplace release per tree position, a :class:`WorstCase` over data
   owners or releases; all accounted by :class:`BasicComposition`
   (:mod:`flwr_corrnoise.decentralized.chen_wang_privacy`, ``wang_privacy``).

@@ -58,7 +58,8 @@ def _vector(name: str, values: Iterable[float] | np.ndarray, *, allow_inf: bool)
 def replace_one_l2(clip: float, column_norm: float) -> float:
     """``Δ = 2·clip·column_norm``: the ℓ2 sensitivity of a linear map with largest column
     norm ``column_norm`` applied to rows clipped to ``clip``, when one row is replaced (the
-    replaced row moves by at most ``2·clip``; paper 000 eq. (15) for ``C·G``)."""
+    replaced row moves by at most ``2·clip``; Zhang, Zhu, Fay & Johansson, "Locally Differentially
+    Private Online Federated Learning With Correlated Noise", eq. (15) for ``C·G``)."""
     return 2.0 * check_positive("clip norm", clip) * check_positive("sensitivity", column_norm)
 
 

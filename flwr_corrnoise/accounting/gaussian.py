@@ -8,8 +8,9 @@ any event these accountants support.
 
 * ``"exact"`` — the analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8):
   ``δ(ε) = Φ(μ/2 − ε/μ) − e^ε·Φ(−μ/2 − ε/μ)``. Tight, so never looser than ``"zcdp"``.
-* ``"zcdp"`` — paper 000's Lemma IV.8: ``ρ = μ²/2`` and
-  ``ε = ρ + 2√(ρ ln 1/δ)`` (Bun & Steinke 2016, Prop. 1.3).
+* ``"zcdp"`` — Zhang, Zhu, Fay & Johansson's ("Locally Differentially Private Online Federated
+  Learning With Correlated Noise") Lemma IV.8: ``ρ = μ²/2`` and ``ε = ρ + 2√(ρ ln 1/δ)`` (Bun &
+  Steinke 2016, Prop. 1.3).
 
 **Safe side.** A root finder in float64 lands within ~1e−13 of the exact std, on either
 side. :meth:`GaussianAccountant.noise_std` checks the float it returns in 60-digit
@@ -44,7 +45,7 @@ __all__ = [
 DPS = 60
 
 
-# -- zCDP (paper 000, Lemma IV.8) ------------------------------------------------------------
+# -- zCDP (Zhang et al., Lemma IV.8) ------------------------------------------------------------
 def zcdp_rho(eps: float, dlt: float) -> float:
     """``ρ = (√(ε + ln 1/δ) − √(ln 1/δ))²``: the zCDP level that implies ``(ε, δ)``-DP
     (inputs already checked)."""
@@ -196,7 +197,7 @@ class AnalyticGaussianAccountant(GaussianAccountant):
 
 
 class ZCdpAccountant(GaussianAccountant):
-    """Paper 000's zCDP accounting (Lemma IV.8): ``ρ = μ²/2``, ``ε = ρ + 2√(ρ ln 1/δ)``."""
+    """Zhang et al.'s zCDP accounting (Lemma IV.8): ``ρ = μ²/2``, ``ε = ρ + 2√(ρ ln 1/δ)``."""
 
     name = "zcdp"
 

@@ -1,4 +1,6 @@
-"""Pure ε-DP of Laplace releases by basic composition — the accountant of papers 003/004.
+"""Pure ε-DP of Laplace releases by basic composition — the accountant of Chen & Wang, "Locally
+Differentially Private Distributed Online Learning with Guaranteed Optimality" and Wang, Yang, Yao,
+Song & Wan, "Revisiting Differentially Private Algorithms for Decentralized Online Learning".
 
 One Laplace release of ℓ1 sensitivity ``Δ₁`` and scale ``b`` is ``Δ₁/b``-DP (its privacy
 loss never exceeds ``Δ₁/b``), and pure-DP releases on the same data compose by adding their
@@ -107,7 +109,7 @@ class BasicComposition(Accountant):
         return 0.0 if epsilon >= self._eps(event) else 1.0
 
     def epsilon_curve(self, series: LaplaceSeries) -> np.ndarray:
-        """Cumulative ε after releases ``0..t`` for every ``t`` (Lemma 2 of paper 003 when
+        """Cumulative ε after releases ``0..t`` for every ``t`` (Lemma 2 of Chen & Wang when
         the series is a node's releases)."""
         if not isinstance(series, LaplaceSeries):
             raise UnsupportedEventError(f"a curve needs a LaplaceSeries, got "

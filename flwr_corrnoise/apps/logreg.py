@@ -1,5 +1,6 @@
 """The reference Flower app: online logistic regression on synthetic(α, β) streams with
-correlated-noise local DP (paper 000's Sec. V-A setting), built only from the public API.
+correlated-noise local DP (Zhang, Zhu, Fay & Johansson's ("Locally Differentially Private Online
+Federated Learning With Correlated Noise") Sec. V-A setting), built only from the public API.
 
 It is library, not experiment code, because processes that can import only installed code
 run it: ``flwr run`` on ``examples/logreg-app`` and the SuperNodes of ``deploy/``. Its task

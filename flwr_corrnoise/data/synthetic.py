@@ -1,9 +1,9 @@
 """Per-learner online data streams for binary logistic regression: synthetic(α, β).
 
-Paper 000 (Sec. V-A) trains ``min_x mean log(1 + exp(−b·⟨x, a⟩))`` on data "generated
-using the method described in [38]", the synthetic(α, β) generator of Li et al.
-(FedProx, "Federated optimization in heterogeneous networks"). That generator, per
-learner ``i``::
+Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online Federated Learning With
+Correlated Noise" (Sec. V-A) trains ``min_x mean log(1 + exp(−b·⟨x, a⟩))`` on data "generated using
+the method described in [38]", the synthetic(α, β) generator of Li et al. (FedProx, "Federated
+optimization in heterogeneous networks"). That generator, per learner ``i``::
 
     u_i ~ N(0, α)          B_i ~ N(0, β)
     w_i ~ N(u_i, 1)^d      b_i ~ N(u_i, 1)          (the learner's true model)
@@ -89,8 +89,8 @@ class SyntheticConfig:
     """Everything that determines a synthetic federation (and hence every datum).
 
     Attributes:
-        num_learners: number of learners ``n`` (paper 000: 20).
-        dim: feature dimension ``d`` (paper 000: 100).
+        num_learners: number of learners ``n`` (Zhang et al.: 20).
+        dim: feature dimension ``d`` (Zhang et al.: 100).
         alpha: FedProx α, the variance of ``u_i``, i.e. how much the learners' models
             (and biases) differ in mean.
         beta: FedProx β, the variance of ``B_i``, i.e. how much the learners' feature
@@ -166,7 +166,7 @@ class SyntheticFederation:
         """Derive all generative parameters from ``config``.
 
         Args:
-            config: the federation's definition (default: paper 000's setting).
+            config: the federation's definition (default: Zhang et al.'s setting).
             cache_blocks: how many generated blocks to keep; 0 picks ``max(64, 4n)`` so
                 that round-robin access over all learners never regenerates a block.
         """

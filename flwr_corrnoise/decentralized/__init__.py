@@ -1,7 +1,9 @@
 """Decentralized (peer-to-peer) locally differentially private online learning.
 
 Pure NumPy/SciPy: graphs and mixing matrices, Laplace (pure-DP) machinery, the algorithms of
-papers 003 (Chen & Wang) and 004 (Wang et al.) as per-node update rules, their privacy
+Chen & Wang ("Locally Differentially Private Distributed Online Learning with Guaranteed
+Optimality") and Wang, Yang, Yao, Song & Wan ("Revisiting Differentially Private Algorithms for
+Decentralized Online Learning") as per-node update rules, their privacy
 accountants and a vectorized in-process engine. Nothing here imports Flower; the Flower relay
 (``flwr_corrnoise.flower.relay``) calls these same functions.
 """

@@ -1,22 +1,24 @@
-"""Paper 003's baselines (Sec. VII): DSGD, DOLA and PDOP with Laplace-noised messages.
+"""Chen & Wang's ("Locally Differentially Private Distributed Online Learning with Guaranteed
+Optimality") baselines (Sec. VII): DSGD, DOLA and PDOP with Laplace-noised messages.
 
-**The update forms of DOLA and PDOP are inferred.** 003 gives no pseudocode for its baselines;
-it cites DOLA (Li et al., TKDE 2018, [45]) and PDOP (Huang, Mitra, Vaidya 2015, [30]) and says
-only which noise it gave them. The forms below are our reading of those papers, labelled
+**The update forms of DOLA and PDOP are inferred.** Chen & Wang's paper gives no pseudocode for its
+baselines; it cites DOLA (Li et al., TKDE 2018, [45]) and PDOP (Huang, Mitra, Vaidya 2015, [30]) and
+says only which noise it gave them. The forms below are our reading of those papers, labelled
 ``[inferred]`` here, in :data:`INFERRED` and in every results table that shows them.
 
-All three use the classical mixing matrix ``A = I + W`` (003's ring: 0.4 on the diagonal, 0.3
-to each neighbour) and the *current* sample's gradient only (no history), which is why their
+All three use the classical mixing matrix ``A = I + W`` (Chen & Wang's ring: 0.4 on the diagonal,
+0.3 to each neighbour) and the *current* sample's gradient only (no history), which is why their
 sensitivity does not decay and their per-step-summed budgets grow with ``T``:
 
-* **DSGD** (Pu et al.; 003 runs it "with the same stepsize sequence and the same Laplace DP
-  noise" as Algorithm 1): ``θ⁺ = Proj(A_ii θ_i + Σ_{j≠i} A_ij y_j − λ_t ∇l(θ_i, ξ_t))`` — the
-  node mixes its *own un-noised* state with its neighbours' releases.
+* **DSGD** (Pu et al.; Chen & Wang's paper runs it "with the same stepsize sequence and the same
+  Laplace DP noise" as Algorithm 1): ``θ⁺ = Proj(A_ii θ_i + Σ_{j≠i} A_ij y_j − λ_t ∇l(θ_i, ξ_t))`` —
+  the node mixes its *own un-noised* state with its neighbours' releases.
 * **DOLA** [inferred form]: ``b_i = Σ_j A_ij ŵ_j`` over *released* values (its own
   included), ``w⁺ = Proj(b_i − α_{t+1} ∇f_t(b_i))``, ``α_t = α₀/√t`` (convex case).
 * **PDOP** [inferred form]: the same structure with geometric steps ``γ_k = c p^k``.
 
-**The noise is the one 003 states for each experiment** (:func:`paper_noise`, ``i`` = 1…5):
+**The noise is the one Chen & Wang's paper states for each experiment** (:func:`paper_noise`, ``i``
+= 1…5):
 
 * Sec. VII-A (mushrooms): "Laplace DP noises with parameter ``ϱ_t^i = (t+1)^{ς^i}`` [added]
   to all shared messages, ``ς^i = 0.1 + 0.01i``" — every algorithm, the baselines included;
@@ -71,10 +73,11 @@ from flwr_corrnoise.decentralized.tasks import Task, data_gradient
 
 __all__ = ["DOLA", "DSGD", "INFERRED", "PAPER_NOISE", "PDOP", "MixingBaseline", "paper_noise"]
 
-#: which baselines' update forms are our reading of their source papers (003 gives none)
+#: which baselines' update forms are our reading of their source papers (Chen & Wang's paper gives
+#: none)
 INFERRED: frozenset[str] = frozenset({"dola", "pdop"})
 
-#: 003's stated noise per experiment and baseline, as config keys: the Laplace scale of node
+#: Chen & Wang's stated noise per experiment and baseline, as config keys: the Laplace scale of node
 #: ``i`` (1-based) at step ``t`` is ``ScaleSchedule(kind, scale, rate + rate_step·i).scale(t)``
 PAPER_NOISE: dict[str, dict[str, dict[str, Any]]] = {
     # Sec. VII-A: ϱ_t^i = (t+1)^{0.1+0.01i} "to all shared messages"
@@ -93,15 +96,16 @@ PAPER_NOISE: dict[str, dict[str, dict[str, Any]]] = {
 
 
 def paper_noise(algorithm: str, experiment: str) -> dict[str, Any]:
-    """The config keys of 003's noise for ``algorithm`` (``dsgd``/``dola``/``pdop``) in
+    """The config keys of Chen & Wang's noise for ``algorithm`` (``dsgd``/``dola``/``pdop``) in
     ``experiment`` (``mushrooms`` = Sec. VII-A, ``mnist`` = Sec. VII-B, also used for the
     Fashion-MNIST stand-in and CIFAR-10, Sec. VII-C)."""
     exp = {"fashion-mnist": "mnist", "cifar-10": "mnist", "cifar10": "mnist"}.get(experiment,
                                                                                experiment)
     if exp not in PAPER_NOISE:
-        raise ValueError(f"unknown 003 experiment {experiment!r}; use {sorted(PAPER_NOISE)}")
+        raise ValueError(f"unknown Chen & Wang experiment {experiment!r}; "
+                         f"use {sorted(PAPER_NOISE)}")
     if algorithm not in PAPER_NOISE[exp]:
-        raise ValueError(f"no 003 baseline {algorithm!r}; use {sorted(PAPER_NOISE[exp])}")
+        raise ValueError(f"no Chen & Wang baseline {algorithm!r}; use {sorted(PAPER_NOISE[exp])}")
     return dict(PAPER_NOISE[exp][algorithm])
 
 
@@ -117,7 +121,7 @@ class MixingBaseline(NodeAlgorithm):
     mixes_own_state: ClassVar[bool] = False
     #: the class's default noise schedule kind; an instance may use another (``noise-kind``)
     noise_kind: str = "power"
-    #: the noise, and the declared data bounds the accountants read (paper 003's)
+    #: the noise, and the declared data bounds the accountants read (Chen & Wang's)
     privacy_fields: ClassVar[dict[str, int]] = {"noise-scale": +1, "noise-rate": +1,
                                                 **BOUND_FIELDS}
     bound_fields: ClassVar[frozenset[str]] = frozenset(BOUND_FIELDS)
@@ -279,7 +283,7 @@ class MixingBaseline(NodeAlgorithm):
 
 @register("dsgd")
 class DSGD(MixingBaseline):
-    """DSGD with Algorithm 1's step size and noise (003 Sec. VII)."""
+    """DSGD with Algorithm 1's step size and noise (Chen & Wang, Sec. VII)."""
 
     name = "dsgd"
     mixes_own_state = True
@@ -294,7 +298,8 @@ class DSGD(MixingBaseline):
 @register("dola")
 class DOLA(MixingBaseline):
     """DOLA [inferred form]: mix released values, step ``α₀/√(t+1)``; default noise
-    ``ϱ₀/(t+1)`` (003 Sec. VII-B; Sec. VII-A's is :func:`paper_noise` ``("dola", "mushrooms")``)."""
+    ``ϱ₀/(t+1)`` (Chen & Wang, Sec. VII-B; Sec. VII-A's is :func:`paper_noise` ``("dola",
+    "mushrooms")``)."""
 
     name = "dola"
     noise_kind = "inverse"
@@ -308,7 +313,7 @@ class DOLA(MixingBaseline):
 @register("pdop")
 class PDOP(MixingBaseline):
     """PDOP [inferred form]: mix released values, step ``c p^k``; default noise ``c_b q^k``
-    (003 Sec. VII-B; Sec. VII-A's is :func:`paper_noise` ``("pdop", "mushrooms")``)."""
+    (Chen & Wang, Sec. VII-B; Sec. VII-A's is :func:`paper_noise` ``("pdop", "mushrooms")``)."""
 
     name = "pdop"
     noise_kind = "geometric"

@@ -1,5 +1,6 @@
-"""Paper 003 (Chen & Wang), Algorithm 1: locally differentially private distributed online
-learning with growing Laplace noise, a decaying coupling and all-history gradients.
+"""Chen & Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed
+Optimality", Algorithm 1: locally differentially private distributed online learning with growing
+Laplace noise, a decaying coupling and all-history gradients.
 
 Every node ``i`` at step ``t`` (0-based):
 
@@ -151,7 +152,7 @@ class StepSizes:
 
 
 class ChenWang(NodeAlgorithm):
-    """Paper 003's Algorithm 1 as per-node update rules (see the module docstring)."""
+    """Chen & Wang's Algorithm 1 as per-node update rules (see the module docstring)."""
 
     name = "chen-wang"
     local_dp = True
@@ -200,7 +201,8 @@ class ChenWang(NodeAlgorithm):
                    default_exponent_step=float(cfg.get("noise-exponent-step", 0.01)))
 
     def default_privacy(self, nodes: np.ndarray) -> dict[str, np.ndarray]:
-        """003's heterogeneous setting: node ``i`` (0-based) gets ``ς = ς₀ + step·(i+1)``."""
+        """Chen & Wang's heterogeneous setting: node ``i`` (0-based) gets ``ς = ς₀ +
+        step·(i+1)``."""
         b0, s0, ds = self.default_noise
         nodes = np.asarray(nodes, dtype=float)
         return {"noise-scale": np.full(nodes.size, b0), "noise-exponent": s0 + ds * (nodes + 1),

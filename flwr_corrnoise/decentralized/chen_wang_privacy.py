@@ -1,8 +1,9 @@
-"""Pure-ε accounting for paper 003 (Chen & Wang) and its baselines (DSGD, DOLA, PDOP).
+"""Pure-ε accounting for Chen & Wang, "Locally Differentially Private Distributed Online Learning
+with Guaranteed Optimality" and its baselines (DSGD, DOLA, PDOP).
 
 Adjacency: one datum ``ξ_k`` of learner ``i``'s stream replaced. The learner's releases are
-``y_t = θ_t + Lap(ϱ_t)^d``, and — LDP as 003 defines it — everything it *receives* is held
-fixed (a neighbour's message is external information). Lemma 2: the cumulative budget after
+``y_t = θ_t + Lap(ϱ_t)^d``, and — LDP as Chen & Wang's paper defines it — everything it *receives*
+is held fixed (a neighbour's message is external information). Lemma 2: the cumulative budget after
 releasing steps ``0..T−1`` is at most ``Σ_t Δ_t / ϱ_t``, ``Δ_t`` the ℓ1 sensitivity of ``θ_t``
 (basic composition of Laplace releases; ``Δ_0 = 0``: ``θ_0`` does not depend on data).
 
@@ -37,7 +38,7 @@ bound ``B``, which the task enforces by projecting every row onto ``{‖a‖ ≤
 row is larger, and would make the reported ε itself a function of the data.
 
 The bound and the clip are the **node's own settings**, like its noise (:data:`BOUND_FIELDS`,
-``privacy_fields`` of paper 003's algorithms): its state records them at its first step, a
+``privacy_fields`` of Chen & Wang's algorithms): its state records them at its first step, a
 run-config value larger than its own is a refused proposal, and later settings may only be
 smaller. The accountant charges the larger of what the state records and what the algorithm
 enforces now (:func:`node_constants`), so a node restarted with a smaller bound is never
@@ -45,9 +46,9 @@ charged less than it spent under the first.
 
 Baselines, two accountants each (labelled):
 
-* ``per-step summation`` — what the baselines' papers (and 003's Fig. 1(c)) do: every release
-  is charged the one-step sensitivity ``√d · step_{t−1} · C`` and the charges are summed over
-  all ``T`` releases, so the budget grows without bound;
+* ``per-step summation`` — what the baselines' papers (and Chen & Wang's Fig. 1(c)) do: every
+  release is charged the one-step sensitivity ``√d · step_{t−1} · C`` and the charges are summed
+  over all ``T`` releases, so the budget grows without bound;
 * ``per-datum`` — rigorous for the same adjacency: datum ``ξ_k`` enters the update of step
   ``k`` only; afterwards the difference propagates through the learner's *own* state with
   factor ``a_t`` (DSGD: ``A_ii + L λ_t``; DOLA and PDOP mix only *released* values, so
@@ -58,7 +59,7 @@ Baselines, two accountants each (labelled):
 :class:`~flwr_corrnoise.accounting.PerDatumLaplace` for the per-datum relation. One
 accountant composes them all: :class:`~flwr_corrnoise.accounting.BasicComposition`
 (Lemma 2). An algorithm builds its descriptions from its settings and its nodes' states
-(:class:`NodeRelease`; ``node_releases`` of paper 003's algorithms). Nothing here reads an
+(:class:`NodeRelease`; ``node_releases`` of Chen & Wang's algorithms). Nothing here reads an
 algorithm's update rule or imports an algorithm module. The bound helpers
 (:func:`gradient_constants`, :func:`node_constants`, …) read only the algorithm's task and
 ``clip``.
@@ -120,7 +121,7 @@ CONTRACTIVE = "contractive (convex, unclipped)"
 PER_STEP = "per-step summation (papers)"
 PER_DATUM = "per-datum (rigorous)"
 
-#: the declared data bounds that enter paper 003's ε, as privacy fields: the task's feature
+#: the declared data bounds that enter Chen & Wang's ε, as privacy fields: the task's feature
 #: bound ``B`` (config ``feature-bound``) and the per-sample clip (``clip``; ``inf`` when off)
 #: — for both a *smaller* value is more private
 BOUND_FIELDS: dict[str, int] = {"feature-bound": -1, "clip": -1}
@@ -188,7 +189,7 @@ def cumulative_epsilon(sensitivity: np.ndarray, scales: np.ndarray) -> np.ndarra
 
 @dataclass(frozen=True)
 class NodeRelease:
-    """What paper 003's accountants read of one node's releases ``y_t = θ_t + Lap(ϱ_t)^d``:
+    """What Chen & Wang's accountants read of one node's releases ``y_t = θ_t + Lap(ϱ_t)^d``:
     its step sizes, its own mixing weight ``|w_ii|`` (and the network's smallest, ``w̄``, for
     Theorem 5(i)), the declared constants ``C`` and ``L`` (and the strong convexity ``μ``
     for the contractive bound), the dimension and its noise ``ϱ_t = ϱ₀ (t+1)^ς``.
@@ -257,7 +258,7 @@ def noise_scale_for_epsilon(epsilon: float, T: int, steps: StepRule, *, w_self: 
                             accountant: str = TIGHT, w_bar: float | None = None,
                             mu: float = 0.0) -> float:
     """The ``ϱ₀`` (``= σ/√2``) that spends exactly ``epsilon`` over ``T`` releases: ε is
-    ``∝ 1/ϱ₀``, so ``ϱ₀ = ε(T; ϱ₀ = 1) / epsilon`` (003's "σ^i = Σ_t …/ε_i")."""
+    ``∝ 1/ϱ₀``, so ``ϱ₀ = ε(T; ϱ₀ = 1) / epsilon`` (Chen & Wang's "σ^i = Σ_t …/ε_i")."""
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"ε must be finite and > 0, got {epsilon!r}")
     if T < 1:
@@ -308,7 +309,7 @@ def gradient_constants(algo: object, feature_bound: float | None = None,
     L = getattr(task, "smoothness", None)
     if G is None or L is None:
         raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r} declares no "
-                         "gradient_bound/smoothness: paper 003's accountants need both")
+                         "gradient_bound/smoothness: Chen & Wang's accountants need both")
     if feature_bound is not None and hasattr(task, "declared_constants"):
         G, L = task.declared_constants(feature_bound)
     if clip is None:

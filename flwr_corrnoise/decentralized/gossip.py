@@ -1,4 +1,5 @@
-"""Paper 004's accelerated gossip (Liu & Morse 2011), block-decoupled as PD-FTGL uses it.
+"""Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private Algorithms for Decentralized
+Online Learning") accelerated gossip (Liu & Morse 2011), block-decoupled as PD-FTGL uses it.
 
 Within block ``z`` every learner runs ``L`` steps of eq. (5) on the *previous* block's sums:
 
@@ -69,7 +70,7 @@ def check_mixing(P: np.ndarray, atol: float = 1e-10) -> np.ndarray:
     if not is_doubly_stochastic(P, atol=atol):
         raise GraphError("mixing matrix must be doubly stochastic with non-negative entries")
     if np.linalg.eigvalsh(P).min() < -atol:
-        raise GraphError("mixing matrix must be positive semidefinite (paper 004, "
+        raise GraphError("mixing matrix must be positive semidefinite (Wang et al., "
                          "Assumption 3.4); use the lazy version (I + P)/2")
     if P.shape[0] > 1 and second_singular_value(P) >= 1 - atol:
         raise GraphError("σ₂(P) must be < 1 (a connected graph)")

@@ -3,13 +3,15 @@
 Both decentralized papers run learners on an undirected, connected graph and mix neighbours'
 messages with a fixed matrix:
 
-* paper 004 (Wang et al.) uses a symmetric, doubly stochastic ``P`` and its spectral gap
-  ``ρ = 1 − σ₂(P)`` (σ₂ the second largest singular value); we build ``P`` with
-  Metropolis–Hastings weights, which are doubly stochastic on *any* undirected graph using only
-  the two endpoint degrees (each node can compute its row from what its neighbours tell it);
-* paper 003 (Chen & Wang) uses a Laplacian-form ``W``: ``w_ij > 0`` on edges and
-  ``w_ii = −Σ_{j≠i} w_ij`` (zero row sums); its ring experiments use ``w_ij = 0.3``; the
-  classical mixing matrix of its baselines is ``A = I + W``.
+* Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private Algorithms for Decentralized
+  Online Learning" uses a symmetric, doubly stochastic ``P`` and its spectral gap ``ρ = 1 − σ₂(P)``
+  (σ₂ the second largest singular value); we build ``P`` with Metropolis–Hastings weights, which are
+  doubly stochastic on *any* undirected graph using only the two endpoint degrees (each node can
+  compute its row from what its neighbours tell it);
+* Chen & Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed
+  Optimality" uses a Laplacian-form ``W``: ``w_ij > 0`` on edges and ``w_ii = −Σ_{j≠i} w_ij`` (zero
+  row sums); its ring experiments use ``w_ij = 0.3``; the classical mixing matrix of its baselines
+  is ``A = I + W``.
 
 Why no networkx in this module: the core must stay a dependency-light NumPy/SciPy layer (it is
 imported by every Flower node), and the four topologies need a dozen lines each. networkx is the
@@ -230,7 +232,7 @@ def metropolis_hastings(graph: Graph, lazy: bool = False) -> np.ndarray:
 
     ``P_ij = 1/(1 + max(d_i, d_j))`` on edges and ``P_ii = 1 − Σ_j P_ij``: symmetric and doubly
     stochastic on any undirected graph. The lazy version is also positive semidefinite, which
-    paper 004's accelerated gossip assumes (eigenvalues in [0, 1]).
+    Wang et al.'s accelerated gossip assumes (eigenvalues in [0, 1]).
     """
     deg = graph.degrees
     adj = graph.adjacency
@@ -242,11 +244,11 @@ def metropolis_hastings(graph: Graph, lazy: bool = False) -> np.ndarray:
 
 
 def laplacian_weights(graph: Graph, weight: float | np.ndarray = 0.3) -> np.ndarray:
-    """Paper 003's ``W``: ``w_ij = weight`` on edges, ``w_ii = −Σ_j w_ij`` (zero row sums).
+    """Chen & Wang's ``W``: ``w_ij = weight`` on edges, ``w_ii = −Σ_j w_ij`` (zero row sums).
 
     ``weight`` is a scalar or a symmetric ``n × n`` matrix of positive edge weights (entries
     off the edges are ignored). The classical mixing matrix of the baselines is ``I + W``
-    (paper 003's ring: 0.4 on the diagonal, 0.3 to each neighbour).
+    (Chen & Wang's ring: 0.4 on the diagonal, 0.3 to each neighbour).
     """
     n = graph.num_nodes
     w = np.broadcast_to(np.asarray(weight, dtype=float), (n, n))
@@ -292,7 +294,7 @@ def second_singular_value(P: np.ndarray) -> float:
 
 
 def spectral_gap(P: np.ndarray) -> float:
-    """ρ = 1 − σ₂(P), the quantity in 004's bounds and in its block length ``L ∝ 1/√ρ``."""
+    """ρ = 1 − σ₂(P), the quantity in Wang et al.'s bounds and in its block length ``L ∝ 1/√ρ``."""
     return 1.0 - second_singular_value(P)
 
 

@@ -1,17 +1,21 @@
 """Pure (ε, 0) differential privacy with Laplace noise: sampler, scale schedules, a
 serializable per-learner noise stream and the accounting helpers both papers need.
 
-Why Laplace and not the project's Gaussian streams: papers 003 and 004 give pure ε-DP
-guarantees, which need Laplace noise calibrated to an ℓ1 sensitivity: releasing ``x + Lap(b)^d``
-where ``x`` changes by at most ``Δ₁`` in ℓ1 between adjacent data is ``Δ₁ / b``-DP, and
-releases compose by adding their ε (basic composition, tight for pure DP in the worst case).
+Why Laplace and not the project's Gaussian streams: Chen & Wang, "Locally Differentially Private
+Distributed Online Learning with Guaranteed Optimality" and Wang, Yang, Yao, Song & Wan, "Revisiting
+Differentially Private Algorithms for Decentralized Online Learning" give pure ε-DP guarantees,
+which need Laplace noise calibrated to an ℓ1 sensitivity: releasing ``x + Lap(b)^d`` where ``x``
+changes by at most ``Δ₁`` in ℓ1 between adjacent data is ``Δ₁ / b``-DP, and releases compose by
+adding their ε (basic composition, tight for pure DP in the worst case).
 
 Schedules, one per paper/baseline:
 
-* ``power``: ``b_t = b₀ (t+1)^s`` — 003's *growing* scale ``ϱ_t = σ (t+1)^ς / √2``
+* ``power``: ``b_t = b₀ (t+1)^s`` — Chen & Wang's *growing* scale ``ϱ_t = σ (t+1)^ς / √2``
   (``b₀ = σ/√2``, ``s = ς``);
-* ``geometric``: ``b_t = b₀ q^t`` — PDOP (Huang et al. 2015), ``0.5 · 0.98^t`` in 003's runs;
-* ``inverse``: ``b_t = b₀ / (t+1)`` — DOLA's decaying scale in 003's runs (``0.07/(0.2(t+1))``);
+* ``geometric``: ``b_t = b₀ q^t`` — PDOP (Huang et al. 2015), ``0.5 · 0.98^t`` in Chen & Wang's
+  runs;
+* ``inverse``: ``b_t = b₀ / (t+1)`` — DOLA's decaying scale in Chen & Wang's runs
+  (``0.07/(0.2(t+1))``);
 * ``constant``: ``b_t = b₀``.
 
 ``b₀ = 0`` turns the noise off (ε = ∞): the stream still consumes its random numbers, so a run
@@ -118,7 +122,7 @@ class ScaleSchedule:
 
     @classmethod
     def chen_wang(cls, sigma: float, varsigma: float) -> ScaleSchedule:
-        """003's Assumption 4: ``ϱ_t = σ (t+1)^ς / √2``."""
+        """Chen & Wang's Assumption 4: ``ϱ_t = σ (t+1)^ς / √2``."""
         return cls("power", float(sigma) / math.sqrt(2.0), float(varsigma))
 
     @property

@@ -1,4 +1,5 @@
-"""Paper 004's online multiclass logistic regression as a decentralized :class:`~.tasks.Task`.
+"""Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private Algorithms for Decentralized
+Online Learning") online multiclass logistic regression as a decentralized :class:`~.tasks.Task`.
 
 Decision ``X ∈ R^{q×p}`` (flattened C-order to ``dim = q·p``); at round ``t`` learner ``i`` sees
 one example ``(e, y)`` and suffers ``f(X) = log(1 + Σ_{ℓ≠y} exp(x_ℓᵀe − x_yᵀe))
@@ -9,7 +10,7 @@ Streams follow the paper's construction: ``copies`` copies of the data set are s
 together and split evenly over the ``n`` learners (letter: ``10n`` copies, so each learner has
 ``T = 10 × 15000`` rounds; poker: ``n`` copies, ``T = 10⁶``). Only indices are stored
 (``[n, T]``), never the copies. :meth:`network_loss` evaluates every learner's decision on all
-learners' examples of a round — the ``Σ_j f_{t,j}(X_i(t))`` inside 004's average loss
+learners' examples of a round — the ``Σ_j f_{t,j}(X_i(t))`` inside Wang et al.'s average loss
 ``AL(t, i)``.
 
 A malformed example — a row of the wrong length, a non-finite value, a label that is not an

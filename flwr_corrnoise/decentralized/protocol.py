@@ -10,7 +10,9 @@ Flower run equals the in-process run for the same seeds.
 One synchronous step ``t`` of every node is
 
 1. ``outbox, state = algo.release(state)`` — what the node sends to its graph neighbours
-   (for paper 003 an already-noised LDP release ``θ + ζ``; for paper 004 a raw gossip sum);
+   (for Chen & Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed
+   Optimality" an already-noised LDP release ``θ + ζ``; for Wang, Yang, Yao, Song & Wan, "Revisiting
+   Differentially Private Algorithms for Decentralized Online Learning" a raw gossip sum);
 2. the engine/relay delivers to each node the outboxes of exactly its neighbours
    (:class:`Inbox`, senders sorted ascending, padded to the maximum degree);
 3. ``state = algo.update(state, inbox)`` — the node's local computation (gradients on its
@@ -219,7 +221,7 @@ class NodeAlgorithm(ABC):
     """A decentralized algorithm as per-node update rules (see the module docstring).
 
     Subclasses set :attr:`name`, :attr:`local_dp` (``True`` when every outbox is itself a
-    local-DP release, as in paper 003; ``False`` for paper 004, whose gossip messages are raw
+    local-DP release, as in Chen & Wang; ``False`` for Wang et al., whose gossip messages are raw
     sums that neighbours and relay must be trusted with) and :attr:`privacy_fields`.
     """
 
@@ -228,7 +230,7 @@ class NodeAlgorithm(ABC):
     #: privacy settings a node owns: name → +1 (larger is more private) or −1
     privacy_fields: ClassVar[dict[str, int]] = {}
     #: those of :attr:`privacy_fields` that are **declared data bounds** the accountant reads
-    #: and the algorithm enforces (paper 003's ``feature-bound`` and ``clip``): a node owns
+    #: and the algorithm enforces (Chen & Wang's ``feature-bound`` and ``clip``): a node owns
     #: them like its noise (its own config; a run-config value is a proposal, refused if
     #: larger), its state records them, their default is what the algorithm enforces, they
     #: may be ``inf`` (no clip), and ``init`` fills them in when a caller gives none
@@ -329,7 +331,7 @@ def build_algorithm(name: str, graph: Graph, task: Any,
 BUILTIN_MODULES: list[str] = [
     "flwr_corrnoise.decentralized.chen_wang",
     "flwr_corrnoise.decentralized.baselines",
-    # paper 004 (the other module's name is whichever exists)
+    # Wang et al. (the other module's name is whichever exists)
     "flwr_corrnoise.decentralized.wang",
     "flwr_corrnoise.decentralized.pd_ftgl",
 ]

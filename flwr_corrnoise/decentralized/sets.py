@@ -1,4 +1,5 @@
-"""Constraint sets ``K`` for paper 004: Euclidean projection and linear minimization oracle.
+"""Constraint sets ``K`` for Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private
+Algorithms for Decentralized Online Learning": Euclidean projection and linear minimization oracle.
 
 PD-FTGL and PD-OGD need ``Proj_K``; PD-OCG (projection-free) only needs the LMO
 ``argmin_{v∈K} ⟨g, v⟩``. On the nuclear-norm ball the difference is the point of the paper's
@@ -206,7 +207,8 @@ def top_singular_pair_lanczos(G: np.ndarray, v0: np.ndarray | None = None, *,
 
 
 class NuclearBall(ConstraintSet):
-    """``{X ∈ R^{q×p} : ‖X‖_* ≤ τ}`` (004's experiments: ``τ = 10``), rows flattened C-order.
+    """``{X ∈ R^{q×p} : ‖X‖_* ≤ τ}`` (Wang et al.'s experiments: ``τ = 10``), rows flattened
+    C-order.
 
     Projection: SVD, then project the singular values onto ``{s ≥ 0, Σ s ≤ τ}``. LMO:
     ``−τ u₁ v₁ᵀ`` with ``(u₁, v₁)`` the top singular pair of the gradient, by

@@ -1,12 +1,12 @@
 """Learning tasks for the decentralized algorithms: a loss, its gradient, and each node's
 data stream, as functions of ``(nodes, step)`` so that every engine sees the same data.
 
-Why data is indexed rather than stored in node state: paper 003's Algorithm 1 uses *all* data
-seen so far at the current parameter; keeping that history in Flower's ``context.state``
-would grow it every round. Instead node ``i``'s stream is a fixed i.i.d. draw (with
-replacement, as 003's experiments do) from its shard, seeded by ``(seed, i)``; a node's
-history up to step ``t`` is recomputed from the indices ``0..t``. On a deployed node the same
-interface reads the node's own local data.
+Why data is indexed rather than stored in node state: Chen & Wang's ("Locally Differentially Private
+Distributed Online Learning with Guaranteed Optimality") Algorithm 1 uses *all* data seen so far at
+the current parameter; keeping that history in Flower's ``context.state`` would grow it every round.
+Instead node ``i``'s stream is a fixed i.i.d. draw (with replacement, as Chen & Wang's experiments
+do) from its shard, seeded by ``(seed, i)``; a node's history up to step ``t`` is recomputed from
+the indices ``0..t``. On a deployed node the same interface reads the node's own local data.
 
 Tasks are rebuilt from a kebab-case config by :func:`build_task` (the Flower ClientApps do
 this), so a task must be a deterministic function of its config.
@@ -175,7 +175,7 @@ def zero_unusable(terms: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.nda
 class Task(ABC):
     """A learning problem: ``dim`` parameters, per-node streams, loss and gradient.
 
-    A task that paper 003's accountants (and its baselines') can use also declares
+    A task that Chen & Wang's accountants (and its baselines') can use also declares
     ``gradient_bound`` (a bound on one sample's data-term gradient norm) and ``smoothness``
     (``L`` of one sample's gradient), as functions of its settings — never of its data — and
     enforces them inside :meth:`grad` (see the module docstring).
@@ -229,7 +229,7 @@ def data_gradient(task: Task, theta: np.ndarray, X: np.ndarray, y: np.ndarray,
     numbers), and if it fails alone its data term counts as zero: the gradient is the
     task's :meth:`~Task.regularizer_grad` and all its samples are counted. The details go
     to the node's log (:func:`flwr_corrnoise.learner.attempt_datum`), never into a reply.
-    For an all-history gradient (paper 003) that zeroes the whole step's data term, more
+    For an all-history gradient (Chen & Wang) that zeroes the whole step's data term, more
     than one datum: a task should apply the per-sample rule itself.
     """
     theta = np.asarray(theta, dtype=float)
@@ -271,7 +271,7 @@ def data_gradient(task: Task, theta: np.ndarray, X: np.ndarray, y: np.ndarray,
 
 
 class LogisticTask(Task):
-    """ℓ2-regularized binary logistic regression (paper 003, Sec. VII-A).
+    """ℓ2-regularized binary logistic regression (Chen & Wang, Sec. VII-A).
 
     Per sample ``(a, b)``, ``b ∈ {0, 1}``: ``l = (1 − b) aᵀθ − log s(aᵀθ) + (r/2)‖θ‖²
     = log(1 + e^{aᵀθ}) − b aᵀθ + (r/2)‖θ‖²``; gradient ``(s(aᵀθ) − b) a + rθ``.
@@ -417,7 +417,7 @@ class LogisticTask(Task):
 def synthetic_shards(num_nodes: int, dim: int, samples: int = 200, seed: int = 0,
                      split_by_class: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
     """A small logistic data set (rows normalized to ``‖a‖ ≤ 1``), split by class across
-    nodes like 003's mushrooms setting (first ⌈n/2⌉+ nodes class 0, the rest class 1) or
+    nodes like Chen & Wang's mushrooms setting (first ⌈n/2⌉+ nodes class 0, the rest class 1) or
     i.i.d. — for tests, the CLI and the relay demo."""
     rng = np.random.default_rng([seed, 0x5A17])
     w = rng.normal(size=dim)

@@ -1,6 +1,7 @@
-"""Paper 004's Algorithm 2 (PrivateSum, Smith & Thakurta 2013): the binary-tree private
-prefix sum with *Laplace* node noise, kept as per-node arrays so that it lives in a learner's
-state (in-process engine and Flower ``context.state`` alike).
+"""Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private Algorithms for Decentralized
+Online Learning") Algorithm 2 (PrivateSum, Smith & Thakurta 2013): the binary-tree private prefix
+sum with *Laplace* node noise, kept as per-node arrays so that it lives in a learner's state
+(in-process engine and Flower ``context.state`` alike).
 
 The tree's nodes are the dyadic intervals of the project's binary tree
 (:mod:`flwr_corrnoise.mechanisms.tree`: :func:`~flwr_corrnoise.mechanisms.tree.node_list`,

@@ -1,12 +1,14 @@
-"""Paper 004 (Wang et al.): PD-FTGL (Algorithms 1–2), PD-OCG (Algorithms 3–4) and the PD-OGD
-baseline, as per-node update rules over arrays with a leading node axis.
+"""Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private Algorithms for Decentralized
+Online Learning": PD-FTGL (Algorithms 1–2), PD-OCG (Algorithms 3–4) and the PD-OGD baseline, as
+per-node update rules over arrays with a leading node axis.
 
 **Privacy model — read this before deploying.** PD-FTGL and PD-OCG are (ε, 0)-DP *of the
 decisions* over all ``T`` rounds (Theorems 3.6/3.9). Their gossip messages are **raw sums of
 clipped gradients**: neighbours and the Flower relay see un-noised data-dependent values, so
-they must be trusted. This is **not local DP** (``local_dp = False``); contrast paper 003,
-whose every message is an LDP release. PD-OGD's messages are Laplace-noised iterates, so it is
-local DP (each message is itself a private release).
+they must be trusted. This is **not local DP** (``local_dp = False``); contrast Chen & Wang,
+"Locally Differentially Private Distributed Online Learning with Guaranteed Optimality", whose every
+message is an LDP release. PD-OGD's messages are Laplace-noised iterates, so it is local DP (each
+message is itself a private release).
 
 One synchronous step ``t`` (0-based; round ``t+1`` of the paper) of a learner, for the two
 blocked algorithms, block ``z = t // L + 1``, position ``k = t mod L``:
@@ -33,8 +35,8 @@ the form its proof and PD-FTGL's analogue give) or ``L = T^{2/3} ln^{−2/3}T``,
 ``C``. The Laplace scale per coordinate comes from the learner's *own* ε
 (:mod:`.wang_privacy`): the paper's calibration or the exact gossip-sensitivity one.
 
-PD-OGD (Li et al. 2018, 004's baseline): release ``ŵ = w + Lap(μ_t)^d``; ``b = Σ_j P_ij ŵ_j``
-(own release included); play ``x = Proj_K(b)`` (``b`` mixes noisy releases and may leave
+PD-OGD (Li et al. 2018, Wang et al.'s baseline): release ``ŵ = w + Lap(μ_t)^d``; ``b = Σ_j P_ij
+ŵ_j`` (own release included); play ``x = Proj_K(b)`` (``b`` mixes noisy releases and may leave
 ``K``; projecting is post-processing, and with noise off ``b ∈ K`` so this is DOLA exactly);
 ``w⁺ = Proj_K(x − a_t g_clip(x))``, ``a_t = s₀R/(C√(t+1))``.
 ``μ_t`` from the learner's ε by basic composition over all ``T`` rounds (the paper's) or per
@@ -111,7 +113,7 @@ def _constraint_set(task: Task, cfg: Mapping[str, Any]) -> ConstraintSet:
 class _Wang(NodeAlgorithm):
     """Shared machinery: mixing matrix, θ, the task, the set, the learner's own ε.
 
-    No declared data bound is a privacy field here (contrast paper 003's ``feature-bound``
+    No declared data bound is a privacy field here (contrast Chen & Wang's ``feature-bound``
     and ``clip``): the learner's own setting is its ε, and the Laplace scale is *calibrated*
     from it with ``G = C`` (and ``α``, ``R``, ``T``), while every per-example gradient is
     clipped to ``C`` — a malformed example counts as zero
@@ -128,7 +130,8 @@ class _Wang(NodeAlgorithm):
         if task.num_nodes != graph.num_nodes:
             raise ValueError(f"task has {task.num_nodes} learners, graph {graph.num_nodes}")
         if not (math.isfinite(clip) and clip > 0):
-            raise ValueError(f"paper 004 needs a finite gradient clip C > 0 (G = C), got {clip!r}")
+            raise ValueError(f"Wang et al.'s algorithms need a finite gradient clip C > 0 "
+                             f"(G = C), got {clip!r}")
         if not (math.isfinite(alpha) and alpha >= 0):
             raise ValueError(f"strong convexity α must be ≥ 0, got {alpha!r}")
         if int(horizon) < 1:

@@ -1,4 +1,5 @@
-"""Paper 004's (ε, 0) calibration and the ε each calibration spends, labelled.
+"""Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private Algorithms for Decentralized
+Online Learning") (ε, 0) calibration and the ε each calibration spends, labelled.
 
 Neighbouring inputs: one loss ``f_{t,j}`` replaced (Definition 3.5); the output is *every*
 learner's decisions over all ``T`` rounds. Conditioned on all earlier tree releases, the
@@ -20,8 +21,9 @@ roughly 3× more noise than needed; both are reported.
 
 Heterogeneous scales: learner ``j``'s data reaches every learner's tree, so its guarantee is
 ``(⌊log₂N⌋+1)·2G√d·Σ_i |M_L[i, j]|/b_i`` — the *network* accountant (:func:`network_epsilon`);
-with equal scales it equals the exact one. This is why 004 is DP of the decisions with
-*trusted* neighbours and relay — not local DP: the gossip messages themselves are raw sums.
+with equal scales it equals the exact one. This is why Wang et al.'s algorithms are DP of the
+decisions with *trusted* neighbours and relay — not local DP: the gossip messages themselves are
+raw sums.
 
 PD-OGD (Li et al. 2018, the paper's baseline): learner ``i`` releases ``ŵ = w + Lap(μ_t)^d``,
 where ``w`` came from one clipped step of size ``a`` (ℓ1 sensitivity ``2aC√d``, projection is

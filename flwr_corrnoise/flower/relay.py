@@ -65,8 +65,9 @@ every message is already an ε-LDP release, so the relay learns nothing the neig
 it can still drop, delay, reorder or replace messages — nodes detect missing or extra senders
 and out-of-order steps, but not a forged *value* (no authentication beyond Flower's transport).
 For Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private Algorithms for Decentralized
-Online Learning" the gossip messages are **raw sums of clipped gradients**: Wang et al. is (ε, 0)-DP
-of the decisions only with trusted neighbours and a trusted relay — not local DP.
+Online Learning" the gossip messages are **raw sums of clipped gradients**: Wang et al.'s
+algorithms are (ε, 0)-DP of the decisions only with trusted neighbours and a trusted relay — not
+local DP.
 """
 
 from __future__ import annotations

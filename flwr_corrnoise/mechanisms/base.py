@@ -1,11 +1,12 @@
 """The common interface of every factorization ``A = B·C`` of the prefix-sum matrix.
 
-Notation (fixed once, as in paper 000 and ``docs/notation.md``): ``A`` is the ``N×N``
-lower-triangular all-ones matrix, ``N = R·τ`` the horizon (number of local steps),
-``C`` (``W×N``) the *encoder* whose output receives i.i.d. Gaussian noise, ``B``
-(``N×W``) the *decoder* that turns the noisy encoding into noisy prefix sums.
-A learner releases ``A·G + B·ξ = B(C·G + ξ)``; the privacy cost depends only on the
-column norms of ``C`` (the sensitivity) and the utility cost on the row norms of ``B``.
+Notation (fixed once, as in Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online
+Federated Learning With Correlated Noise" and ``docs/notation.md``): ``A`` is the ``N×N``
+lower-triangular all-ones matrix, ``N = R·τ`` the horizon (number of local steps), ``C`` (``W×N``)
+the *encoder* whose output receives i.i.d. Gaussian noise, ``B`` (``N×W``) the *decoder* that turns
+the noisy encoding into noisy prefix sums. A learner releases ``A·G + B·ξ = B(C·G + ξ)``; the
+privacy cost depends only on the column norms of ``C`` (the sensitivity) and the utility cost on the
+row norms of ``B``.
 
 Single-letter matrix names are used on purpose: they are the papers' names.
 """

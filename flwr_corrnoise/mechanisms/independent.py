@@ -1,4 +1,5 @@
-"""Independent noise: ``C = I``, ``B = A`` (paper 000, Remark III.1; Liu et al.).
+"""Independent noise: ``C = I``, ``B = A`` (Zhang, Zhu, Fay & Johansson, "Locally Differentially
+Private Online Federated Learning With Correlated Noise", Remark III.1; Liu et al.).
 
 Every step gets fresh noise; prefix sum ``k`` accumulates ``k+1`` noise draws, so its
 error grows linearly in ``k``. This is the baseline correlated noise is measured against.

@@ -1,4 +1,5 @@
-"""The optimized factorization (paper 000, Example ii; Denisov et al. 2022).
+"""The optimized factorization (Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online
+Federated Learning With Correlated Noise", Example ii; Denisov et al. 2022).
 
 Problem: ``min ‖B‖_F²`` over ``A = B·C`` with ``max_j ‖c_j‖ ≤ 1``. Writing ``X = CᵀC`` and
 ``S = AᵀA`` it is the convex program ``min tr(S·X⁻¹)  s.t.  X ≻ 0, diag(X) ≤ 1``.
@@ -491,7 +492,7 @@ def _restore(n: int, digest: str) -> Optimized | None:
 
 register(
     "optimized",
-    "min ||B||_F^2 s.t. max column norm of C = 1 (paper 000 Example ii)",
+    "min ||B||_F^2 s.t. max column norm of C = 1 (Zhang et al., Example ii)",
     build=lambda n, gap: Optimized(n, gap=gap),
     params=[Param("gap", float, DEFAULT_GAP,
                   "stop at this certified relative gap in ||B||_F^2 (0.02 keeps the RMSE "

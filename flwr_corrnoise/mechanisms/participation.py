@@ -1,11 +1,11 @@
 """Sensitivity when one datum is used more than once: participation patterns.
 
-Paper 000's guarantee assumes each datum enters the stream once (a one-pass stream). Flower
-apps train epochs over a fixed local dataset, so a datum enters the stream at several
-steps ``π = {t_1 < t_2 < …}``. Replacing it changes the gradient of every step in ``π``
-(each change has norm ``≤ 2·B_g``), so the release ``C·G + ξ`` moves by
-``Σ_{t∈π} c_t u_tᵀ`` with ``‖u_t‖ ≤ 2·B_g`` — chosen adaptively, one per step. In units of
-``2·B_g`` the squared sensitivity is
+Zhang, Zhu, Fay & Johansson's ("Locally Differentially Private Online Federated Learning With
+Correlated Noise") guarantee assumes each datum enters the stream once (a one-pass stream). Flower
+apps train epochs over a fixed local dataset, so a datum enters the stream at several steps ``π =
+{t_1 < t_2 < …}``. Replacing it changes the gradient of every step in ``π`` (each change has norm
+``≤ 2·B_g``), so the release ``C·G + ξ`` moves by ``Σ_{t∈π} c_t u_tᵀ`` with ``‖u_t‖ ≤ 2·B_g`` —
+chosen adaptively, one per step. In units of ``2·B_g`` the squared sensitivity is
 
     sens²(π) = max over unit u_t of Σ_{s,t∈π} X_st·⟨u_s, u_t⟩,     X = CᵀC,
 
@@ -88,7 +88,7 @@ class Participation:
     # -- constructors -------------------------------------------------------------------
     @classmethod
     def once(cls) -> Participation:
-        """Each datum used once (paper 000's online stream)."""
+        """Each datum used once (Zhang et al.'s online stream)."""
         return cls()
 
     @classmethod

@@ -1,4 +1,5 @@
-"""The Toeplitz square-root factorization ``B = C = A^{1/2}`` (paper 000, Example iii).
+"""The Toeplitz square-root factorization ``B = C = A^{1/2}`` (Zhang, Zhu, Fay & Johansson, "Locally
+Differentially Private Online Federated Learning With Correlated Noise", Example iii).
 
 Henzinger et al. (2023): ``h(0) = 1, h(j) = (1 − 1/(2j))·h(j−1)`` are the Taylor
 coefficients of ``(1 − x)^{−1/2}``, so the lower-triangular Toeplitz matrix ``C`` with first
@@ -23,7 +24,7 @@ from .streaming import HistoryKernel, StreamKernel
 
 
 def sqrt_coefficients(n: int) -> np.ndarray:
-    """``h(0..n−1)``: coefficients of ``(1 − x)^{−1/2}`` (paper 000, Example iii)."""
+    """``h(0..n−1)``: coefficients of ``(1 − x)^{−1/2}`` (Zhang et al., Example iii)."""
     j = np.arange(1, n, dtype=float)
     return np.concatenate(([1.0], np.cumprod(1.0 - 1.0 / (2.0 * j))))
 
@@ -86,7 +87,7 @@ class ToeplitzSqrt(Factorization):
         return HistoryKernel("toeplitz", self.n, toeplitz_g=self.g)
 
 
-register("toeplitz", "Toeplitz square root B = C = A^(1/2) (paper 000 Example iii)",
+register("toeplitz", "Toeplitz square root B = C = A^(1/2) (Zhang et al., Example iii)",
          build=ToeplitzSqrt)
 
 

@@ -1,4 +1,5 @@
-"""Binary-tree factorizations (paper 000, Example i and Fig. 2) and Honaker's efficient tree.
+"""Binary-tree factorizations (Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online
+Federated Learning With Correlated Noise", Example i and Fig. 2) and Honaker's efficient tree.
 
 The tree's nodes are the dyadic intervals ``[m·2^h, (m+1)·2^h)`` that lie inside
 ``[0, N)``; node ``(h, m)`` holds the sum of the inputs in its interval plus its own
@@ -269,7 +270,7 @@ class TreeKernel(StreamKernel):
                           shared=(state, i, count)) for i in range(count)]
 
 
-register("tree", "binary tree (paper 000 Example i, Fig. 2)",
+register("tree", "binary tree (Zhang et al., Example i, Fig. 2)",
          build=lambda n: BinaryTree(n, efficient=False))
 register("efficient-tree", "binary tree with Honaker's efficient estimator",
          build=lambda n: BinaryTree(n, efficient=True))

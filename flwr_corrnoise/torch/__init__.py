@@ -1,4 +1,5 @@
-"""PyTorch learners without Flower: paper 000's private local round for any ``nn.Module``.
+"""PyTorch learners without Flower: Zhang, Zhu, Fay & Johansson's ("Locally Differentially Private
+Online Federated Learning With Correlated Noise") private local round for any ``nn.Module``.
 
 Needs the ``torch`` extra (``pip install -e ".[torch]"``); nothing in the core imports this
 package, and nothing in it imports Flower, so a torch training loop, a benchmark or an
