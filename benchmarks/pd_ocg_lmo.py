@@ -1,5 +1,6 @@
 """Is PD-OCG projection-free in cost, not just in name? Its LMO by the top singular pair
-vs PD-FTGL's projection (paper 004, Sec. 3.3; issue 24).
+vs PD-FTGL's projection (Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private Algorithms
+for Decentralized Online Learning", Sec. 3.3; issue 24).
 
     python benchmarks/pd_ocg_lmo.py --shapes 26x16 100x100 300x300 --round-shapes 26x16 \\
         100x100 --horizon 10000 --blocks 3 --repeats 3

@@ -3,14 +3,15 @@
     python benchmarks/toeplitz_stream.py --dim 305194 --horizon 5000 --ks 50 200 800 \\
         --learners 10 --repeats 3
 
-The Toeplitz square root (paper 000, Example iii) adds ``e[k] = Σ_{j≤k} g(k−j)·ξ_j`` at step
-``k``: every past draw ``ξ_j`` enters every later increment (``g`` decays like ``k^(−3/2)``
-but is never 0), so a stream either **stores** the ``k`` past draws (``k·d`` floats: at
-``N = 5000`` and the CNN's ``d = 305,194``, 6.1 GB per learner in float32, 61 GB for the
-10 learners of Fig. 4 on a 24 GiB machine) or **regenerates** them at every step from a
-counter-based generator (``ξ_j = randn(d)`` from a generator seeded by ``(key, j)``:
-``d`` floats of memory, ``k`` draws of ``d`` Gaussians at step ``k``, ``O(N²·d)`` for the
-run). This script measures, on one core's worth of torch CPU kernels, float32:
+The Toeplitz square root (Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online
+Federated Learning With Correlated Noise", Example iii) adds ``e[k] = Σ_{j≤k} g(k−j)·ξ_j`` at step
+``k``: every past draw ``ξ_j`` enters every later increment (``g`` decays like ``k^(−3/2)`` but is
+never 0), so a stream either **stores** the ``k`` past draws (``k·d`` floats: at ``N = 5000`` and
+the CNN's ``d = 305,194``, 6.1 GB per learner in float32, 61 GB for the 10 learners of Fig. 4 on a
+24 GiB machine) or **regenerates** them at every step from a counter-based generator (``ξ_j =
+randn(d)`` from a generator seeded by ``(key, j)``: ``d`` floats of memory, ``k`` draws of ``d``
+Gaussians at step ``k``, ``O(N²·d)`` for the run). This script measures, on one core's worth of
+torch CPU kernels, float32:
 
 * ``stored`` — one step at step ``k`` with the history in memory (``g·buf[:k]``, a
   ``1×k @ k×d`` product, plus the new draw), for the ``k`` whose history fits in

@@ -1,5 +1,7 @@
-"""The papers' named data sets as decentralized tasks: ``mushrooms`` (paper 003), ``letter`` and
-``poker`` (paper 004). Importing this module registers them with
+"""The papers' named data sets as decentralized tasks: ``mushrooms`` (Chen & Wang, "Locally
+Differentially Private Distributed Online Learning with Guaranteed Optimality"), ``letter`` and
+``poker`` (Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private Algorithms for
+Decentralized Online Learning"). Importing this module registers them with
 :func:`flwr_corrnoise.decentralized.tasks.register_task`, the same hook any user's task uses.
 
 Why here and not in the library: their loaders read files from paper-specific places (Debian R

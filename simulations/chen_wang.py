@@ -1,5 +1,6 @@
-"""Paper 003 (Chen & Wang), Sec. VII-A: decentralized LDP online logistic regression on
-"mushrooms" — Fig. 1, Table I and an empirical rate check.
+"""Chen & Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed
+Optimality", Sec. VII-A: decentralized LDP online logistic regression on "mushrooms" — Fig. 1, Table
+I and an empirical rate check.
 
 Full size (5 learners on a ring, w_ij = 0.3, T = 2000, 5 seeds):
 
@@ -10,13 +11,13 @@ Toy size (what the tests run):
     python -m simulations.chen_wang --steps 60 --seeds 1 --tune-grid 0.5 1 --synthetic \\
         --table-multipliers 1 3 --out /tmp/cw
 
-Setting (003 Sec. VII-A): learners 1–3 hold the class-0 samples, 4–5 the class-1 samples;
+Setting (Chen & Wang, Sec. VII-A): learners 1–3 hold the class-0 samples, 4–5 the class-1 samples;
 each step every learner draws one sample of its shard (with replacement); loss
 ``(1−b)aᵀθ − log s(aᵀθ) + (r/2)‖θ‖²`` with ``r = --reg``; Algorithm 1 with
 ``ϱ_t^i = (t+1)^{0.1+0.01i}``, ``λ_t = (t+1)^{−0.77}``, ``γ_t = (t+1)^{−0.65}``, Θ = {‖θ‖ ≤ 10⁵}.
 ``θ_t^*`` minimizes ``F_t`` (all learners' data up to ``t``) by Newton's method (the paper's
 "noise-free centralized gradient descent", run to convergence). Baselines: DSGD with
-Algorithm 1's step and noise; DOLA and PDOP ([inferred] update forms: 003 gives no
+Algorithm 1's step and noise; DOLA and PDOP ([inferred] update forms: Chen & Wang's paper gives no
 pseudocode, see :mod:`flwr_corrnoise.decentralized.baselines`) with the noise Sec. VII-A
 states for this experiment — ``ϱ_t^i = (t+1)^{0.1+0.01i}`` "to all shared messages"
 (``--baseline-noise mushrooms``, the default; ``mnist`` gives them Sec. VII-B's
@@ -68,7 +69,7 @@ N = 5
 NAMES = {"chen-wang": "Algorithm 1 (Chen & Wang)", "chen-wang-tuned": "Algorithm 1, λ₀ tuned",
          "dsgd": "DSGD", "dola": "DOLA [inferred form]", "pdop": "PDOP [inferred form]"}
 BASES = {"chen-wang-tuned": 1.0, "dsgd": 1.0, "dola": 0.1, "pdop": 0.5}
-#: 003's Table I: noise multiplier → (cumulative privacy budget, iterations to ≤ 1)
+#: Chen & Wang's Table I: noise multiplier → (cumulative privacy budget, iterations to ≤ 1)
 PAPER_TABLE1 = {1.0: (23.34, 8), 1.5: (16.59, 11), 2.0: (12.65, 12), 2.5: (11.97, 34),
                 3.0: (11.54, 127), 3.5: (10.50, 269), 4.0: (9.64, 575), 4.5: (8.79, 934),
                 5.0: (7.98, 1119), 5.5: (7.47, 2292), 6.0: (7.03, 4999)}
@@ -80,7 +81,7 @@ def log(msg: str) -> None:
 
 # -- data and the optimum -----------------------------------------------------------------
 def load_data(args: argparse.Namespace) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
-    """003's split of mushrooms, or a generated stand-in with the same shape (named).
+    """Chen & Wang's split of mushrooms, or a generated stand-in with the same shape (named).
 
     Sets ``args.feature_bound``, the row-norm bound the rows have *by construction* (√22 raw
     one-hot, 1 normalized), which :func:`make_task` declares."""
@@ -247,7 +248,7 @@ def privacy_for(algo, equal_to: np.ndarray | None, args: argparse.Namespace,
 
 
 def tune(name: str, shards: list, args: argparse.Namespace) -> float:
-    """003's rule for the baselines, "near-optimal: doubling the step diverges": start at
+    """Chen & Wang's rule for the baselines, "near-optimal: doubling the step diverges": start at
     ``base × --tune-grid[0]`` and double while the final tracking error on a tuning seed
     (not used later) improves; return the best."""
     task = make_task(shards, args, seed=10_000)
@@ -422,7 +423,7 @@ def table1(args: argparse.Namespace, shards: list, source: str, out: Path) -> li
         ax[1].plot(ms, [r[6] for r in rows], "s--", label="‖mean θ − θ*‖ at T")
         ax[1].set_xlabel("noise multiplier")
         ax[1].legend(fontsize=7)
-        fig.suptitle(f"003 Table I trends — {source}", fontsize=9)
+        fig.suptitle(f"Chen & Wang, Table I trends — {source}", fontsize=9)
         fig.tight_layout()
         fig.savefig(out / "table1.png", dpi=120)
         plt.close(fig)
@@ -568,7 +569,7 @@ def sensitivity(args: argparse.Namespace, out: Path) -> list[dict]:
             ax[k].set_title(f"{label} rows: mean ‖θ_t^i − θ_t^*‖²", fontsize=9)
             ax[k].set_xlabel("t")
             ax[k].legend(fontsize=6)
-        fig.suptitle(f"003 Algorithm 1 sensitivity to r and row normalisation "
+        fig.suptitle(f"Chen & Wang, Algorithm 1 sensitivity to r and row normalisation "
                      f"(paper noise/steps, {args.sens_seeds} seeds)", fontsize=9)
         fig.tight_layout()
         fig.savefig(out / "sensitivity.png", dpi=120)
@@ -621,7 +622,7 @@ def plot_fig1(out: Path, curves: dict, grid: np.ndarray, eps: dict, source: str,
     for a in ax:
         a.set_xlabel("t")
         a.legend(fontsize=5.5)
-    fig.suptitle(f"Paper 003 Fig. 1 — {source}, 5 learners on a ring, {args.seeds} seeds",
+    fig.suptitle(f"Chen & Wang, Fig. 1 — {source}, 5 learners on a ring, {args.seeds} seeds",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "fig1.png", dpi=120)
@@ -671,7 +672,8 @@ def write_docs(args: argparse.Namespace, out: Path, source: str, res: dict) -> N
             shutil.copy(out / f"{name}.csv", docs / f"results-chen-wang{tag}-{name}.csv")
     cmd = "nice -n 10 python -m simulations.chen_wang " + " ".join(args.argv)
     lines = [
-        f"# Paper 003 (Chen & Wang): results{' (' + args.docs_tag + ')' if tag else ''}",
+        '# Chen & Wang, "Locally Differentially Private Distributed Online Learning with '
+        f'Guaranteed Optimality": results{" (" + args.docs_tag + ")" if tag else ""}',
         "",
         f"Data: **{source}**. 5 learners on a ring (w_ij = 0.3), "
         + (f"T = {args.steps}, r = {args.reg:g}, {args.seeds} seeds. "

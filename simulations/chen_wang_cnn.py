@@ -1,4 +1,5 @@
-"""Paper 003 (Chen & Wang), Sec. VII-B: decentralized LDP online training of a CNN.
+"""Chen & Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed
+Optimality", Sec. VII-B: decentralized LDP online training of a CNN.
 
 The paper uses MNIST (600 iterations; Fig. 2) and CIFAR-10 (Fig. 3). Offline here: MNIST is
 not shipped by any package, so **Fashion-MNIST** (Debian ``dataset-fashion-mnist``, IDX files)
@@ -7,7 +8,7 @@ stands in and is named on every row and plot; users with the MNIST IDX files pas
 
     nice -n 10 python -m simulations.chen_wang_cnn --out results/chen-wang-cnn --docs
 
-Setting (003 Sec. VII-B, [inferred] where the paper is silent): 5 learners on a ring
+Setting (Chen & Wang, Sec. VII-B, [inferred] where the paper is silent): 5 learners on a ring
 (w_ij = 0.3); learner i gets 40 % of class i's training images, the other 60 % of class i go
 evenly to the other learners, classes 6–10 are spread evenly; each step a learner draws a
 batch of ``--batch`` images of its shard (with replacement). Algorithm 1 with
@@ -204,9 +205,10 @@ def privacy(name: str, args: argparse.Namespace) -> dict[str, np.ndarray]:
 
 
 # -- Table II: the DLG gradient-inversion attack on the shared messages ---------------------
-#: 003 Table II's base noise for Algorithm 1: Lap(0.05 (t+1)^{0.1+0.01i}) (its footnote)
+#: Chen & Wang, Table II's base noise for Algorithm 1: Lap(0.05 (t+1)^{0.1+0.01i}) (its footnote)
 TABLE2_BASE = 0.05
-#: 003 Table II, for the docs: noise multiplier → (train acc., test acc., DLG error), 3000 it.
+#: Chen & Wang, Table II, for the docs: noise multiplier → (train acc., test acc., DLG error), 3000
+#: it.
 PAPER_TABLE2 = {0.5: (0.9402, 0.9449, 0.2696), 1.0: (0.9350, 0.9380, 0.2786),
                 1.5: (0.8862, 0.8964, 0.2898), 2.0: (0.8180, 0.8259, 0.3110)}
 
@@ -241,7 +243,7 @@ def gradient_estimate(name: str, algo, ys: list[np.ndarray], t: int, i: int
 
 def dlg_attack(task: CNNTask, point: np.ndarray, target: np.ndarray, labels: np.ndarray,
                iters: int, seed: int) -> np.ndarray:
-    """DLG (Zhu et al. 2019, 003's [78]): find images ``x̂`` whose gradient at ``point``
+    """DLG (Zhu et al. 2019, Chen & Wang's [78]): find images ``x̂`` whose gradient at ``point``
     matches ``target``, ``min ‖∇_θ CE(f(x̂), y) − ĝ‖²`` by Adam on ``x̂`` (pixels kept in
     [0, 1]). The attacker is given the batch's labels (a stronger attacker than DLG's,
     which also optimises soft labels). Returns ``x̂ [b, 28, 28]``."""
@@ -445,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         for a in ax:
             a.set_xlabel("iteration")
             a.legend(fontsize=7)
-        fig.suptitle(f"Paper 003 Fig. 2 — {source}, 5 learners on a ring", fontsize=9)
+        fig.suptitle(f"Chen & Wang, Fig. 2 — {source}, 5 learners on a ring", fontsize=9)
         fig.tight_layout()
         fig.savefig(out / "cnn.png", dpi=120)
         plt.close(fig)

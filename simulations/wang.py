@@ -1,5 +1,6 @@
-"""Paper 004 (Wang et al.), Sec. 4 and Appendix B: private decentralized online multiclass
-logistic regression with PD-FTGL, PD-OCG and PD-OGD, plus an empirical regret-rate check.
+"""Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private Algorithms for Decentralized
+Online Learning", Sec. 4 and Appendix B: private decentralized online multiclass logistic regression
+with PD-FTGL, PD-OCG and PD-OGD, plus an empirical regret-rate check.
 
 Full size: ``docs/results-wang.md`` lists the exact commands that produced its tables, e.g.
 
@@ -14,7 +15,7 @@ Full size: ``docs/results-wang.md`` lists the exact commands that produced its t
 Toy size (what the tests run): add ``--synthetic --steps 300 --tune-steps 100`` (a generated
 3-class problem, named on every row).
 
-Setting (004 Sec. 4.1): ``K = {X ∈ R^{q×p} : ‖X‖_* ≤ τ}``, ``τ = R = 10``, α = 0, complete
+Setting (Wang et al., Sec. 4.1): ``K = {X ∈ R^{q×p} : ‖X‖_* ≤ τ}``, ``τ = R = 10``, α = 0, complete
 graph with ``n = 9`` (``P = J/n``, Metropolis–Hastings; lazy MH on other graphs), ε = 10,
 per-example gradients clipped to Frobenius norm ``C``. ``C`` and ``h`` (PD-OGD: its step) as
 the theoretical value times a multiplier are tuned by the final average loss on a seed not
@@ -99,7 +100,7 @@ def stream(algo: NodeAlgorithm, steps: int, seed: int, checkpoints: Sequence[int
     cumulative network loss per learner, and the CPU seconds spent in the algorithm only."""
     task = algo.task
     if not isinstance(task, MulticlassTask):
-        raise TypeError("the 004 experiments need a MulticlassTask")
+        raise TypeError("the Wang et al. experiments need a MulticlassTask")
     graph, nodes = algo.graph, np.arange(algo.num_nodes)
     state = algo.init(nodes, seed, algo.default_privacy(nodes))
     cum = np.zeros(algo.num_nodes)

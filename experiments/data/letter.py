@@ -1,4 +1,5 @@
-"""The "letter" data set of paper 004's experiments (UCI Letter Recognition; LIBSVM
+"""The "letter" data set of Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private
+Algorithms for Decentralized Online Learning") experiments (UCI Letter Recognition; LIBSVM
 ``letter.scale``: 15000 training rows, 16 features scaled to [−1, 1], 26 classes).
 
 Sources, in order:

@@ -1,4 +1,5 @@
-"""MNIST and Fashion-MNIST for the experiments, offline first, and paper 000's non-IID split.
+"""MNIST and Fashion-MNIST for the experiments, offline first, and Zhang, Zhu, Fay & Johansson's
+("Locally Differentially Private Online Federated Learning With Correlated Noise") non-IID split.
 
 Where the files are looked for (in order): the ``root`` a run names; Debian's
 ``dataset-fashion-mnist`` package (:data:`FASHION_MNIST_DEBIAN`, Fashion-MNIST only); the IDX
@@ -60,7 +61,7 @@ def load_dataset(name: str, root: str | os.PathLike[str] | None = None,
 
 def paper_partition(labels: np.ndarray, num_learners: int = 10, iid_size: int = 30000,
                     seed: int = 0) -> list[np.ndarray]:
-    """Paper 000 Sec. V-B's split: ``iid_size`` images drawn at random are spread evenly
+    """Zhang et al., Sec. V-B's split: ``iid_size`` images drawn at random are spread evenly
     at random over the learners; every other image of class ``l`` goes to learner
     ``l mod num_learners`` (learner ``l + 1`` in the paper's 1-based numbering). Each
     learner's indices are shuffled, so its stream mixes the two parts."""

@@ -1,5 +1,6 @@
-"""The "mushrooms" data set of paper 003's logistic-regression experiment (UCI Mushroom,
-8124 samples, 22 categorical attributes, edible vs poisonous).
+"""The "mushrooms" data set of Chen & Wang's ("Locally Differentially Private Distributed Online
+Learning with Guaranteed Optimality") logistic-regression experiment (UCI Mushroom, 8124 samples, 22
+categorical attributes, edible vs poisonous).
 
 Sources, in order:
 
@@ -14,7 +15,7 @@ Sources, in order:
    which source they used (the ``source`` string of :func:`load_mushrooms`).
 
 Labels: ``b = 0`` edible, ``b = 1`` poisonous. Rows are scaled to unit ℓ2 norm (every row
-has 22 ones): without it the per-sample smoothness is ``‖a‖²/4 = 5.5`` and paper 003's
+has 22 ones): without it the per-sample smoothness is ``‖a‖²/4 = 5.5`` and Chen & Wang's
 sensitivity recursion explodes (≈ 10³⁷); with it ``C = 2``, ``L = ¼ + r``.
 
 Row-norm bounds by construction (what a task *declares* as its ``feature-bound``; the task
@@ -117,8 +118,8 @@ def load_mushrooms(path: str | os.PathLike[str] | None = None, normalize: bool =
 
 def split_by_class(X: np.ndarray, y: np.ndarray, num_nodes: int = 5
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """003's split: the first ``round(0.6 n)`` nodes share the class-0 samples, the others the
-    class-1 samples (5 nodes: learners 1–3 get class 0, 4–5 class 1), round-robin."""
+    """Chen & Wang's split: the first ``round(0.6 n)`` nodes share the class-0 samples, the others
+    the class-1 samples (5 nodes: learners 1–3 get class 0, 4–5 class 1), round-robin."""
     if num_nodes < 2:
         raise ValueError("splitting by class needs at least 2 nodes")
     n0 = max(1, min(num_nodes - 1, round(0.6 * num_nodes)))

@@ -1,5 +1,6 @@
-"""The "poker" data set of paper 004's experiments (UCI Poker Hand; LIBSVM ``poker``:
-10 features, 10 classes, 10⁶ examples in its test split) — and an exact synthesizer.
+"""The "poker" data set of Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private
+Algorithms for Decentralized Online Learning") experiments (UCI Poker Hand; LIBSVM ``poker``: 10
+features, 10 classes, 10⁶ examples in its test split) — and an exact synthesizer.
 
 Each example is a hand of five distinct cards drawn uniformly from a 52-card deck; features
 are ``S1, C1, …, S5, C5`` (suit 1–4, rank 1–13 with ace = 1), the class is the hand's poker
