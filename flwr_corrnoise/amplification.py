@@ -51,7 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from .accounting import PrivacyBudgetError, SelfComposed, check_budget, check_positive
+from .accounting import PrivacyBudgetError, SelfComposed, check_budget
+from .accounting.base import check_positive
 from .accounting.pld import (
     DEFAULT_GRID,
     REPLACE_ONE,
@@ -60,6 +61,7 @@ from .accounting.pld import (
     calibrate_noise_multiplier,
     check_relation,
 )
+from .privacy import Calibration
 
 __all__ = [
     "AmplifiedCalibration",
@@ -153,26 +155,33 @@ def amplified_event(sampling: CyclicPoissonSampling, noise_multiplier: float,
 
 
 @dataclass(frozen=True)
-class AmplifiedCalibration:
+class AmplifiedCalibration(Calibration):
     """The noise std of a banded mechanism under cyclic Poisson sampling, with everything
-    needed to audit it. ``relation`` labels the guarantee (``"replace-one"`` or
-    ``"add-remove"``); ``accountant`` the computation."""
+    needed to audit it: a :class:`~flwr_corrnoise.privacy.Calibration` (so a learner's
+    settings hand it to every front end like any other) whose ``sensitivity`` is the
+    encoder's largest column norm ``ζ``, ``l2_sensitivity`` one block's change (``2·ζ·B_g``
+    under replace-one, ``ζ·B_g`` under add/remove) and :attr:`release` the amplified event
+    — a Gaussian accountant cannot read it and refuses, the safe answer. ``relation``
+    labels the guarantee; ``accountant`` the computation."""
 
-    std: float  # V: the per-coordinate std of ξ
-    noise_multiplier: float  # σ = V/(ζ·B_g): DP-SGD's noise multiplier for the same ε
-    epsilon: float
-    delta: float
-    clip_norm: float  # B_g
-    sampling_rate: float  # q
-    bands: int  # the sampler's cycle b
-    encoder_bands: int  # w ≤ b
-    cycles: int  # ⌈N/b⌉ compositions
-    column_norm: float  # ζ = max_s ‖c_s‖
-    steps: int  # N
-    relation: str
-    mechanism: str = ""
+    sampling_rate: float = 1.0  # q
+    bands: int = 1  # the sampler's cycle b
+    encoder_bands: int = 1  # w ≤ b
+    cycles: int = 1  # ⌈N/b⌉ compositions
+    relation: str = REPLACE_ONE
     accountant: str = "pld"
     grid: float = DEFAULT_GRID
+
+    @property
+    def column_norm(self) -> float:
+        """``ζ = max_s ‖c_s‖``."""
+        return self.sensitivity
+
+    @property
+    def noise_multiplier(self) -> float:
+        """``σ = V/(ζ·B_g)``: DP-SGD's noise multiplier (std over clip norm) for the same
+        ε — the convention of Opacus and ``dp_accounting``, not ``V/Δ``."""
+        return self.std / (self.sensitivity * self.clip_norm)
 
     @property
     def sampling(self) -> CyclicPoissonSampling:
@@ -183,8 +192,9 @@ class AmplifiedCalibration:
         """The calibrated release, as the PLD accountant reads it."""
         return amplified_event(self.sampling, self.noise_multiplier)
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    @property
+    def release(self) -> SelfComposed:  # type: ignore[override]
+        return self.event
 
 
 def calibrate_amplified(
@@ -226,12 +236,14 @@ def calibrate_amplified(
     cycles = sampling.cycles()
     sigma = calibrate_noise_multiplier(eps, dlt, sampling.sampling_rate, cycles, relation,
                                        grid, rtol)
+    unit = 2.0 if relation == REPLACE_ONE else 1.0  # one block's change, in ζ·B_g
     return AmplifiedCalibration(
-        std=sigma * zeta * clip, noise_multiplier=sigma, epsilon=eps, delta=dlt,
-        clip_norm=clip, sampling_rate=sampling.sampling_rate, bands=sampling.bands,
-        encoder_bands=w, cycles=cycles, column_norm=zeta, steps=sampling.horizon,
-        relation=relation, mechanism=factorization.name, accountant=f"pld ({relation})",
-        grid=grid)
+        std=sigma * zeta * clip, epsilon=eps, delta=dlt, clip_norm=clip, sensitivity=zeta,
+        l2_sensitivity=unit * zeta * clip, method="pld", mechanism=factorization.name,
+        steps=sampling.horizon,
+        participation=f"{sampling.describe()} ({relation})", sampling_rate=sampling.sampling_rate,
+        bands=sampling.bands, encoder_bands=w, cycles=cycles, relation=relation,
+        accountant=f"pld ({relation})", grid=grid)
 
 
 def epsilon_spent_amplified(

@@ -40,13 +40,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..amplification import CyclicPoissonSampling
-from ..mechanisms.participation import Participation
+from ..mechanisms.participation import SampledParticipation
+from .loader import CyclicLoader
 
-__all__ = ["CyclicPoissonLoader", "sampling_key"]
+__all__ = ["CyclicPoissonLoader", "Loader", "sampling_key"]
 
 #: BLAKE2b personalization of the sampling key (16 bytes): no other use of a learner's key
 #: derives the same bits
@@ -148,13 +150,26 @@ class CyclicPoissonLoader:
         return CyclicPoissonSampling(self.sampling_rate, self.bands, self.horizon)
 
     @property
-    def participation(self) -> Participation:
-        """The un-amplified bound: an example is used at most at its group's steps
-        ``g, g + b, …`` (``⌈N/b⌉`` of them), so any factorization's fixed-epoch sensitivity
-        over those patterns bounds it whatever was drawn. For a learner that does not use
-        :attr:`sampling`; it gives up the amplification."""
-        return Participation(max_participations=self.sampling.cycles(), min_sep=self.bands,
-                             fixed_epoch=True)
+    def participation(self) -> SampledParticipation:
+        """What the learner's settings calibrate to: the sampling (rate, cycle, the expected
+        batch size every step's sum is divided by); its base fields are the un-amplified
+        bound of the same loop (an example is used at most at its group's steps
+        ``g, g + b, …``, ``⌈N/b⌉`` of them), which holds whatever was drawn, for any code
+        that reads a participation without the sampling."""
+        return SampledParticipation.cyclic_poisson(self.sampling_rate, self.bands,
+                                                   self.horizon, self.expected_batch_size)
+
+    @property
+    def epochs(self) -> int:
+        """Expected passes over the data in the whole run."""
+        return self.rounds * self.local_epochs
+
+    def config(self) -> dict[str, Any]:
+        """The learner's config keys this loop implies (as :meth:`CyclicLoader.config`)."""
+        return {"horizon": self.horizon, "local-steps": self.local_steps,
+                "num-server-rounds": self.rounds, "sampling-rate": self.sampling_rate,
+                "sampling-cycle": self.bands,
+                "expected-batch-size": self.expected_batch_size}
 
     @property
     def order_digest(self) -> str:
@@ -209,3 +224,7 @@ class CyclicPoissonLoader:
                 or not 0 <= int(step) < min(self.horizon, _MAX_STEP):
             raise IndexError(f"step {step!r} is outside the loader's horizon {self.horizon}")
         return int(step)
+
+
+#: a loop whose participation the library knows: one fixed order, or cyclic Poisson sampling
+Loader = CyclicLoader | CyclicPoissonLoader

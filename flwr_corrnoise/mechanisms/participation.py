@@ -174,11 +174,95 @@ class Participation:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Participation:
+        if "sampling-rate" in d:  # a sampled participation's binding
+            return SampledParticipation(
+                int(d.get("max-participations", 1)), int(d.get("min-sep", 1)),
+                bool(d.get("fixed-epoch", False)), float(d["sampling-rate"]),
+                int(d["bands"]), float(d["expected-batch-size"]),
+                str(d.get("relation", "replace-one")))
         return cls(int(d.get("max-participations", 1)), int(d.get("min-sep", 1)),
                    bool(d.get("fixed-epoch", False)))
 
 
 ONCE = Participation()
+
+
+#: the neighbouring relations a sampled participation's amplified ε can be stated for
+SAMPLED_RELATIONS = ("replace-one", "add-remove")
+
+
+@dataclass(frozen=True)
+class SampledParticipation(Participation):
+    """Cyclic Poisson sampling (Choquette-Choo et al., "(Amplified) Banded Matrix
+    Factorization", Algorithm 2): the examples split once into ``bands`` groups, step ``i``
+    draws each member of group ``i mod bands`` independently with probability
+    ``sampling_rate``; ``bands = 1`` is Poisson sampling (DP-SGD).
+
+    Why a subclass: its base fields are the **un-amplified** bound of the same loop (at most
+    ``⌈N/bands⌉`` uses, exactly ``bands`` steps apart, a fixed-epoch pattern), so any code
+    that does not know about sampling still computes a sensitivity that holds whatever was
+    drawn; the calibration (:func:`~flwr_corrnoise.privacy.calibrate_factorization`) reads
+    the sampling and calibrates the amplified mechanism instead
+    (:mod:`flwr_corrnoise.amplification`). ``expected_batch_size`` (public: ``n/s``) is what
+    a step's noised sum is divided by, whatever the step drew, so the update never reveals
+    a drawn batch size (Opacus does the same). ``relation``: the neighbouring relation the
+    ε is stated for. Build it with :meth:`cyclic_poisson`."""
+
+    sampling_rate: float = 1.0
+    bands: int = 1
+    expected_batch_size: float = 1.0
+    relation: str = "replace-one"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        q = float(self.sampling_rate)
+        if not 0.0 < q <= 1.0:
+            raise ParticipationError(f"sampling rate must lie in (0, 1], got "
+                                     f"{self.sampling_rate!r}")
+        object.__setattr__(self, "sampling_rate", q)
+        if isinstance(self.bands, bool) or not isinstance(self.bands, int | np.integer) \
+                or self.bands < 1:
+            raise ParticipationError(f"bands must be a positive integer, got {self.bands!r}")
+        object.__setattr__(self, "bands", int(self.bands))
+        m = float(self.expected_batch_size)
+        if not (math.isfinite(m) and m > 0):
+            raise ParticipationError(f"expected batch size must be finite and > 0, got "
+                                     f"{self.expected_batch_size!r}")
+        object.__setattr__(self, "expected_batch_size", m)
+        if self.relation not in SAMPLED_RELATIONS:
+            raise ParticipationError(f"relation must be one of {SAMPLED_RELATIONS}, got "
+                                     f"{self.relation!r}")
+
+    @classmethod
+    def cyclic_poisson(cls, sampling_rate: float, bands: int, horizon: int,
+                       expected_batch_size: float,
+                       relation: str = "replace-one") -> SampledParticipation:
+        """The participation of a cyclic Poisson sampler over ``horizon`` steps."""
+        if isinstance(horizon, bool) or int(horizon) != horizon or horizon < 1:
+            raise ParticipationError(f"horizon must be a positive integer, got {horizon!r}")
+        b = int(bands)
+        return cls(max_participations=max(1, -(-int(horizon) // max(b, 1))), min_sep=b,
+                   fixed_epoch=True, sampling_rate=sampling_rate, bands=b,
+                   expected_batch_size=expected_batch_size, relation=relation)
+
+    def sampling(self, horizon: int) -> Any:
+        """What the amplified accounting reads
+        (:class:`~flwr_corrnoise.amplification.CyclicPoissonSampling`)."""
+        from ..amplification import CyclicPoissonSampling
+
+        return CyclicPoissonSampling(self.sampling_rate, self.bands, int(horizon))
+
+    def describe(self) -> str:
+        kind = "Poisson sampling" if self.bands == 1 else \
+            f"cyclic Poisson sampling over {self.bands} groups"
+        return (f"{kind} at rate {self.sampling_rate:.6g} (expected batch "
+                f"{self.expected_batch_size:.6g}, {self.relation}), ≤ "
+                f"{self.max_participations} uses")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "sampling-rate": self.sampling_rate,
+                "bands": self.bands, "expected-batch-size": self.expected_batch_size,
+                "relation": self.relation}
 
 
 @dataclass(frozen=True)

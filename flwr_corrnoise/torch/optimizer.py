@@ -21,7 +21,6 @@ that sum and the step uses ``(sum + e)/b``, post-processing of the calibrated re
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -32,7 +31,6 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from .. import arraypack
 from ..learner import attempt_datum, check_horizon, check_round
 from ..learner_state import LearnerState
 from ..settings import PrivacyConfigError, PrivacySettings, privacy_metrics
@@ -47,7 +45,6 @@ log = logging.getLogger(__name__)
 _WARNED_STEP_SIZES: set[tuple[object, int, float]] = set()
 
 __all__ = [
-    "PRIVATE_STATE_FORMAT",
     "DeviceRound",
     "PrivateOptimizer",
     "device_local_round",
@@ -96,11 +93,6 @@ def refuse_secure_noise() -> NoReturn:
 
 
 # -- the private step on the model's device ---------------------------------------------
-
-#: the format of the states :class:`PrivateOptimizer` wrote before it stored the learner
-#: state (:meth:`~flwr_corrnoise.learner_state.LearnerState.to_bytes`); still read
-PRIVATE_STATE_FORMAT = 1
-
 
 class PrivateOptimizer:
     """A torch optimizer whose :meth:`step` is one private local step of Zhang et al.'s
@@ -402,7 +394,8 @@ class PrivateOptimizer:
         if isinstance(state, LearnerState):
             learner = state  # advanced in place: the Flower learner transaction's state
         elif state is not None:
-            learner = _read_state(bytes(state), self.device)
+            # the learner-state format, or the optimizer's earlier one (learner_state.py)
+            learner = LearnerState.from_bytes(bytes(state), self.device)
             learner.check_binding(settings)
         elif stream is not None:
             if not settings.private:
@@ -561,30 +554,6 @@ class PrivateOptimizer:
         return self.state.to_bytes()
 
 
-def _read_state(data: bytes, device: torch.device) -> LearnerState:
-    """A stored optimizer state: the learner-state format, or the optimizer's own earlier
-    one (:data:`PRIVATE_STATE_FORMAT`: steps, binding, stream), read into a learner
-    state; its torch stream restored on ``device``."""
-    try:
-        arrays = arraypack.unpack(data)
-    except (OSError, ValueError, EOFError):
-        arrays = {}
-    if "format" not in arrays:
-        return LearnerState.from_bytes(data, device)
-    try:
-        if int(arrays["format"]) != PRIVATE_STATE_FORMAT:
-            raise ValueError(f"unsupported private-optimizer state {int(arrays['format'])}")
-        steps = int(arrays["steps"])
-        noise = (TorchNoiseStream.from_bytes(arrays["noise"].tobytes(), device)
-                 if "noise" in arrays else None)
-        binding = json.loads(str(arrays["binding"]))
-    except (KeyError, TypeError, EOFError, OSError) as err:
-        raise ValueError(f"unreadable private-optimizer state: {err!r}") from err
-    if noise is not None and noise.step != steps:
-        raise ValueError("private-optimizer state does not match its noise stream")
-    return LearnerState(step=steps, position=steps, noise=noise, binding=binding)
-
-
 @dataclass
 class DeviceRound:
     """What :func:`device_local_round` returns: the update to send and the learner's
@@ -625,7 +594,7 @@ def device_local_round(
         raise ValueError(f"local steps τ must be a positive integer, got {tau!r}")
     check_horizon(private.settings, private.steps, int(tau))
     saved = [p.detach().clone() for p in private.params]
-    token = private.state.checkpoint()
+    kept = private.state.fork()  # the state before the round (no step changes it)
     round_steps = private._round_steps
     sum_saved = None if private._round_sum is None else private._round_sum.clone()
     try:
@@ -648,7 +617,7 @@ def device_local_round(
         with torch.no_grad():
             for p, s in zip(private.params, saved, strict=True):
                 p.copy_(s)
-        private.state.rollback(token)
+        private.state.assign(kept)  # the round is not written: the state before it
         private._round_steps, private._round_sum = round_steps, sum_saved
         raise
     return DeviceRound(update=update, position=position + int(tau), metrics=private.metrics(),

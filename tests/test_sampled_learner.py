@@ -1,0 +1,230 @@
+"""Sampling in the learner's loop (issue 35): a learner whose loop draws its batches by
+cyclic Poisson sampling (:class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader`) is
+calibrated to the amplified guarantee of Choquette-Choo et al., "(Amplified) Banded Matrix
+Factorization", and releases nothing that depends on what a step drew.
+
+Each claim against a second computation: the learner's noise std and ε spent against
+``dp_accounting``'s PLD on the same events (both neighbouring relations); the device step
+against a hand computation of ``(Σ clip(g_i) + e)/m`` with ``m`` the expected batch size;
+the Flower front end's replies on neighbouring datasets against each other; refusals.
+"""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+import torch
+from dp_accounting.pld.pld_privacy_accountant import PLDAccountant as DpaPLD
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
+from flwr.clientapp import ClientApp
+
+from flwr_corrnoise.data.sampling import CyclicPoissonLoader
+from flwr_corrnoise.flower import PrivateSteps
+from flwr_corrnoise.flower.config import settings_from_config
+from flwr_corrnoise.mechanisms.participation import (
+    Participation,
+    ParticipationError,
+    SampledParticipation,
+)
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings
+from flwr_corrnoise.torch import PrivateOptimizer
+
+from .flower_helpers import fingerprint
+from .test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
+
+RELATIONS = {"replace-one": dpa.NeighboringRelation.REPLACE_ONE,
+             "add-remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE}
+
+
+def dpa_epsilon(sigma: float, q: float, steps: int, delta: float, relation: str) -> float:
+    acc = DpaPLD(RELATIONS[relation], value_discretization_interval=1e-4)
+    acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+    return float(acc.get_epsilon(delta))
+
+
+@pytest.mark.parametrize("relation", sorted(RELATIONS))
+@pytest.mark.parametrize(("mechanism", "bands"), [("independent", 1), ("bandmf", 1),
+                                                  ("bandmf", 3)])
+def test_settings_calibrate_the_amplified_mechanism(relation: str, mechanism: str,
+                                                    bands: int) -> None:
+    """The learner's std is ``σ·ζ·B_g`` with ``σ`` the smallest noise multiplier for which
+    ``⌈N/b⌉`` Poisson-subsampled Gaussian steps meet (ε, δ) by dp_accounting's PLD under
+    the stated relation (1 % less noise breaks it); ε spent after ``k`` steps is
+    dp_accounting's on ``⌈k/b⌉`` of them. ``bands = 1`` is DP-SGD's noise multiplier."""
+    n, q, eps, delta, clip = 24, 0.25, 2.0, 1e-5, 0.7
+    part = SampledParticipation.cyclic_poisson(q, bands, n, 4.0, relation)
+    st = PrivacySettings(mechanism, eps, delta, clip, n, participation=part)
+    cal = st.calibration()
+    fact = st.factorization()
+    cycles = -(-n // bands)
+    sigma = cal.std / (fact.sensitivity * clip)
+    assert cal.relation == relation and cal.accountant == f"pld ({relation})"
+    if bands == 1:
+        assert fact.sensitivity == pytest.approx(1.0)
+    assert dpa_epsilon(sigma, q, cycles, delta, relation) <= eps * (1 + 1e-3)
+    assert dpa_epsilon(0.99 * sigma, q, cycles, delta, relation) > eps
+    for k in (1, bands + 1, n // 2, n):
+        want = dpa_epsilon(sigma, q, -(-k // bands), delta, relation)
+        assert st.epsilon_spent(k) == pytest.approx(min(want, eps), rel=2e-3)
+    assert st.binding()["participation"]["relation"] == relation
+
+
+def test_the_sampled_participation_keeps_the_unamplified_bound() -> None:
+    """Its base fields are the fixed-epoch pattern of the same loop (``⌈N/b⌉`` uses, ``b``
+    apart), so code that ignores the sampling computes a sensitivity that holds whatever
+    was drawn; it round-trips through a binding; bad values are refused."""
+    part = SampledParticipation.cyclic_poisson(0.5, 4, 18, 2.0)
+    assert isinstance(part, Participation)
+    assert (part.max_participations, part.min_sep, part.fixed_epoch) == (5, 4, True)
+    assert Participation.from_dict(part.as_dict()) == part
+    assert part != Participation.epochs(5, 4)
+    for bad in ({"sampling_rate": 0.0}, {"sampling_rate": 1.5}, {"bands": 0},
+                {"expected_batch_size": math.nan}, {"relation": "swap"}):
+        args = {"sampling_rate": 0.5, "bands": 4, "horizon": 18, "expected_batch_size": 2.0,
+                **bad}
+        with pytest.raises(ParticipationError):
+            SampledParticipation.cyclic_poisson(**args)
+
+
+def test_a_non_banded_encoder_is_refused() -> None:
+    """BLT's encoder is dense: one example's uses share rows of ``C·G``, Thm. 4 does not
+    apply, and the calibration refuses rather than print an ε that may not hold."""
+    part = SampledParticipation.cyclic_poisson(0.25, 2, 16, 4.0)
+    with pytest.raises(ValueError, match="bands"):
+        PrivacySettings("blt", 2.0, 1e-5, 1.0, 16, participation=part).calibration()
+
+
+def test_the_loader_tells_the_config_its_participation() -> None:
+    """The loader's config keys give settings whose participation is the loader's."""
+    ld = CyclicPoissonLoader(64, 8, rounds=2, key=7, local_epochs=1, bands=2)
+    cfg = {"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5, **ld.config()}
+    st = settings_from_config(cfg)
+    assert st.participation == ld.participation
+    assert st.mechanism_params() == {"bands": 2}
+    with pytest.raises(PrivacyConfigError, match="declare one"):
+        settings_from_config({**cfg, "epochs": 2})
+    with pytest.raises(PrivacyConfigError, match="expected-batch-size"):
+        settings_from_config({k: v for k, v in cfg.items() if k != "expected-batch-size"})
+
+
+# -- the device step --------------------------------------------------------------------
+
+def _optimizer(settings: PrivacySettings, seed: int) -> PrivateOptimizer:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2, bias=False).double()
+    return PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, settings,
+                            seed=seed)
+
+
+def test_the_device_step_divides_by_the_expected_batch_size() -> None:
+    """``(Σ clip(g_i) + e)/m`` with ``m`` the expected batch size whatever the step drew
+    (0, 1 or 5 examples): the noise ``e/m`` is read off a twin that drew nothing, the sum
+    of clipped per-example gradients is computed by hand."""
+    part = SampledParticipation.cyclic_poisson(0.5, 1, 8, 2.5)
+    st = PrivacySettings("bandmf", 4.0, 1e-5, 0.3, 8, participation=part)
+    x = torch.linspace(-1, 1, 15, dtype=torch.float64).reshape(5, 3)
+    y = torch.tensor([0, 1, 1, 0, 1])
+    for size in (1, 5):
+        empty, full = _optimizer(st, 11), _optimizer(st, 11)
+        empty.zero_grad()
+        empty.backward(x[:0], y[:0])
+        empty.step()
+        full.zero_grad()
+        full.backward(x[:size], y[:size])
+        full.step()
+        clipped = torch.zeros(2, 3, dtype=torch.float64)
+        w = full.model.weight.detach() + 0.1 * full.model.weight.grad  # before the step
+        for i in range(size):
+            wi = w.clone().requires_grad_(True)
+            loss = torch.nn.functional.cross_entropy((x[i:i + 1] @ wi.T), y[i:i + 1])
+            (g,) = torch.autograd.grad(loss, wi)
+            clipped += g * min(1.0, 0.3 / float(g.norm()))
+        got = (full.model.weight.grad - empty.model.weight.grad) * 2.5
+        torch.testing.assert_close(got, clipped)
+        assert empty.diagnostics()["failed-examples"] == 0.0  # drawing nothing is no failure
+        assert empty.metrics() == full.metrics()
+
+
+# -- the Flower front end ---------------------------------------------------------------
+
+N_EX, BATCH, ROUNDS, D = 12, 3, 3, 4
+
+
+def dataset(kind: str) -> tuple[np.ndarray, np.ndarray]:
+    x = 0.5 * np.sin(np.arange(N_EX * D, dtype=float)).reshape(N_EX, D) + 0.2
+    y = np.arange(N_EX) % 2
+    if kind == "odd":
+        x[5] = 40.0  # the neighbouring dataset: example 5 replaced
+        y[5] = 0
+    return x, y
+
+
+def loader(key: int = 99) -> CyclicPoissonLoader:
+    return CyclicPoissonLoader(N_EX, BATCH, rounds=ROUNDS, key=key, bands=2)
+
+
+def app(kind: str, skip_draw: bool = False) -> ClientApp:
+    """The user's NumPy loop over the loader's sampled batches: the batch's summed
+    gradient over the expected batch size."""
+    client = ClientApp(mods=[PrivateSteps.guard()])
+    x, y = dataset(kind)
+
+    @client.train()
+    def train(msg: Message, ctxt: Context) -> Message:
+        ld = loader()
+        private = PrivateSteps(msg, ctxt, loader=ld)
+        w = msg.content["arrays"].to_numpy_ndarrays()[0]
+        batches = private.batches()
+        for t in range(ld.local_steps):
+            idx = next(batches) if not (skip_draw and t == 1) else np.arange(0)
+            g = sum((np.outer(np.tanh(x[i] @ w) - y[i], x[i]).sum(axis=0)
+                     for i in idx), np.zeros(D))
+            w = w - 0.1 * private.step(g / ld.expected_batch_size)
+        return private.reply([w])
+
+    return client
+
+
+def message(w: np.ndarray, server_round: int) -> Message:
+    md = Metadata(run_id=1, message_id=f"m{server_round}", src_node_id=0, dst_node_id=1,
+                  reply_to_message_id="", group_id=str(server_round), created_at=0.0,
+                  ttl=3600.0, message_type=MessageType.TRAIN)
+    return Message(content=RecordDict({"arrays": ArrayRecord([w]), "config": ConfigRecord(
+        {"server-round": server_round})}), metadata=md)
+
+
+def conversation(client: ClientApp) -> list[dict]:
+    ctxt = Context(run_id=1, node_id=1, node_config={
+        "mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5, "noise-seed": 5,
+        "partition-id": 0}, state=RecordDict(), run_config={})
+    w, prints = np.zeros(D), []
+    for r in range(1, ROUNDS + 1):
+        reply = client(message(w, r), ctxt)
+        prints.append(fingerprint(reply))
+        if not reply.has_error():
+            w = reply.content["arrays"].to_numpy_ndarrays()[0]
+    return prints
+
+
+def test_neighbouring_datasets_give_the_same_replies(simulated: None) -> None:
+    """Two learners with the same key whose data differ in one example: every non-array
+    part of every reply is identical (no batch size, nothing drawn-dependent), and ε spent
+    is the amplified one."""
+    same, odd = conversation(app("same")), conversation(app("odd"))
+    assert same == odd
+    metrics = same[-1]["metrics"]
+    assert "error" not in same[-1] and metrics["steps"] == loader().horizon
+    st = settings_from_config({"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5,
+                               **loader().config()})
+    assert metrics["epsilon-spent"] == pytest.approx(st.epsilon_spent(loader().horizon))
+    assert metrics["num-examples"] == 1.0  # the FedAvg weight, the same for every learner
+    assert not any("batch" in k for k in metrics)
+
+
+def test_a_step_outside_the_sampler_s_schedule_is_refused(simulated: None) -> None:
+    """A step taken without the loader's batch for it: an error reply, nothing released."""
+    prints = conversation(app("same", skip_draw=True))
+    assert all("error" in p for p in prints)
