@@ -1,4 +1,5 @@
-"""Central DP with correlated noise (paper 002) around FedAvg and FedAdam."""
+"""Central DP with correlated noise (Zhang, Zhu & Johansson, "Differentially Private Online
+Federated Learning with Correlated Noise") around FedAvg and FedAdam."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Paper 003 (Chen & Wang): Algorithm 1, its baselines and both accountants."""
+"""Chen & Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed
+Optimality": Algorithm 1, its baselines and both accountants."""
 
 from __future__ import annotations
 

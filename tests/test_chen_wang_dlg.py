@@ -1,6 +1,7 @@
-"""003 Table II's DLG attack (simulations/chen_wang_cnn.py --dlg, issue 24): the attacker's
-gradient estimate from the shared messages is exact when the messages carry no noise (so the
-noised rows measure the noise, not a wrong estimate), and the attack and its score behave."""
+"""Chen & Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed
+Optimality", Table II's DLG attack (simulations/chen_wang_cnn.py --dlg, issue 24): the attacker's
+gradient estimate from the shared messages is exact when the messages carry no noise (so the noised
+rows measure the noise, not a wrong estimate), and the attack and its score behave."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""003's baselines get the noise the paper states *for each experiment* (issue 24): Sec.
-VII-A (mushrooms) adds ``Lap((t+1)^{0.1+0.01i})`` to all shared messages, Sec. VII-B (MNIST)
-gives DSGD Algorithm 1's ``√2 (t+1)^{0.1+0.02i}``, DOLA ``0.07/(0.2(t+1))`` and PDOP
-``0.5·0.98^t``. The expected scales below are the paper's formulas written out, not read
-from the code's tables; the draws are checked too (``E|Lap(b)| = b``)."""
+"""Chen & Wang's ("Locally Differentially Private Distributed Online Learning with Guaranteed
+Optimality") baselines get the noise the paper states *for each experiment* (issue 24): Sec. VII-A
+(mushrooms) adds ``Lap((t+1)^{0.1+0.01i})`` to all shared messages, Sec. VII-B (MNIST) gives DSGD
+Algorithm 1's ``√2 (t+1)^{0.1+0.02i}``, DOLA ``0.07/(0.2(t+1))`` and PDOP ``0.5·0.98^t``. The
+expected scales below are the paper's formulas written out, not read from the code's tables; the
+draws are checked too (``E|Lap(b)| = b``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ STEPS = [0, 1, 2, 7, 99, 1999]
 
 
 def formula(experiment: str, name: str, i: int, t: int) -> float:
-    """003's ϱ_t^i, i = 1..5 (the paper's learner index), t = 0-based step."""
+    """Chen & Wang's ϱ_t^i, i = 1..5 (the paper's learner index), t = 0-based step."""
     if experiment == "mushrooms":
         return (t + 1) ** (0.1 + 0.01 * i)
     return {"dsgd": math.sqrt(2) * (t + 1) ** (0.1 + 0.02 * i),

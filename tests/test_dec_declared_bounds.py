@@ -1,4 +1,5 @@
-"""Issue 20, item 6: paper 003's ε comes from *declared* bounds, and the clip that enforces them.
+"""Issue 20, item 6: Chen & Wang's ("Locally Differentially Private Distributed Online Learning with
+Guaranteed Optimality") ε comes from *declared* bounds, and the clip that enforces them.
 
 The attack: C and L used to be the maximum row norm over the shards at hand. A neighbouring
 stream whose replaced row is larger than every row here then gets a smaller C and L than the
@@ -39,7 +40,7 @@ N, DIM, REG, W_SELF = 5, 4, 1e-3, 0.6  # ring of 5, w_ij = 0.3 → |w_ii| = 0.6
 STEPS = StepSizes(1.0, 0.77, 1.0, 0.65)
 
 
-# -- independent references (paper 003: eq. (22), Thm 5(i) as printed, Lemma 2) ----------
+# -- independent references (Chen & Wang: eq. (22), Thm 5(i) as printed, Lemma 2) ----------
 def _lam(t: int) -> float:
     return (t + 1.0) ** -0.77
 

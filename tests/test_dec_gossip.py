@@ -1,4 +1,5 @@
-"""Paper 004's accelerated gossip: mean preserved exactly, contraction at the stated rate."""
+"""Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private Algorithms for Decentralized
+Online Learning") accelerated gossip: mean preserved exactly, contraction at the stated rate."""
 
 import math
 

@@ -26,7 +26,7 @@ def test_lazy_ring_gap_is_one_minus_cos_form(n: int) -> None:
     """Lazy MH on a ring: eigenvalues 2/3 + 1/3 cos(2πk/n) ≥ 1/3, so ρ = (1 − cos(2π/n))/3."""
     P = G.metropolis_hastings(G.ring(n), lazy=True)
     assert G.is_doubly_stochastic(P)
-    assert np.all(G.eigenvalues(P) >= -1e-12)  # PSD, as 004's gossip needs
+    assert np.all(G.eigenvalues(P) >= -1e-12)  # PSD, as Wang et al.'s gossip needs
     assert G.spectral_gap(P) == pytest.approx((1 - np.cos(2 * np.pi / n)) / 3, abs=1e-12)
 
 

@@ -1,4 +1,5 @@
-"""Constraint sets of paper 004: LMO value, projection feasible, idempotent, optimal."""
+"""Constraint sets of Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private Algorithms for
+Decentralized Online Learning": LMO value, projection feasible, idempotent, optimal."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,5 @@
-"""Paper 004's Algorithm 2: the Laplace tree sum's noise law and its ε accounting."""
+"""Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private Algorithms for Decentralized
+Online Learning") Algorithm 2: the Laplace tree sum's noise law and its ε accounting."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""IDX reading/writing, the offline loaders and paper 000's non-IID split."""
+"""IDX reading/writing, the offline loaders and Zhang, Zhu, Fay & Johansson's ("Locally
+Differentially Private Online Federated Learning With Correlated Noise") non-IID split."""
 
 from __future__ import annotations
 

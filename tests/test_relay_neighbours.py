@@ -1,5 +1,7 @@
 """Malformed data never changes a relay node's reply: the neighbouring-stream test for the
-decentralized relay (issue 20, item 5), every algorithm of papers 003 and 004.
+decentralized relay (issue 20, item 5), every algorithm of Chen & Wang, "Locally Differentially
+Private Distributed Online Learning with Guaranteed Optimality" and Wang, Yang, Yao, Song & Wan,
+"Revisiting Differentially Private Algorithms for Decentralized Online Learning".
 
 Two relay nodes with the **same noise seed** (simulation rules) whose data differ in one
 datum — a normal one vs a huge, a NaN, a too-short, a too-long or a wrong-label one, used

@@ -273,11 +273,12 @@ def test_relay_refusals_keep_clear_reasons() -> None:
 ])
 def test_a_weaker_bound_in_the_run_config_is_refused(proposal: dict[str, Any],
                                                      defaults: dict[str, Any]) -> None:
-    """Paper 003's ε is computed from the feature bound and the clip, so on a real node
-    they are its own (app defaults, node config) and a larger run-config value is a refused
-    proposal (4101) — before anything is built, drawn or stored. A smaller one is not
-    weaker: the node answers (with its own settings). (The old node took no notice: its ε
-    stayed right for its own bound, but the server's proposal was never checked.)"""
+    """Chen & Wang's ("Locally Differentially Private Distributed Online Learning with Guaranteed
+    Optimality") ε is computed from the feature bound and the clip, so on a real node they are its
+    own (app defaults, node config) and a larger run-config value is a refused proposal (4101) —
+    before anything is built, drawn or stored. A smaller one is not weaker: the node answers (with
+    its own settings). (The old node took no notice: its ε stayed right for its own bound, but the
+    server's proposal was never checked.)"""
     app = make_relay_client_app({**CFG, **defaults})
     context = ctx(run={"seed": 11, **proposal})
     reply = app(step_message(0), context)

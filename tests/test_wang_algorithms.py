@@ -1,4 +1,5 @@
-"""Paper 004's algorithms: noise off equals an independent matrix-form reference, PD-OCG with
+"""Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private Algorithms for Decentralized
+Online Learning") algorithms: noise off equals an independent matrix-form reference, PD-OCG with
 many CG iterations reaches the projection, labelled ε, serialization, refusals."""
 
 import math

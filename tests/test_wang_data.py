@@ -1,4 +1,5 @@
-"""Paper 004's data: letter and poker loaders on tiny files, the exact poker synthesizer, the
+"""Wang, Yang, Yao, Song & Wan's ("Revisiting Differentially Private Algorithms for Decentralized
+Online Learning") data: letter and poker loaders on tiny files, the exact poker synthesizer, the
 multiclass task."""
 
 from itertools import combinations

@@ -1,6 +1,7 @@
-"""Paper 004 over Flower's real simulation engine (the relay ServerApp) equals the in-process
-engine for the same seeds: PD-FTGL, whose relayed messages are raw gossip iterates (not LDP),
-and PD-OGD, whose relayed messages are its Laplace-noised iterates (local DP)."""
+"""Wang, Yang, Yao, Song & Wan, "Revisiting Differentially Private Algorithms for Decentralized
+Online Learning" over Flower's real simulation engine (the relay ServerApp) equals the in-process
+engine for the same seeds: PD-FTGL, whose relayed messages are raw gossip iterates (not LDP), and
+PD-OGD, whose relayed messages are its Laplace-noised iterates (local DP)."""
 
 from __future__ import annotations
 
