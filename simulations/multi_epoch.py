@@ -732,6 +732,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--clip-norm", type=float, default=1.0)
     p.add_argument("--seeds", type=int, default=3, help="evaluation seeds 0 … N−1")
+    p.add_argument("--seed-values", nargs="+", type=int, default=None,
+                   help="these evaluation seeds instead of 0 … N−1 (to split a grid into "
+                   "runs that --merge joins)")
     p.add_argument("--etas", nargs="+", type=float, default=[0.03, 0.1, 0.3, 1.0],
                    help="learning-rate grid (one value: no tuning)")
     p.add_argument("--tune-seed", type=int, default=100)
@@ -794,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "tuning.csv").unlink()
     jobs = [base.with_(method=m, epsilon=2.0 if math.isinf(e) else e, eta=etas[(m, e)],
                        seed=s)
-            for s in range(args.seeds) for m, e in cells(args)]
+            for s in (args.seed_values or range(args.seeds)) for m, e in cells(args)]
     results = run_all(jobs, args.workers)
     write_csv(args.out / "runs.csv", RUN_HEADER, [r for r, _ in results])
     write_csv(args.out / "rounds.csv", ROUND_HEADER, [c for _, cs in results for c in cs])
