@@ -174,3 +174,20 @@ def _stored_state(ctxt: Context) -> bytes:
     from flwr_corrnoise.flower.session import STATE_KEY
 
     return bytes(ctxt.state[STATE_KEY]["learner"])  # a small state: not offloaded
+
+
+def test_evaluate_refusals_are_not_a_warning_per_learner_and_round(
+        simulated: None, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 32: a run whose learners refuse client-side evaluation logs one line for the
+    run (the server's, tests/test_first_hour.py), not one per learner and round: the
+    learner's refusal (code 4106, its reason in the reply) is a debug line."""
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="flwr_corrnoise"):
+        for partition in (0, 1):
+            prints, _ = nb.conversation(nb.front_end("make_client_app")("small"),
+                                        nb.context(partition))
+            assert all(e["error"][0] == 4106 for e in prints[1::2])
+    refusals = [r for r in caplog.records if "refuses the message" in r.getMessage()]
+    assert len(refusals) == 2 * nb.ROUNDS
+    assert all(r.levelno == logging.DEBUG for r in refusals)
