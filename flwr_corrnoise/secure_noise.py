@@ -246,17 +246,27 @@ def add_on_grid(value: np.ndarray, noise: np.ndarray, g: float) -> np.ndarray:
         return np.asarray(value, dtype=np.float64) + noise
     _check_grid(g)
     value = np.asarray(value, dtype=np.float64)  # float32 division could round up
-    if not np.all(np.isfinite(value)):
-        raise ValueError("the value to noise holds non-finite entries")
-    if not on_grid(noise, g):
+    # in units of g: dividing by a power of two is exact, so trunc(value/g) is trunc_g(value)/g
+    # and noise/g is an integer exactly when the noise is on the grid. Ten passes over d and
+    # three buffers (issue 34: the grid's cost against a learner's step,
+    # benchmarks/cipher_noise.py --grid-dims)
+    units = np.divide(value, g)
+    np.trunc(units, out=units)
+    steps = np.divide(noise, g)
+    units += steps  # exact while both are integers and the sum stays within 2⁵³
+    frac = np.rint(steps)
+    np.subtract(steps, frac, out=frac)
+    if frac.any():  # a fraction of g, or NaN
         raise ValueError("the noise is not on the grid (not from a secure stream of this std?)")
-    v = np.trunc(np.divide(value, g)) * g
-    total = v + noise
-    if np.any(np.abs(total) > 2.0**53 * g):
+    lo, hi = float(units.min()), float(units.max())  # NaN and ±inf propagate to both
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError("the value to noise holds non-finite entries (or beyond 2^1000·g)")
+    if max(-lo, hi) > 2.0**53:
         raise ValueError(
             f"|value + noise| exceeds 2^53·g = {2.0**53 * g:.3g}: the sum would not be exact"
         )
-    return total
+    units *= g
+    return units
 
 
 def _check_grid(g: float) -> None:
