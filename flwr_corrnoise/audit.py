@@ -142,7 +142,7 @@ from .aggregation import aggregate
 from .learner import StepCounts, clip_by_global_norm, local_round, private_step
 from .learner_state import LearnerState
 from .mechanisms import Factorization, check_mechanism
-from .mechanisms.participation import Participation
+from .mechanisms.participation import Participation, SampledParticipation
 from .privacy import METHODS, check_budget
 from .settings import PrivacySettings, derive_seed
 from .streams import NoiseStream, new_seed
@@ -444,6 +444,42 @@ def _without_noise_at(stream: Any, step: int | None) -> None:
 
 
 @dataclass(frozen=True)
+class _CanarySampler:
+    """Cyclic Poisson sampling of the canary (``sampling_rate`` mode of :func:`audit`):
+    the library's :class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader` over ``b/q``
+    examples in batches of one (rate ``q``, ``b`` groups), keyed by each execution's noise
+    key, the canary its example at the first slot of group 0. ``drawn`` ≠ ``rate`` is the
+    deliberate fault of a loop that draws more often than the settings claim."""
+
+    rate: float
+    cycle: int
+    drawn: float
+    steps: int
+
+    def loader(self, key: int) -> Any:
+        from .data.sampling import CyclicPoissonLoader
+
+        per_epoch = round(self.cycle / self.drawn)
+        if abs(per_epoch * self.drawn - self.cycle) > 1e-9 * self.cycle:
+            raise ValueError(f"the audit's sampler needs cycle/rate = {self.cycle}/"
+                             f"{self.drawn:g} to be an integer (steps per epoch)")
+        return CyclicPoissonLoader(per_epoch, 1, rounds=-(-self.steps // per_epoch),
+                                   key=key, bands=self.cycle)
+
+    def wrap(self, execute: Execution) -> Execution:
+        def sampled(sign: int, seed: int | None, uses: frozenset[int]
+                    ) -> tuple[np.ndarray, float]:
+            key = new_seed() if seed is None else seed  # the learner's own key
+            if not uses:  # phase 1: the all-zero data set, nothing to draw
+                return execute(sign, key, uses)
+            ld = self.loader(key)
+            canary = int(ld.group(min(uses))[0])
+            drawn = frozenset(t for t in uses if canary in ld.indices(t))
+            return execute(sign, key, drawn)
+        return sampled
+
+
+@dataclass(frozen=True)
 class _Run:
     """What every execution shares."""
 
@@ -655,6 +691,9 @@ def audit(
     noise_runs: int | None = None,
     zero_noise_step: int | None = None,
     accounted_epochs: int | None = None,
+    sampling_rate: float | None = None,
+    sampling_cycle: int | None = None,
+    drawn_rate: float | None = None,
 ) -> AuditResult:
     """Audit one configuration: ``noise_runs`` executions on the all-zero data set
     (default ``runs``), then ``runs`` executions on each of ``D`` and ``D'``.
@@ -680,6 +719,18 @@ def audit(
     (no noise increment at that step, or round), ``accounted_epochs`` (the settings
     declare that many passes while the canary is used ``epochs`` times: one-pass
     accounting on a multi-epoch loop with ``accounted_epochs=1``).
+
+    Sampling (``sampling_rate = q``; issue 35): the learner's settings declare cyclic
+    Poisson sampling (:class:`~flwr_corrnoise.mechanisms.participation.SampledParticipation`,
+    ``sampling_cycle = b`` groups, default 4 for ``bandmf``, else 1) and are calibrated to
+    the amplified guarantee; the canary is eligible at every ``b``-th step and each
+    execution's sampler (:class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader`, keyed
+    by that execution's noise key through its own sub-key) decides at which of them it is
+    drawn. The lower bound and the law check stay valid (any fixed test on fresh
+    executions); the analytic ε is that of the canary used at every eligible step (no
+    amplification), an upper reference, not a check. The fault ``drawn_rate`` (> ``q``)
+    draws at that rate while the settings claim ``q`` — ``drawn_rate = 1`` is a loop that
+    ignores the sampler.
     """
     started = time.perf_counter()
     check_mechanism(mechanism)
@@ -718,7 +769,24 @@ def audit(
         raise ValueError(f"zero_noise_step must be in [0, {steps}), got {zero_noise_step!r}")
 
     # the participation the canary's uses follow, and the one the settings declare
-    if min_sep is not None or max_participations is not None:
+    sampler = None
+    if sampling_rate is not None:
+        if epochs != 1 or accounted_epochs is not None or min_sep is not None \
+                or max_participations is not None or variant != "step":
+            raise ValueError("sampling is a participation of its own (step variant): no "
+                             "epochs, accounted_epochs, min_sep or max_participations")
+        cycle = int(sampling_cycle if sampling_cycle is not None else
+                    (4 if mechanism == "bandmf" else 1))
+        declared = SampledParticipation.cyclic_poisson(sampling_rate, cycle, steps, 1.0)
+        sampler = _CanarySampler(declared.sampling_rate, cycle,
+                                 declared.sampling_rate if drawn_rate is None
+                                 else float(drawn_rate), steps)
+        sep, uses_count = cycle, -(-steps // cycle)
+        if canary_step is None:
+            canary_step = 0  # group 0: the most eligible steps
+    elif sampling_cycle is not None or drawn_rate is not None:
+        raise ValueError("sampling_cycle and drawn_rate need sampling_rate")
+    elif min_sep is not None or max_participations is not None:
         if epochs != 1 or accounted_epochs is not None:
             raise ValueError("set either epochs (and accounted_epochs) or "
                              "min_sep/max_participations, not both")
@@ -754,6 +822,8 @@ def audit(
         shift = clip_norm  # ±B on its step; ±B/τ on its round's mean (the 1/τ is in avg)
         execute = (_step_execution(run, front_end) if variant == "step" else
                    _round_execution(run))
+        if sampler is not None:
+            execute = sampler.wrap(execute)
 
     # phase 1: the noise that runs, on the all-zero data set, keys of its own
     phase1, std1 = _execute_all(execute, 0, _run_seeds(noise_runs, seed, reuse_seed,

@@ -379,7 +379,9 @@ def _audit(args: argparse.Namespace) -> dict[str, object]:
                 reuse_seed=args.reuse_seed, epochs=args.epochs, min_sep=args.min_sep,
                 max_participations=args.max_participations, front_end=args.front_end,
                 dtype=args.dtype, noise_runs=args.noise_runs,
-                zero_noise_step=args.zero_noise_step, accounted_epochs=args.accounted_epochs)
+                zero_noise_step=args.zero_noise_step, accounted_epochs=args.accounted_epochs,
+                sampling_rate=args.sampling_rate, sampling_cycle=args.sampling_cycle,
+                drawn_rate=args.drawn_rate)
     if res.falsified:
         args.exit_status = FALSIFIED_EXIT
     verdict = res.verdict
@@ -570,6 +572,13 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--max-participations", type=int, default=None,
                      help="min-sep participation: at most this many uses (default: as many "
                           "as fit)")
+    aud.add_argument("--sampling-rate", type=float, default=None, metavar="Q",
+                     help="cyclic Poisson sampling: the learner calibrates to the amplified "
+                          "guarantee and each execution's sampler draws the canary at rate Q "
+                          "at its group's steps")
+    aud.add_argument("--sampling-cycle", type=int, default=None, metavar="B",
+                     help="with --sampling-rate: the sampler's groups (default 4 for bandmf, "
+                          "else 1)")
     aud.add_argument("--front-end", default="local-round",
                      choices=["local-round", "private-step", "torch"],
                      help="step variant: the learner round (NumPyClient, ClientApp helper, "
@@ -601,6 +610,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="FAULT with --epochs: the learner's settings declare K passes "
                              "while the canary is used --epochs times (1: one-pass "
                              "accounting on a multi-epoch loop; must be caught)")
+    faults.add_argument("--drawn-rate", type=float, default=None, metavar="Q",
+                        help="FAULT with --sampling-rate: the sampler draws at rate Q while "
+                             "the settings claim --sampling-rate (1: a loop that ignores the "
+                             "sampler; must be caught)")
     aud.add_argument("--json", action="store_true", help="print JSON")
     aud.set_defaults(func=_audit)
 
