@@ -132,14 +132,14 @@ def tuning_table(rows: list[list]) -> str:
     """Final accuracy on the tuning seed per method and τ (rows) and grid point ``η·τ``
     (columns), one table per dataset, horizon and batch size; the chosen η in bold."""
     out = []
-    for group in dict.fromkeys((r[0], r[8], r[9]) for r in rows):
-        sub = [r for r in rows if (r[0], r[8], r[9]) == group]
+    for group in dict.fromkeys((r[0], r[8], r[9], calibration(r)) for r in rows):
+        sub = [r for r in rows if (r[0], r[8], r[9], calibration(r)) == group]
         chosen = best_etas(sub)
         cells = sorted(dict.fromkeys((r[1], int(r[2])) for r in sub),
                        key=lambda k: (k[1], order(k[0])))
         grid = sorted({round(float(r[10]) * int(r[2]), 10) for r in sub})
-        lines = [f"**{group[0]}, R·τ = {group[1]} steps of {group[2]} image(s)**, final test "
-                 f"accuracy on tuning seed {sub[0][6]}:", "",
+        lines = [f"**{group[0]}, R·τ = {group[1]} steps of {group[2]} image(s), {group[3]} "
+                 f"calibration**, final test accuracy on tuning seed {sub[0][6]}:", "",
                  "| method | τ | " + " | ".join(f"η·τ = {c:g}" for c in grid) + " |",
                  "|---|---|" + "---|" * len(grid)]
         for m, t in cells:

@@ -159,6 +159,57 @@ def paired_rows(runs: Path, metrics: Sequence[str]) -> list[list]:
     return rows
 
 
+def _logreg_rows(path: Path) -> list[list]:
+    """A ``simulations.logreg`` per-seed CSV read back into the rows its ``table`` takes."""
+    with open(path) as fh:
+        raw = list(csv.reader(fh))[1:]
+    return [[r[0], float(r[1]) if r[1] else "", float(r[2]) if r[2] else "", int(r[3]),
+             float(r[4]), float(r[5]), float(r[6]), float(r[7])] for r in raw]
+
+
+#: results-logreg.md's blocks: (CSV, budgets in the order the sweep's ``--budgets`` ran)
+LOGREG_BLOCKS = {
+    "table:centred": ("results-logreg.csv", "descending"),
+    "table:fedprox": ("results-logreg-fedprox.csv", "descending"),
+    "table:eps-sweep": ("results-logreg-eps-sweep.csv", "ascending"),
+    "table:variants": ("results-logreg-variants.csv", "descending"),
+}
+
+
+def doc_blocks(page: str, docs: Path | None = None) -> dict[str, str]:
+    """Every generated block (``<!-- BEGIN name -->`` … ``<!-- END name -->``) of a
+    results page, rendered by its sweep's own table code from the committed CSVs alone.
+    Issue 36: a table in the docs is the output of a command on a committed file, so the
+    page must equal this (tests/test_doc_numbers.py); a page not listed here raises."""
+    docs = docs or Path(__file__).resolve().parents[1] / "docs"
+    if page == "results-cnn.md":
+        from simulations.cnn import render_blocks
+
+        return {f"table:{k}": v for k, v in render_blocks(docs).items()}
+    if page == "results-logreg.md":
+        from simulations.logreg import table
+
+        out = {}
+        for name, (path, order) in LOGREG_BLOCKS.items():
+            rows = _logreg_rows(docs / path)
+            budgets = sorted({(r[1], r[2]) for r in rows if r[1] != ""},
+                             reverse=order == "descending")
+            out[name] = table(rows, {}, budgets)
+        return out
+    if page == "results-multi-epoch.md":
+        from simulations import multi_epoch
+
+        runs = multi_epoch.read_csv(docs / "results-multi-epoch.csv")
+        tuning = (multi_epoch.read_csv(docs / "results-multi-epoch-tuning.csv")
+                  if (docs / "results-multi-epoch-tuning.csv").exists() else [])
+        tabs = multi_epoch.tables(runs, tuning)
+        if (docs / "results-multi-epoch-noise.csv").exists():
+            tabs["rmse"] = multi_epoch.noise_table(
+                multi_epoch.read_csv(docs / "results-multi-epoch-noise.csv"))
+        return {f"table:{k}": v for k, v in tabs.items()}
+    raise KeyError(f"no renderer for the generated blocks of {page}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)

@@ -99,3 +99,43 @@ def test_cnn_calibration_numbers_are_the_committed_csv() -> None:
     assert f"{float(zcdp['noise_multiplier']):.2f}" in text  # 1.98
     assert f"{float(zcdp['std_over_exact']):.2f}× less" in text  # 1.37
     assert f"V = {float(exact['std_per_coordinate_clip1']):.2f}" in text  # 5.45
+
+
+def _marked_blocks(text: str) -> dict[str, str]:
+    return dict(re.findall(r"<!-- BEGIN (\S+) -->\n(.*?)\n<!-- END \1 -->", text, re.S))
+
+
+#: the results pages whose tables are generated into marked blocks
+MARKED_PAGES = sorted(p.name for p in DOCS.glob("results-*.md") if "<!-- BEGIN " in p.read_text())
+
+
+def test_marked_pages_are_the_three_sweeps() -> None:
+    assert MARKED_PAGES == ["results-cnn.md", "results-logreg.md", "results-multi-epoch.md"]
+
+
+@pytest.mark.parametrize("page", MARKED_PAGES)
+def test_every_generated_table_is_its_committed_csv_rendered(page: str) -> None:
+    """Each block between ``<!-- BEGIN table:NAME -->`` markers equals what the sweep's own
+    table code renders from the committed CSVs (no hand-edited or stale table)."""
+    found = _marked_blocks((DOCS / page).read_text())
+    rendered = doc_numbers.doc_blocks(page)
+    assert set(found) == set(rendered)
+    for name, text in found.items():
+        assert text == rendered[name], f"{page} {name} is not its CSV rendered"
+
+
+def test_doc_blocks_see_a_changed_csv(tmp_path: Path) -> None:
+    """The check can fail: one accuracy changed in a copy of the CSV changes the block."""
+    import shutil
+
+    for path in DOCS.glob("results-cnn*.csv"):
+        shutil.copy(path, tmp_path / path.name)
+    before = doc_numbers.doc_blocks("results-cnn.md", tmp_path)["table:cnn"]
+    with open(tmp_path / "results-cnn.csv") as fh:
+        rows = list(csv.reader(fh))
+    rows[1][7] = "0.1"
+    with open(tmp_path / "results-cnn.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    assert doc_numbers.doc_blocks("results-cnn.md", tmp_path)["table:cnn"] != before
+    with pytest.raises(KeyError):
+        doc_numbers.doc_blocks("results-wang.md", tmp_path)
