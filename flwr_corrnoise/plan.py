@@ -21,6 +21,18 @@ the increment divided by ``b``):
 * the **noise-to-signal ratio** ``NSR(k) = V·‖b_k‖·√d / (b·√m·k·B_g)`` at the end of the
   first round and at the end of the run. ``B_g`` cancels (``V ∝ B_g``).
 
+Two more terms (issue 32), each a closed form the tests check:
+
+* **momentum** ``β`` (heavy ball, ``v ← β·v + u; x ← x − η·v``, torch's SGD): after ``k``
+  steps the model holds ``Σ_t w_t·u_t`` with ``w_t = (1 − β^{k−t+1})/(1 − β)``. The signal
+  bound becomes ``B_g·Σ_t w_t``, the noise ``V·‖Σ_t (w_t − w_{t+1})·b_t‖`` (the increments'
+  noise is ``V·C⁻¹ξ = V·A⁻¹Bξ``, and ``A⁻¹`` takes differences), and the safe learning
+  rate divides by the same weights: a momentum of 0.9 amplifies the accumulated noise up to
+  ten-fold. ``β = 0`` is the sum above.
+* **adaptive clipping** (``adaptive_quantile``, :mod:`~flwr_corrnoise.adaptive_clipping`):
+  the calibration includes the noised clip counts (the gradient noise at unit clip grows
+  by ``1/√(1 − share)``), and ``B_g`` still cancels (the noise moves with ``C_t``).
+
 The verdict reads the end-of-run NSR: ``< 0.5`` signal dominates, ``< 2`` noisy, ``< 20``
 noise dominates early (expect slow learning), else no learning. The levers (double the
 batch, the learners or ε; halve the epochs; another mechanism) are ranked by the NSR each
@@ -38,8 +50,9 @@ from typing import Any
 
 import numpy as np
 
+from .adaptive_clipping import AdaptiveClipping
 from .mechanisms.participation import Participation
-from .settings import PrivacySettings
+from .settings import PrivacySettings, check_delta_for
 
 #: model-noise per-coordinate std above which training is swamped (safe_learning_rate)
 SAFE_MODEL_NOISE = 0.1
@@ -85,6 +98,13 @@ class PlanInput:
     mode: str = "step"
     #: ``round``/``central``: the rounds a datum is in (default: every round)
     round_participation: Participation | None = None
+    #: the local optimizer's (heavy-ball) momentum ``β`` in [0, 1): torch's
+    #: ``SGD(momentum=β)``, Flower's quickstart 0.9
+    momentum: float = 0.0
+    #: adaptive clipping's quantile (``adaptive-clip-quantile``; ``None``: a fixed clip
+    #: norm) and its count noise ``σ_b`` (``None``: the default share of the budget)
+    adaptive_quantile: float | None = None
+    adaptive_noise: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in PLAN_MODES:
@@ -98,6 +118,13 @@ class PlanInput:
         if self.batch_size > self.examples:
             raise ValueError(f"plan: batch size {self.batch_size} exceeds the "
                              f"{self.examples} examples")
+        if not 0.0 <= float(self.momentum) < 1.0:
+            raise ValueError(f"plan: momentum must be in [0, 1), got {self.momentum!r}")
+        if self.adaptive_quantile is not None and self.mode == "central":
+            raise ValueError("plan: adaptive clipping is a learner's (local DP) setting; "
+                             "central DP clips to a fixed norm")
+        if self.mode == "step":  # round/central plans carry no data size (examples = 1)
+            check_delta_for(self.delta, self.examples, " per learner")
 
     @property
     def steps_per_epoch(self) -> int:
@@ -110,18 +137,21 @@ class PlanInput:
         return self.epochs * self.steps_per_epoch
 
     def settings(self) -> PrivacySettings:
+        adaptive = (None if self.adaptive_quantile is None else
+                    AdaptiveClipping(self.adaptive_quantile, noise=self.adaptive_noise))
         if self.mode != "step":  # the round update: every datum in every round's update
             return PrivacySettings(mechanism=self.mechanism, epsilon=self.epsilon,
                                    delta=self.delta, clip_norm=self.clip_norm,
                                    horizon=self.rounds, method=self.method,
                                    participation=self.round_participation
-                                   or Participation.every_step(self.rounds))
+                                   or Participation.every_step(self.rounds),
+                                   adaptive=adaptive)
         participation = (Participation.epochs(self.epochs, self.steps_per_epoch)
                          if self.epochs > 1 else Participation.once())
         return PrivacySettings(mechanism=self.mechanism, epsilon=self.epsilon,
                                delta=self.delta, clip_norm=self.clip_norm,
                                horizon=self.horizon, method=self.method,
-                               participation=participation)
+                               participation=participation, adaptive=adaptive)
 
 
 @dataclass(frozen=True)
@@ -152,31 +182,59 @@ def noise_to_signal(inputs: PlanInput) -> tuple[PrivacySettings, float, float, f
     settings = inputs.settings()
     cal = settings.calibration()
     assert cal is not None
-    rows = np.sqrt(settings.factorization().row_errors())  # ‖b_k‖, k = 1..N
     n = settings.horizon
     first = max(1, min(n, n // inputs.rounds))
+    beta = float(inputs.momentum)
+    if beta == 0.0:
+        rows = np.sqrt(settings.factorization().row_errors())  # ‖b_k‖, k = 1..N
+        signal = np.arange(1.0, n + 1)  # Σ_t w_t = k
+    else:
+        rows, signal = momentum_rows(settings, beta)
     if inputs.mode == "step":  # the noised sum of b clipped gradients, divided by b
         divisor = inputs.batch_size * math.sqrt(inputs.learners)
     elif inputs.mode == "round":  # each learner's own noise, averaged over m
         divisor = math.sqrt(inputs.learners)
     else:  # central: one noise on the average of m updates, std V/m
         divisor = float(inputs.learners)
+    # B_g cancels: V ∝ the calibration's clip norm (1 under adaptive clipping, whose noise
+    # is added at unit clip and moves with C_t)
     scale = cal.std * math.sqrt(inputs.model_size) / (
-        divisor * inputs.clip_norm * inputs.signal)
-    nsr_first = scale * rows[first - 1] / first
-    nsr_final = scale * rows[n - 1] / n
-    safe_lr = (safe_learning_rate(settings, inputs.batch_size, inputs.learners)
+        divisor * cal.clip_norm * inputs.signal)
+    nsr_first = scale * rows[first - 1] / signal[first - 1]
+    nsr_final = scale * rows[n - 1] / signal[n - 1]
+    safe_lr = (safe_learning_rate(settings, inputs.batch_size, inputs.learners, beta)
                if inputs.mode == "step" else math.inf)
     return settings, float(nsr_first), float(nsr_final), float(safe_lr)
 
 
-def safe_learning_rate(settings: PrivacySettings, batch_size: int, learners: int = 1) -> float:
+def momentum_rows(settings: PrivacySettings, beta: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(‖Σ_t (w_t − w_{t+1})·b_t‖, Σ_t w_t)`` for ``k = 1..N`` under heavy-ball momentum
+    ``β`` (module docstring): the model's noise per unit ``V`` and its signal bound per unit
+    ``B_g`` after ``k`` steps. Materializes ``B`` (``N × N``)."""
+    B, _ = settings.factorization().matrices()
+    n = B.shape[0]
+    noise, signal = np.empty(n), np.empty(n)
+    for k in range(1, n + 1):
+        w = (1.0 - beta ** np.arange(k, 0, -1)) / (1.0 - beta)  # w_1..w_k
+        diff = w - np.append(w[1:], 0.0)
+        noise[k - 1] = float(np.linalg.norm(diff @ B[:k]))
+        signal[k - 1] = float(w.sum())
+    return noise, signal
+
+
+def safe_learning_rate(settings: PrivacySettings, batch_size: int, learners: int = 1,
+                       momentum: float = 0.0) -> float:
     """The step size at which the model's accumulated noise peaks at per-coordinate std
-    :data:`SAFE_MODEL_NOISE` (``∞`` without noise): what the per-step helpers warn above."""
+    :data:`SAFE_MODEL_NOISE` (``∞`` without noise): what the per-step helpers warn above
+    (with ``momentum``, the heavy-ball weights of :func:`momentum_rows`; the noise is per
+    unit clip norm of the calibration)."""
     cal = settings.calibration()
     if cal is None:
         return math.inf
-    peak = float(np.sqrt(np.max(settings.factorization().row_errors())))
+    peak = (float(np.max(momentum_rows(settings, momentum)[0])) if momentum else
+            float(np.sqrt(np.max(settings.factorization().row_errors()))))
+    if settings.adaptive is not None:  # noise at unit clip × C_t, C_t at its initial value
+        peak *= settings.clip_norm
     return SAFE_MODEL_NOISE * batch_size * math.sqrt(learners) / (cal.std * peak)
 
 

@@ -40,7 +40,9 @@ class PrivacySettings:
 
     mechanism: str = "blt"
     epsilon: float = 2.0
-    delta: float = 1e-3
+    #: δ: the key table's default (learner, server proposal and ``plan`` agree); a
+    #: declared data size ``n`` refuses ``δ ≥ 1/n`` (:func:`check_delta_for`)
+    delta: float = 1e-5
     clip_norm: float = 1.0
     horizon: int = 4000
     method: str = "exact"
@@ -144,6 +146,22 @@ class PrivacySettings:
         if self.adaptive is not None:
             out["adaptive-clip"] = self.adaptive.as_dict()
         return out
+
+
+def check_delta_for(delta: float, examples: int, where: str = "") -> None:
+    """Refuse ``δ ≥ 1/n`` for a learner whose data size ``n`` is declared (a loader's
+    ``num_examples``, ``plan``'s ``examples``). Why: an ``(ε, δ)`` mechanism may publish
+    one of ``n`` examples outright with probability ``n·δ`` (the "name and shame" mechanism,
+    Dwork & Roth, "The Algorithmic Foundations of Differential Privacy", §2.3), so a δ of
+    ``1/n`` or more guarantees nothing; common practice keeps it well below ``1/n``. ``n``
+    is a declared setting, equal on neighbouring datasets (replace-one), so the refusal
+    says nothing about the data."""
+    n = int(examples)
+    if n >= 1 and float(delta) * n >= 1.0:
+        raise PrivacyConfigError(
+            f"δ = {float(delta):g} is at least 1/n for the {n} examples declared{where}: a "
+            f"mechanism may then publish an example outright; use δ ≪ 1/n, e.g. "
+            f"{min(1e-5, 0.1 / n):.1g}")
 
 
 def derive_seed(run_seed: int, learner: int) -> int:

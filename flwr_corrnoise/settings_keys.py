@@ -65,7 +65,9 @@ KEYS: dict[str, Key] = {k.name: k for k in (
         "thousands)"),
     Key("epsilon", float, 2.0, (APP, RUN, NODE), "both",
         "privacy budget ε over the whole horizon"),
-    Key("delta", float, 1e-3, (APP, RUN, NODE), "both", "privacy parameter δ"),
+    Key("delta", float, 1e-5, (APP, RUN, NODE), "both",
+        "privacy parameter δ; keep it well below 1/n for n examples per learner (refused "
+        "at δ ≥ 1/n where n is declared: a loader, `plan --examples`)"),
     Key("clip-norm", float, 1.0, (APP, RUN, NODE), "both",
         "L2 clip norm: of each gradient (per-step), of each round update (mod, central); "
         "with `adaptive-clip-quantile`, its initial value"),

@@ -76,7 +76,7 @@ def test_the_defaults_are_one_start_up_line_per_reader(caplog, simulated: None) 
         CorrNoiseLocalDPStrategy(FedAvg(), run)
         local = _default_lines(caplog)
     assert len(learner) == 1, learner
-    for key, value in (("mechanism", "'blt'"), ("epsilon", "2.0"), ("delta", "0.001"),
+    for key, value in (("mechanism", "'blt'"), ("epsilon", "2.0"), ("delta", "1e-05"),
                        ("clip-norm", "1.0"), ("calibration", "'exact'")):
         assert f"{key}={value}" in learner[0]
     assert "learner's config" in learner[0]

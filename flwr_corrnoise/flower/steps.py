@@ -67,7 +67,7 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from ..data.sampling import Loader
 from ..learner import StepCounts, check_horizon, private_step
 from ..learner_state import LearnerState, bind_data_order
-from ..settings import PrivacyConfigError, PrivacySettings
+from ..settings import PrivacyConfigError, PrivacySettings, check_delta_for
 from .session import LearnerSession, PrivateLearnerGuard, answer
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,8 @@ def check_loader(loader: Loader, settings: PrivacySettings,
     """Refuse settings that do not match the loop the loader describes: a horizon, a
     participation, local steps or a round count other than the loader's would calibrate
     the noise for another loop than the one that runs."""
+    if settings.private:  # the loader declares n: δ ≥ 1/n guarantees nothing
+        check_delta_for(settings.delta, loader.num_examples, " by the loader")
     problems = []
     if settings.horizon != loader.horizon:
         problems.append(f"horizon {settings.horizon} (config) vs {loader.horizon} (loader: "
