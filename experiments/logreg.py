@@ -31,8 +31,9 @@ def run_logreg_inprocess(
 ) -> InProcessResult:
     """Run the experiment on the in-process engine (same code as the Flower app).
 
-    ``setup.noise_at = "round"`` or ``"server"`` runs Zhang et al. (arXiv)'s or Zhang, Zhu &
-    Johansson's variant instead (:func:`flwr_corrnoise.variants.run_round_variant`, the math of
+    ``setup.noise_at = "round"`` or ``"server"`` runs the per-round variant (Zhang et al.,
+    arXiv) or the central one (Zhang, Zhu & Johansson) instead
+    (:func:`flwr_corrnoise.variants.run_round_variant`, the math of
     :class:`~flwr_corrnoise.flower.CorrNoiseRoundMod` and
     :class:`~flwr_corrnoise.flower.CorrNoiseCentralDPStrategy`): τ plain local steps, the round
     update clipped to :attr:`LogRegSetup.round_clip`, noise once per round; it returns the
