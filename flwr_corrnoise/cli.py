@@ -64,8 +64,19 @@ PARTICIPATION_PARAMS = ("min_sep", "max_participations")
 
 def _participation(args: argparse.Namespace, steps: int) -> Participation:
     """``--epochs`` / ``--min-sep`` / ``--max-participations`` as a participation over
-    ``steps`` steps (none of them: each datum once)."""
-    from .mechanisms.participation import Participation
+    ``steps`` steps (none of them: each datum once); ``--sampling-rate`` (with
+    ``--sampling-cycle``, ``--relation``): cyclic Poisson sampling, calibrated to the
+    amplified guarantee (:mod:`flwr_corrnoise.amplification`)."""
+    from .mechanisms.participation import Participation, SampledParticipation
+
+    rate = getattr(args, "sampling_rate", None)
+    if rate is not None:
+        if any(getattr(args, k, None) is not None
+               for k in ("epochs", "min_sep", "max_participations")):
+            raise SystemExit("flwr-corrnoise: --sampling-rate is a participation of its own; "
+                             "drop --epochs / --min-sep / --max-participations")
+        return SampledParticipation.cyclic_poisson(
+            rate, args.sampling_cycle or 1, steps, 1.0, args.relation)
 
     return Participation.from_options(
         steps, epochs=getattr(args, "epochs", None), min_sep=getattr(args, "min_sep", None),
@@ -114,6 +125,16 @@ def _add_participation(parser: argparse.ArgumentParser) -> None:
                        help="fewest steps between two uses of one datum")
     group.add_argument("--max-participations", dest="max_participations", type=positive_int,
                        default=None, help="most uses of one datum (default: as many as fit)")
+    group.add_argument("--sampling-rate", type=float, default=None, metavar="Q",
+                       help="cyclic Poisson sampling at rate Q (CyclicPoissonLoader): the "
+                            "amplified calibration (a banded encoder of ≤ --sampling-cycle "
+                            "bands)")
+    group.add_argument("--sampling-cycle", type=positive_int, default=None, metavar="B",
+                       help="with --sampling-rate: the sampler's groups (default 1: Poisson "
+                            "sampling, DP-SGD); bandmf is built with this many bands")
+    group.add_argument("--relation", default="replace-one",
+                       choices=("replace-one", "add-remove"),
+                       help="with --sampling-rate: the neighbouring relation of the ε")
 
 
 def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorization, float]:
@@ -223,12 +244,26 @@ def _plan(args: argparse.Namespace) -> dict[str, object]:
     from .plan import PlanInput, format_plan, make_plan
 
     _show_solver_progress()
+    if args.compare_loops:  # fixed-order BLT vs amplified BandMF vs DP-SGD
+        from .amplification import choose_loop
+
+        steps = -(-args.examples // args.batch_size)
+        choice = choose_loop(args.epsilon, args.delta, steps, args.epochs)
+        if args.json:
+            return choice.as_dict()
+        print(f"loop for ε = {args.epsilon:g}, δ = {args.delta:g}, {args.epochs} epochs of "
+              f"{steps} steps (replace-one): {choice.best}"
+              + (f", {choice.bands} bands" if choice.best.startswith("amplified") else "")
+              + f"\n  why: {choice.reason}\n  prefix-sum noise RMSE × clip norm: "
+              + ", ".join(f"{k} {v:.3g}" for k, v in choice.rmse.items()))
+        return {}
     plan = make_plan(PlanInput(
         model_size=args.model_size, examples=args.examples, batch_size=args.batch_size,
         epochs=args.epochs, learners=args.learners, mechanism=args.mechanism,
         epsilon=args.epsilon, delta=args.delta, clip_norm=args.clip_norm, method=args.method,
         rounds=args.rounds, learning_rate=args.learning_rate, signal=args.signal,
-        mode=args.mode),
+        mode=args.mode, momentum=args.momentum, adaptive_quantile=args.adaptive_clip_quantile,
+        adaptive_noise=args.adaptive_clip_noise),
         levers=not args.no_levers)
     if not args.json:
         print(format_plan(plan))
@@ -493,7 +528,17 @@ def build_parser() -> argparse.ArgumentParser:
                           "learner's round update (CorrNoiseRoundMod; --rounds is the "
                           "horizon), or the server's average (central DP; --learners is "
                           "min-learners)")
+    pln.add_argument("--momentum", type=float, default=0.0,
+                     help="the local optimizer's momentum β (Flower's quickstart: 0.9)")
+    pln.add_argument("--adaptive-clip-quantile", type=float, default=None,
+                     help="adaptive clipping's quantile (its noised counts' cost included)")
+    pln.add_argument("--adaptive-clip-noise", type=float, default=None,
+                     help="σ_b of the noised counts (default: 10 %% of μ²)")
     pln.add_argument("--no-levers", action="store_true", help="skip the alternatives")
+    pln.add_argument("--compare-loops", action="store_true",
+                     help="which loop: a fixed order with BLT, cyclic Poisson sampling with "
+                          "amplified BandMF (the bands chosen), or DP-SGD (Poisson, 1 band), "
+                          "by the prefix-sum noise each gives, and why")
     pln.add_argument("--json", action="store_true", help="print JSON")
     pln.set_defaults(func=_plan)
 

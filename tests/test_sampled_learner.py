@@ -246,3 +246,51 @@ def test_the_auditor_runs_the_amplified_mechanism_with_its_sampler() -> None:
     assert "cyclic Poisson" in honest.participation
     fault = audit("bandmf", drawn_rate=1.0, **kwargs)
     assert fault.exceeds_claim, fault.verdict
+
+
+# -- the CLI and the loop choice ----------------------------------------------------------
+
+def test_cli_calibrate_takes_the_sampling(capsys: pytest.CaptureFixture[str]) -> None:
+    """``calibrate --sampling-rate --sampling-cycle --relation`` is the learner's
+    calibration; a sampling rate beside --epochs is refused."""
+    import json
+
+    from flwr_corrnoise.cli import main
+
+    assert main(["calibrate", "--epsilon", "2", "--delta", "1e-5", "--clip-norm", "1",
+                 "--mechanism", "bandmf", "--steps", "24", "--sampling-rate", "0.25",
+                 "--sampling-cycle", "2", "--relation", "add-remove", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    part = SampledParticipation.cyclic_poisson(0.25, 2, 24, 1.0, "add-remove")
+    cal = PrivacySettings("bandmf", 2.0, 1e-5, 1.0, 24, participation=part).calibration()
+    assert out["std"] == pytest.approx(cal.std) and out["relation"] == "add-remove"
+    assert out["encoder_bands"] == 2
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--epsilon", "2", "--delta", "1e-5", "--clip-norm", "1",
+              "--mechanism", "bandmf", "--steps", "24", "--sampling-rate", "0.25",
+              "--epochs", "2"])
+
+
+def test_choose_loop_picks_the_smallest_noise() -> None:
+    """The three loops' prefix-sum RMSE: DP-SGD's is ``σ·√mean(t)`` with ``σ`` meeting
+    the budget by dp_accounting (and 1 % less not), BLT's is the fixed-epoch calibration's;
+    the pick is the smallest."""
+    from flwr_corrnoise.amplification import AMPLIFIED_BANDMF, DP_SGD, FIXED_ORDER_BLT, choose_loop
+    from flwr_corrnoise.privacy import calibrate_mechanism
+
+    s, k, eps, delta = 4, 3, 4.0, 1e-5
+    choice = choose_loop(eps, delta, s, k, candidates=[1, 2, 4])
+    n = s * k
+    sigma = choice.rmse[DP_SGD] / math.sqrt(np.mean(np.arange(1, n + 1)))
+    assert dpa_epsilon(sigma, 1 / s, n, delta, "replace-one") <= eps * (1 + 1e-3)
+    assert dpa_epsilon(0.99 * sigma, 1 / s, n, delta, "replace-one") > eps
+    cal = calibrate_mechanism(eps, delta, 1.0, "blt", n,
+                              participation=Participation.epochs(k, s),
+                              params={"min_sep": s, "max_participations": k})
+    from flwr_corrnoise.mechanisms import build_factorization
+
+    blt = build_factorization("blt", n, min_sep=s, max_participations=k)
+    assert choice.rmse[FIXED_ORDER_BLT] == pytest.approx(
+        cal.std * math.sqrt(np.mean(blt.row_errors())))
+    assert choice.rmse[AMPLIFIED_BANDMF] <= choice.rmse[DP_SGD]
+    assert choice.rmse[choice.best] == min(choice.rmse.values()) and choice.reason
