@@ -82,7 +82,8 @@ OPACUS = ["opacus", "opacus-replace-one"]
 METHODS = [NOISELESS, *OURS, *OPACUS]
 NAMES = {
     NOISELESS: "noiseless",
-    "bandmf": "amplified BandMF, cyclic Poisson (ours)",
+    "bandmf": "amplified BandMF, cyclic Poisson, library's bands (ours)",
+    "bandmf-b1": "BandMF at 1 band = DP-SGD, Poisson (ours)",
     "blt": "BLT for k epochs (ours)",
     "independent": "independent noise, fixed order",
     "opacus": "Opacus DP-SGD (Poisson, PRV, add/remove)",
@@ -146,6 +147,8 @@ class Setup:
     model: str = "small"
     test_size: int = 10000
     threads: int = 1
+    #: ``bandmf``'s bands (= the sampler's cycle); 0: the library's choice
+    bandmf_bands: int = 0
 
     @property
     def private(self) -> bool:
@@ -182,6 +185,8 @@ class Setup:
     def bands(self) -> int:
         """``bandmf``'s bands: the library's choice for this (ε, δ, N, steps per epoch)
         (:func:`~flwr_corrnoise.amplification.choose_bands`, replace-one)."""
+        if self.bandmf_bands:
+            return self.bandmf_bands
         s = CyclicLoader(self.examples, self.batch_size, self.rounds, self.local_epochs)
         return chosen_bands(self.epsilon, self.delta, s.horizon, s.steps_per_epoch)
 
@@ -192,6 +197,13 @@ class Setup:
         return PrivacySettings(mechanism=mech, epsilon=self.epsilon, delta=self.delta,
                                clip_norm=self.clip_norm, horizon=ld.horizon,
                                participation=ld.participation)
+
+    @property
+    def label(self) -> str:
+        """The method's name in the CSVs: ``bandmf-b<bands>`` when the bands are forced."""
+        if self.method in SAMPLED and self.bandmf_bands:
+            return f"{self.method}-b{self.bandmf_bands}"
+        return self.method
 
     def with_(self, **changes: Any) -> Setup:
         return replace(self, **changes)
@@ -380,7 +392,10 @@ def noise_rows(epsilons: list[float], delta: float, steps_per_epoch: list[int],
             for k in epochs:
                 n = b * k
                 for m in METHODS[1:]:
-                    if m in OURS:
+                    if m in SAMPLED:  # the library's bands at rate bands/b, Thm 4's PLD
+                        best, _ = choose_bands(e, delta, n, b)
+                        sigma, rmse = best.noise_multiplier, best.rmse
+                    elif m in OURS:
                         st = PrivacySettings(m, e, delta, 1.0, n,
                                              participation=Participation.epochs(k, b))
                         sigma = st.calibration().std
@@ -524,7 +539,7 @@ def _run_one(s: Setup, progress: bool) -> tuple[dict[str, Any], list[list]]:
         run_ours(s, evaluate)
     seconds = time.perf_counter() - start
     accs = [a for _, a, _ in evaluate.rows]
-    row = {"dataset": s.dataset, "method": s.method,
+    row = {"dataset": s.dataset, "method": s.label,
            "epsilon": s.epsilon if s.private else math.inf, "delta": s.delta,
            "seed": s.seed, "final_accuracy": accs[-1], "final_loss": evaluate.rows[-1][2],
            "best_accuracy": float(np.nanmax(accs)) if not np.all(np.isnan(accs)) else math.nan,
@@ -532,7 +547,7 @@ def _run_one(s: Setup, progress: bool) -> tuple[dict[str, Any], list[list]]:
            "examples": s.examples, "batch_size": s.batch_size, "learners": s.learners,
            "model": s.model, "clip_norm": s.clip_norm, "steps": s.steps, **cols,
            "seconds": seconds}
-    rounds = [[s.dataset, s.method, row["epsilon"], s.seed, s.eta, r, a, lo]
+    rounds = [[s.dataset, s.label, row["epsilon"], s.seed, s.eta, r, a, lo]
               for r, a, lo in evaluate.rows]
     if progress:
         print(f"  {label}: final accuracy {accs[-1]:.3f} ({seconds:.0f} s)", file=sys.stderr,
@@ -561,7 +576,7 @@ def base_setup(args: argparse.Namespace) -> Setup:
                  data_root=args.data_root, learners=args.learners, examples=args.examples,
                  batch_size=args.batch_size, rounds=args.rounds,
                  local_epochs=args.local_epochs, model=args.model, test_size=args.test_size,
-                 threads=args.threads)
+                 threads=args.threads, bandmf_bands=args.bandmf_bands)
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, float]]:
@@ -700,6 +715,23 @@ def tables(runs: list[dict[str, str]], tuning: list[dict[str, str]]) -> dict[str
     return out
 
 
+def merge(dirs: list[Path], out: Path) -> None:
+    """Join the CSVs of several ``--out`` directories (a grid split into invocations) into
+    ``out``: every run, round and tuning row, in the order given; a (method, ε, seed)
+    that two directories both hold is an error, so no result is counted twice."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, header in (("runs.csv", RUN_HEADER), ("rounds.csv", ROUND_HEADER),
+                         ("tuning.csv", RUN_HEADER)):
+        rows = [r for d in dirs if (d / name).exists() for r in read_csv(d / name)]
+        if name == "runs.csv":
+            keys = [(r["method"], r["epsilon"], r["seed"], r["batch_size"]) for r in rows]
+            twice = {k for k in keys if keys.count(k) > 1}
+            if twice:
+                raise ValueError(f"runs held by more than one directory: {sorted(twice)}")
+        if rows:
+            write_csv(out / name, header, rows)
+
+
 def finish(out: Path, docs: bool) -> None:
     """Plot and tables from ``out``'s CSVs; with ``docs``, copy them into docs/."""
     runs, rounds = read_csv(out / "runs.csv"), read_csv(out / "rounds.csv")
@@ -732,6 +764,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--clip-norm", type=float, default=1.0)
     p.add_argument("--seeds", type=int, default=3, help="evaluation seeds 0 … N−1")
+    p.add_argument("--bandmf-bands", type=int, default=0,
+                   help="bandmf's bands (the sampler's cycle; 1 = DP-SGD); default: the "
+                   "library's choice (amplification.choose_bands)")
     p.add_argument("--seed-values", nargs="+", type=int, default=None,
                    help="these evaluation seeds instead of 0 … N−1 (to split a grid into "
                    "runs that --merge joins)")
@@ -750,6 +785,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "results" / "multi-epoch")
     p.add_argument("--docs", action="store_true",
                    help="copy CSVs and plot to docs/ and rewrite the doc's tables")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DIR",
+                   help="join these directories' CSVs into --out, then as --from-runs")
     p.add_argument("--from-runs", action="store_true",
                    help="only redo plot and tables from --out's CSVs")
     p.add_argument("--noise-table", action="store_true",
@@ -777,7 +814,9 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.out / "runs.csv").exists():
             print(noise_table(read_csv(args.out / "noise.csv")))
             return 0
-    if args.from_runs or args.noise_table:
+    if args.merge:
+        merge(args.merge, args.out)
+    if args.from_runs or args.noise_table or args.merge:
         finish(args.out, args.docs)
         return 0
     base = base_setup(args)

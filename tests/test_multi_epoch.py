@@ -74,7 +74,7 @@ def test_outputs(outputs) -> None:
     out, runs, rounds = outputs
     assert set(COLUMNS) <= set(runs[0])
     assert sorted(by_method(runs)) == sorted(
-        ["none", "blt", "independent", "opacus", "opacus-replace-one"])
+        ["none", "bandmf", "blt", "independent", "opacus", "opacus-replace-one"])
     for r in runs:  # every run evaluated after every round, r = 0 … R
         got = sorted(int(c["round"]) for c in rounds if c["method"] == r["method"])
         assert got == list(range(int(r["rounds"]) + 1))
@@ -157,3 +157,23 @@ def test_opacus_replace_one_epsilon(outputs) -> None:
     eps = pld.get_epsilon(delta)
     assert EPSILON - 0.05 <= eps <= EPSILON + 1e-3
     assert sigma > float(by_method(outputs[1])["opacus"]["noise_multiplier"])
+
+
+def test_bandmf_epsilon(outputs) -> None:
+    """The amplified banded run: its σ over ⌈N/b⌉ Poisson-subsampled Gaussian steps at the
+    sampler's rate gives the budget by dp_accounting's PLD (replace-one); the bands are the
+    library's choice; the std is σ·ζ·B_g with ζ the encoder's column norm."""
+    from flwr_corrnoise.amplification import choose_bands
+
+    r = by_method(outputs[1])["bandmf"]
+    examples, batch = int(r["examples"]), int(r["batch_size"])
+    s, n = -(-examples // batch), int(r["steps"])
+    best, _ = choose_bands(EPSILON, float(r["delta"]), n, s)
+    assert r["accountant"].endswith(f"b={best.bands}") and r["relation"] == "replace-one"
+    sigma, delta = float(r["noise_multiplier"]), float(r["delta"])
+    pld = PLDAccountant(dpa.NeighboringRelation.REPLACE_ONE, 1e-4)
+    pld.compose(dpa.PoissonSampledDpEvent(best.bands / s, dpa.GaussianDpEvent(sigma)),
+                -(-n // best.bands))
+    assert pld.get_epsilon(delta) == pytest.approx(EPSILON, abs=2e-3)
+    assert float(r["noise_std"]) == pytest.approx(
+        sigma * float(r["sensitivity"]) * float(r["clip_norm"]), rel=1e-9)
