@@ -111,6 +111,10 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("expected-batch-size", float, None, (APP, RUN, NODE), "both",
         "with `sampling-rate`: what every step's noised sum is divided by (never the "
         "drawn size, which stays secret)"),
+    Key("local-examples", int, None, (APP, NODE), "learner",
+        "the learner's declared number of training examples n: with `data-reuse = "
+        "'every-round'` a `PrivateSteps` round of more than n steps (each uses an example "
+        "at least) is refused, as is δ ≥ 1/n (docs/threat-model.md)"),
     Key("num-server-rounds", int, None, (APP, RUN, NODE), "both",
         "rounds of the run; required by the servers, and by a learner without `horizon`"),
     Key("local-steps", int, None, (APP, RUN, NODE), "both",

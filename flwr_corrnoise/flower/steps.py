@@ -68,6 +68,7 @@ from ..data.sampling import Loader
 from ..learner import StepCounts, check_horizon, private_step
 from ..learner_state import LearnerState, bind_data_order
 from ..settings import PrivacyConfigError, PrivacySettings, check_delta_for
+from ..settings_keys import lookup
 from .session import LearnerSession, PrivateLearnerGuard, answer
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,24 @@ def check_loader(loader: Loader, settings: PrivacySettings,
         raise PrivacyConfigError("the learner's config disagrees with its loader: "
                                  + "; ".join(problems) + ". Leave 'horizon', 'local-steps' "
                                  "and 'epochs' out of the config: the loader derives them")
+
+def round_step_limit(config: Mapping[str, Any], settings: PrivacySettings) -> int | None:
+    """The data-independent backstop of ``data-reuse = "every-round"`` (issue 32,
+    docs/threat-model.md): with ``local-examples = n`` declared, a round may take at most
+    ``n`` steps — every step uses an example at least, so a step past ``n`` uses some example
+    twice in the round (pigeonhole), more than the participation accounts. A function of
+    the declared ``n`` and the step counter only, never of an example's content, so two
+    neighbouring datasets (replace-one: the same ``n``) are refused alike. Also refuses
+    ``δ ≥ 1/n``. ``None``: no ``n`` declared, or another participation."""
+    n = lookup(config, "local-examples", "learner's config", warn=False)
+    if n is None or not settings.private:
+        return None
+    if isinstance(n, bool) or int(n) < 1:
+        raise PrivacyConfigError(f"local-examples must be a positive integer, got {n!r}")
+    check_delta_for(settings.delta, int(n), " by local-examples")
+    reuse = str(config.get("data-reuse") or "").strip().lower()
+    return int(n) if reuse == "every-round" else None
+
 
 _lock = threading.Lock()
 #: per message (by ``id``): whether the guard is around it, the open PrivateSteps, and the
@@ -174,6 +193,8 @@ class PrivateSteps:
         self.settings = self.session.settings
         if loader is not None:
             check_loader(loader, self.settings, self.session.config)
+        #: the most steps a round may take under the declared data use (None: no bound)
+        self._round_limit = round_step_limit(self.session.config, self.settings)
         self._issued = 0
         self.config = dict(msg.content["config"]) if "config" in msg.content else {}
         record = msg.content["arrays"]
@@ -264,6 +285,13 @@ class PrivateSteps:
             raise PrivacyConfigError("this round's steps belong to the device optimizer "
                                      "(private_optimizer): call its step()")
         self.check_batch_drawn()
+        if self._round_limit is not None and self.steps >= self._round_limit:
+            raise PrivacyConfigError(
+                f"this round has taken {self.steps} steps, one per declared example "
+                f"(local-examples = {self._round_limit}); another would use an example "
+                "twice in one round, which data-reuse = 'every-round' does not account: "
+                "take at most one pass over the local data per round (or declare epochs "
+                "with a CyclicLoader)")
         value: Any = None
 
         def compute() -> Any:
