@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from flwr_corrnoise.adaptive_clipping import DEFAULT_COUNT_SHARE
+from flwr_corrnoise.cli import build_parser
 from flwr_corrnoise.plan import PlanInput, make_plan, momentum_rows
 
 BASE = PlanInput(model_size=500, examples=60, batch_size=10, epochs=2, learners=3,
@@ -73,3 +74,16 @@ def test_adaptive_clipping_costs_its_share_of_the_budget() -> None:
         dataclasses.replace(BASE, mode="central", adaptive_quantile=0.5)
     with pytest.raises(ValueError, match="momentum"):
         dataclasses.replace(BASE, momentum=1.0)
+
+
+def test_cli_plan_takes_momentum_and_adaptive_clipping() -> None:
+    args = build_parser().parse_args(["plan", "--model-size", "500", "--examples", "60",
+                                      "--batch-size", "10", "--epochs", "2", "--momentum",
+                                      "0.9", "--adaptive-clip-quantile", "0.5"])
+    out = args.func(_json(args))
+    assert out["inputs"]["momentum"] == 0.9 and out["inputs"]["adaptive_quantile"] == 0.5
+
+
+def _json(args):  # the parsed namespace with --json on
+    args.json = True
+    return args
