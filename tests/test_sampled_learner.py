@@ -294,3 +294,64 @@ def test_choose_loop_picks_the_smallest_noise() -> None:
         cal.std * math.sqrt(np.mean(blt.row_errors())))
     assert choice.rmse[AMPLIFIED_BANDMF] <= choice.rmse[DP_SGD]
     assert choice.rmse[choice.best] == min(choice.rmse.values()) and choice.reason
+
+
+# -- the torch ClientApp (private_training) ------------------------------------------------
+
+def torch_app(kind: str, criterion: bool = True) -> ClientApp:
+    """Flower's quickstart shape: the app's DataLoader, ``private_training`` with a
+    sampling cycle, the loop over its batches with ``private_optimizer``."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from flwr_corrnoise.flower import private_optimizer, private_training
+
+    client = ClientApp(mods=[PrivateSteps.guard()])
+    x, y = dataset(kind)
+    data = TensorDataset(torch.tensor(x, dtype=torch.float32), torch.tensor(y))
+
+    @client.train()
+    def train(msg: Message, ctxt: Context) -> Message:
+        model = torch.nn.Linear(D, 2, bias=False)
+        w = msg.content["arrays"].to_numpy_ndarrays()[0]
+        with torch.no_grad():
+            model.weight.copy_(torch.as_tensor(w.reshape(2, D)))
+        loader = private_training(msg, ctxt, model, DataLoader(data, batch_size=BATCH),
+                                  epochs=1, sampling_cycle=2)
+        loss = torch.nn.CrossEntropyLoss()
+        opt = private_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
+                                loss if criterion else None)
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss(model(xb), yb).backward()
+            opt.step()
+        return loader.reply(ArrayRecord([model.weight.detach().numpy()]))
+
+    return client
+
+
+def torch_conversation(client: ClientApp) -> list[dict]:
+    ctxt = Context(run_id=1, node_id=1, node_config={
+        "mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5, "noise-seed": 5,
+        "partition-id": 0}, state=RecordDict(), run_config={"num-server-rounds": ROUNDS})
+    w, prints = np.zeros((2, D), dtype=np.float32), []
+    for r in range(1, ROUNDS + 1):
+        reply = client(message(w, r), ctxt)
+        prints.append(fingerprint(reply))
+        if not reply.has_error():
+            w = reply.content["arrays"].to_numpy_ndarrays()[0]
+    return prints
+
+
+def test_private_training_samples_and_neighbours_get_the_same_replies(
+        simulated: None) -> None:
+    """``private_training(..., sampling_cycle=2)``: the learner's sampler keyed by its
+    noise seed, ε spent the amplified one, neighbouring datasets the same replies apart
+    from the arrays; without per-example clipping the sampled round is refused."""
+    same, odd = torch_conversation(torch_app("same")), torch_conversation(torch_app("odd"))
+    assert same == odd and "error" not in same[-1]
+    ld = CyclicPoissonLoader(N_EX, BATCH, rounds=ROUNDS, key=None, bands=2)
+    st = settings_from_config({"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5,
+                               **ld.config()})
+    assert same[-1]["metrics"]["epsilon-spent"] == pytest.approx(st.epsilon_spent(ld.horizon))
+    refused = torch_conversation(torch_app("same", criterion=False))
+    assert all("error" in p for p in refused)

@@ -89,7 +89,9 @@ class CyclicPoissonLoader:
     num_examples: int
     batch_size: int
     rounds: int
-    key: bytes | int | np.ndarray = field(repr=False, compare=False)
+    #: the learner's noise key; ``None``: the Flower front ends key it with the learner's
+    #: own (:meth:`keyed`) once its state is open, and no batch is drawn before
+    key: bytes | int | np.ndarray | None = field(repr=False, compare=False)
     local_epochs: int = 1
     bands: int = 1
     order_seed: int = 0
@@ -112,7 +114,8 @@ class CyclicPoissonLoader:
                 f"CyclicPoissonLoader: {self.bands} bands need a rate of bands/steps per "
                 f"epoch = {self.bands}/{self.steps_per_epoch} > 1; at most "
                 f"{self.steps_per_epoch} bands (one fixed batch per group)")
-        object.__setattr__(self, "_aes_key", sampling_key(self.key))
+        object.__setattr__(self, "_aes_key",
+                           b"" if self.key is None else sampling_key(self.key))
         order = np.random.default_rng(int(self.order_seed)).permutation(self.num_examples)
         object.__setattr__(self, "order", order)
         object.__setattr__(self, "_groups",
@@ -191,12 +194,22 @@ class CyclicPoissonLoader:
         mask = self.inclusion(step)
         return members[mask]
 
+    def keyed(self, key: bytes | int | np.ndarray) -> CyclicPoissonLoader:
+        """This loader with the learner's noise ``key`` (the sampler derives its own
+        sub-key from it)."""
+        from dataclasses import replace
+
+        return replace(self, key=key)
+
     def inclusion(self, step: int) -> np.ndarray:
         """Whether each member of :meth:`group` ``(step)`` is drawn (booleans, group
         order): word ``j`` of the step's AES-CTR keystream below ``⌊q·2⁶⁴⌋``."""
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
         step = self._check_step(step)
+        if not self._aes_key:
+            raise ValueError("this CyclicPoissonLoader has no key: the draws come from the "
+                             "learner's noise key (PrivateSteps keys it; elsewhere pass key=)")
         size = self._groups[step % self.bands].size
         q = self.sampling_rate
         if q >= 1.0:

@@ -210,6 +210,8 @@ class PrivateSteps:
             check=None if loader is None else
             (lambda state: bind_data_order(state, loader.order_digest)))
         self.state: LearnerState = self.round.open()
+        if loader is not None and getattr(loader, "key", 0) is None:  # a sampler to key
+            self.loader = self._keyed(loader)
         with _lock:  # from here on the guard closes the round if the train function fails
             _OPEN[id(msg)] = self
             _CREATED.add(id(msg))
@@ -225,6 +227,17 @@ class PrivateSteps:
         #: the steps are taken by a device optimizer that owns the stream
         #: (:func:`flwr_corrnoise.flower.torch_app.private_optimizer`)
         self.external = False
+
+    def _keyed(self, loader: Any) -> Any:
+        """A sampler keyed with this learner's noise seed (its own sub-key: never the
+        noise's keystream); refused where the learner has none (secure noise)."""
+        if self.state.seed is None:
+            self.round.abort()
+            raise PrivacyConfigError(
+                "a CyclicPoissonLoader without a key draws from the learner's noise seed, "
+                "and this learner has none (secure noise): pass key= (128 bits or more of "
+                "OS entropy, kept secret)")
+        return loader.keyed(self.state.seed)
 
     @staticmethod
     def guard(allow_evaluation: bool = False) -> PrivateStepsGuard:

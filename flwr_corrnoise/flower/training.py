@@ -67,6 +67,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar, Token
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,7 @@ from flwr.app import ArrayRecord, Context, Message
 from torch.utils.data import DataLoader
 
 from ..data.loader import CyclicLoader
+from ..data.sampling import CyclicPoissonLoader, Loader
 from ..learner import check_horizon
 from ..settings import PrivacyConfigError
 from ..streams import HorizonExhaustedError
@@ -153,6 +155,27 @@ class _TrainingSteps(PrivateSteps):
                 self.training.release()
 
 
+def _collate_sampled(collate: Callable[[list[Any]], Any], dataset: Any,
+                     batch: list[Any]) -> Any:
+    """A sampled step may draw nothing: its batch is the collation of one example cut to
+    zero rows (the shapes, never the values, of the dataset's first example), so the loop
+    runs the step as any other and its noise is still added."""
+    if batch:
+        return collate(batch)
+    one = collate([dataset[0]])
+    return _cut(one)
+
+
+def _cut(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value[:0]
+    if isinstance(value, list | tuple):
+        return type(value)(_cut(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    return value
+
+
 class PrivateTrainLoader(DataLoader):
     """The private round of one train message, as the ``DataLoader`` to train on: the
     dataset of the user's loader, batches in the :class:`CyclicLoader`'s fixed order
@@ -164,13 +187,15 @@ class PrivateTrainLoader(DataLoader):
                  epochs: int) -> None:
         batches = _RoundBatches(private)
         batches.epochs = epochs  # type: ignore[attr-defined]
-        super().__init__(like.dataset, batch_sampler=batches, collate_fn=like.collate_fn,
+        collate = like.collate_fn if not isinstance(private.loader, CyclicPoissonLoader) \
+            else partial(_collate_sampled, like.collate_fn, like.dataset)
+        super().__init__(like.dataset, batch_sampler=batches, collate_fn=collate,
                          num_workers=like.num_workers, pin_memory=like.pin_memory,
                          worker_init_fn=like.worker_init_fn, timeout=like.timeout)
         #: the round (settings, state, the release gate)
         self.private = private
         #: the loader whose participation the ε accounts for
-        self.loader: CyclicLoader = private.loader  # type: ignore[assignment]
+        self.loader: Loader = private.loader  # type: ignore[assignment]
         self.settings = private.settings
         self.model = model
         self.optimizer: RoundOptimizer | None = None
@@ -193,6 +218,11 @@ class PrivateTrainLoader(DataLoader):
             raise PrivacyConfigError(
                 "private_optimizer wraps another model than the one private_training was "
                 "given: the released arrays are that model's, so it must be the one trained")
+        if criterion is None and isinstance(self.loader, CyclicPoissonLoader):
+            raise PrivacyConfigError(
+                "a sampled round needs per-example clipping: pass the loss module "
+                "(private_optimizer(optimizer, model, criterion)); a loss averaged over a "
+                "drawn batch would divide by its size, which must stay secret")
         if criterion is not None and not isinstance(criterion, torch.nn.Module):
             raise PrivacyConfigError(
                 "criterion must be a loss module (e.g. torch.nn.CrossEntropyLoss()): the "
@@ -301,6 +331,7 @@ def private_training(
     config_defaults: Mapping[str, Any] | None = None,
     release_metrics: Iterable[str] = (),
     order_seed: int = 0,
+    sampling_cycle: int | None = None,
 ) -> PrivateTrainLoader:
     """Open this train message's private round and return the ``DataLoader`` to train on
     (:class:`PrivateTrainLoader`; the module docstring shows the whole adoption).
@@ -312,6 +343,15 @@ def private_training(
     trains (the received arrays, in order; no buffers). ``config_defaults`` and
     ``release_metrics`` are as for :class:`PrivateSteps`. Needs
     ``ClientApp(mods=[PrivateSteps.guard()])``.
+
+    ``sampling_cycle = b``: cyclic Poisson sampling instead of the fixed order
+    (:class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader`, ``b`` groups at rate
+    ``b/len(trainloader)``, keyed by the learner's noise seed through a sub-key of its
+    own; 1 = Poisson sampling, DP-SGD): the noise is calibrated to the amplified
+    guarantee, a banded mechanism (``bandmf``) gets ``b`` bands, the batches' sizes vary
+    and stay secret, and every step's noised sum is divided by the expected batch size.
+    Per-example clipping (a criterion for :func:`private_optimizer`) is needed: a loss
+    averaged over a drawn batch would divide by its secret size.
     """
     try:
         size = len(trainloader.dataset)  # type: ignore[arg-type]
@@ -321,8 +361,15 @@ def private_training(
     if trainloader.batch_size is None:
         raise PrivacyConfigError("private_training needs a DataLoader with a batch_size "
                                  "(not a batch_sampler of its own)")
-    loader = CyclicLoader(size, int(trainloader.batch_size), rounds=_rounds_of(context),
-                          local_epochs=_epochs_of(context, epochs), order_seed=order_seed)
+    loader: Loader
+    if sampling_cycle is None:
+        loader = CyclicLoader(size, int(trainloader.batch_size), rounds=_rounds_of(context),
+                              local_epochs=_epochs_of(context, epochs), order_seed=order_seed)
+    else:
+        loader = CyclicPoissonLoader(size, int(trainloader.batch_size),
+                                     rounds=_rounds_of(context), key=None,
+                                     local_epochs=_epochs_of(context, epochs),
+                                     bands=int(sampling_cycle), order_seed=order_seed)
     private = _TrainingSteps(msg, context, config_defaults=config_defaults,
                              release_metrics=release_metrics, loader=loader)
     try:
