@@ -7,7 +7,8 @@ For each ``d`` and mechanism, a stream at horizon ``--steps`` is advanced in blo
 normals from the same keyed Philox (the reference: independent noise needs exactly one),
 so both see the same machine load; times are medians over ``--repeats`` block pairs.
 Also per learner-round: the serialized state (``to_bytes``), and the time to write it,
-read it back and take a rollback checkpoint. RMSE is at unit sensitivity for the horizon,
+read it back and fork it (what a round that may fail costs: ``NoiseStream.fork``; a
+checkpoint before issue 33). RMSE is at unit sensitivity for the horizon,
 with its ratio to BLT's. (State handling: mean of ``--repeats`` calls.)
 """
 
@@ -39,7 +40,7 @@ def main() -> None:
     print(f"N = {args.steps}; per step: ms per increment, ratio to one i.i.d. draw of d "
           "normals; per round: the state a learner stores and its handling")
     print("| d | mechanism | RMSE (×blt) | ms/step | ms/draw | ×draw | state | to_bytes ms | "
-          "from_bytes ms | checkpoint ms |")
+          "from_bytes ms | fork ms |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for dim in args.dims:
         for _name, _params, label in configs:
@@ -52,7 +53,7 @@ def main() -> None:
             blob = stream.to_bytes()
             t_write = time_block(stream.to_bytes, args.repeats)
             t_read = time_block(lambda b=blob: NoiseStream.from_bytes(b), args.repeats)
-            t_ckpt = time_block(stream.checkpoint, args.repeats)
+            t_ckpt = time_block(stream.fork, args.repeats)
             print(f"| {dim:,} | {label} | {fact.rmse:.3f} ({fact.rmse / blt_rmse:.2f}) | "
                   f"{1e3 * ours:.2f} | {1e3 * ref:.2f} | {ratio:.2f} | {human_bytes(len(blob))} | "
                   f"{1e3 * t_write:.2f} | {1e3 * t_read:.2f} | {1e3 * t_ckpt:.3f} |",

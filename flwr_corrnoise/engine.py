@@ -15,9 +15,9 @@ the gradients of a local step in one call, the learners' rounds in lockstep thro
 every step :func:`~flwr_corrnoise.learner.private_steps` (whose ``L = 1`` case is
 ``private_step``: each learner's horizon, datum rule, clipping and counters as vector
 operations over the rows) and the learners' noise one recurrence per round's group of
-streams (:class:`~flwr_corrnoise.streams.StreamGroup`, each learner's rows still from its
-own keyed generator). The results equal :func:`run_inprocess`'s to 1e-12
-(``tests/test_vectorized_engine.py``).
+streams (:func:`~flwr_corrnoise.stream_group.grouped_noise`, each learner's rows still from
+its own keyed generator: the engine is the one user of stream groups). The results equal
+:func:`run_inprocess`'s to 1e-12 (``tests/test_vectorized_engine.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .aggregation import aggregate
 from .learner import GradientFn, local_round, local_rounds
 from .learner_state import LearnerState
 from .settings import PrivacySettings, derive_seed
+from .stream_group import grouped_noise
 
 
 @dataclass
@@ -95,7 +96,7 @@ def run_inprocess(
 
             outs = local_rounds(x, [gradients[i] for i in members],
                                 [run.states[i] for i in members], group_settings, tau, eta,
-                                batch=batch)
+                                batch=batch, noise=grouped_noise)
             for i, out in zip(members, outs, strict=True):
                 run.states[i] = out.state
                 by_learner[i] = out.update
@@ -119,7 +120,7 @@ def run_vectorized(
     :func:`~flwr_corrnoise.learner.local_rounds` (the learners' steps in lockstep, each
     step :func:`~flwr_corrnoise.learner.private_steps`, the private step over ``L`` rows —
     every learner's own clipping, noise stream and counters — with the learners' streams
-    as one :class:`~flwr_corrnoise.streams.StreamGroup`), and the results equal
+    as one :class:`~flwr_corrnoise.stream_group.StreamGroup`), and the results equal
     :func:`run_inprocess`'s on the same seeds (``tests/test_vectorized_engine.py``: 1e-12).
     ``gradients`` (per learner) is what a learner falls back to when the batch fails (a
     datum that cannot be computed), so one datum never changes another learner's step.

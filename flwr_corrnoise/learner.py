@@ -36,14 +36,14 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from .adaptive_clipping import AdaptiveClipState
 from .learner_state import LearnerState
 from .settings import PrivacyConfigError, PrivacySettings, privacy_metrics
-from .streams import HorizonExhaustedError, StreamGroup, split_flat
+from .streams import HorizonExhaustedError, NoiseStream, split_flat
 
 log = logging.getLogger(__name__)
 
@@ -292,6 +292,18 @@ def datum_gradient(compute: Callable[[], Any], size: int) -> tuple[np.ndarray, s
     return (np.zeros(size) if g is None else g), why
 
 
+class RoundNoise(Protocol):
+    """How a step's ``L`` rows get their noise when the streams are not stepped one by one
+    (:func:`private_steps`' ``noise``): the in-process engine's open stream groups
+    (:class:`~flwr_corrnoise.stream_group.GroupedNoise`). ``add(g)``: the ``L`` releases
+    ``g[i] + e_i`` (each row's own stream moved on one step); ``close()``: every stream
+    holds its own state again."""
+
+    def add(self, g: np.ndarray) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
 def private_step(
     state: LearnerState,
     settings: PrivacySettings,
@@ -325,7 +337,7 @@ def private_steps(
     *,
     computes: Sequence[Callable[[], Any]] | None = None,
     rows: np.ndarray | None = None,
-    noise: Sequence[tuple[list[int], StreamGroup]] | None = None,
+    noise: RoundNoise | None = None,
 ) -> np.ndarray:
     """:func:`private_step` for ``L`` learners of one settings at once: row ``i`` of the
     ``L×size`` result is learner ``i``'s release, computed by the same rules in the same
@@ -335,14 +347,15 @@ def private_steps(
 
     Why one function for both: the vectorized engine's learners step in lockstep, and the
     rules above are vector operations over the rows (one norm per row, one finiteness
-    test per row) plus one recurrence for all the learners' noise
-    (:class:`~flwr_corrnoise.streams.StreamGroup`), so ``L`` learners cost about what one
-    costs in Python calls; one learner is ``L = 1`` of the same code.
+    test per row) plus, in the engine, one recurrence for all the learners' noise
+    (``noise``: :class:`~flwr_corrnoise.stream_group.GroupedNoise`), so ``L`` learners
+    cost about what one costs in Python calls; one learner is ``L = 1`` of the same code.
 
     ``rows``: the ``L`` gradients already computed (a batch); ``computes``: each learner's
-    code for its datum otherwise. ``noise``: the learners' streams as open groups
-    (``(indices, group)`` from :meth:`StreamGroup.partition`, kept open over a round by
-    :func:`local_rounds`); by default they are grouped here and closed on return.
+    code for its datum otherwise. ``noise``: how the ``L`` rows get their noise (the
+    engine's open stream groups, kept over a round by :func:`local_rounds`); by default
+    each learner's own stream adds its increment (:meth:`~flwr_corrnoise.streams.
+    NoiseStream.add_next`).
     """
     if states:  # the learner furthest along decides (one check for the L counters)
         check_horizon(settings, max(state.step for state in states))
@@ -361,16 +374,10 @@ def private_steps(
         if adaptive:  # rows of norm ≤ 1: the stream's noise is calibrated at unit clip
             g /= clip[:, None]
         if noise is not None:
-            g = _add_noise(g, noise)
-        elif len(states) == 1:  # the one-stream group: the stream's own add_next
-            g[0] = states[0].noise.add_next(g[0])  # type: ignore[union-attr]
-        else:
-            groups = StreamGroup.partition([s.noise for s in states])  # type: ignore[misc]
-            try:
-                g = _add_noise(g, groups)
-            finally:
-                for _, group in groups:
-                    group.close()
+            g = noise.add(g)
+        else:  # each learner's own stream
+            for i, state in enumerate(states):
+                g[i] = state.noise.add_next(g[i])  # type: ignore[union-attr]
         if adaptive:  # × C_t (post-processing), then C_{t+1} from the noised count
             g *= clip[:, None]
             _next_clip_norms(states, clips, ~over, settings)
@@ -384,7 +391,7 @@ def _next_clip_norms(states: Sequence[LearnerState], clips: Sequence[AdaptiveCli
     """Each learner's ``C_{t+1}`` from its step's unclipped count (one datum a step) and
     the count noise of its step (:meth:`~flwr_corrnoise.adaptive_clipping.
     AdaptiveClipState.update`), stored as new payload arrays (never written in place:
-    the round's checkpoint holds the old ones)."""
+    the state the round was forked from keeps the old ones)."""
     sigma_b = settings.count_noise()
     for state, clip, ok in zip(states, clips, unclipped.tolist(), strict=True):
         clip.update(float(ok), 1, state.step, settings.adaptive, sigma_b)  # type: ignore[arg-type]
@@ -419,16 +426,6 @@ def _gradient_rows(count: int, size: int, counts: Sequence[StepCounts],
     return g
 
 
-def _add_noise(g: np.ndarray, groups: Sequence[tuple[list[int], StreamGroup]]) -> np.ndarray:
-    """Each group's releases ``g[rows] + e`` (exact on a secure stream's grid)."""
-    if len(groups) == 1 and len(groups[0][0]) == g.shape[0]:
-        return groups[0][1].add_next(g)
-    out = np.empty_like(g)
-    for idx, group in groups:
-        out[idx] = group.add_next(g[idx])
-    return out
-
-
 def local_round(
     params: Sequence[np.ndarray],
     gradient: GradientFn,
@@ -441,8 +438,10 @@ def local_round(
     Private Online Federated Learning With Correlated Noise", Algorithm 1 lines 5–14).
 
     ``state`` is advanced in place (and returned in the result). On any error (horizon used
-    up, a non-finite model from the server, an interrupt) it is rolled back to exactly
-    what it was: a failed round releases nothing, so no released noise is ever reused.
+    up, a non-finite model from the server, an interrupt) it stays exactly what it was:
+    the round runs on a fork of it (:meth:`~flwr_corrnoise.learner_state.LearnerState.
+    fork`) that is written back only when the round succeeded, so a failed round releases
+    nothing and no released noise is ever reused.
 
     A **datum whose gradient cannot be computed** is *not* an error: a non-finite gradient
     (NaN/Inf, or the oracle raising :class:`NonFiniteError` for a non-finite loss), a
@@ -470,20 +469,22 @@ def local_rounds(
     tau: int,
     eta: float,
     batch: BatchGradientFn | None = None,
+    noise: Callable[[Sequence[NoiseStream], int], RoundNoise] | None = None,
 ) -> list[RoundResult]:
     """:func:`local_round` for ``L`` learners from the same ``params``, their steps in
     lockstep (``L = 1`` *is* :func:`local_round`). Why: the vectorized engine
     (:func:`flwr_corrnoise.engine.run_vectorized`) keeps the ``L`` local models as one
     ``L×d`` array and may compute their ``L`` gradients in one ``batch`` call; every step
     is :func:`private_steps` (the private step over the ``L`` rows: each learner's own
-    horizon, datum rule, clipping, noise stream and counters), the learners' streams
-    advanced as one :class:`~flwr_corrnoise.streams.StreamGroup` per round (one
-    recurrence, each learner's rows from its own generator), and the round's rule is this
-    one function.
+    horizon, datum rule, clipping, noise stream and counters), and the round's rule is
+    this one function. ``noise(streams, τ)``: the round's :class:`RoundNoise` over the
+    learners' streams — the engine passes :func:`~flwr_corrnoise.stream_group.
+    grouped_noise` (one recurrence per group of streams at one step, each learner's rows
+    from its own generator); by default each stream steps on its own.
 
     A ``batch`` that raises or returns another shape computes nothing: each learner's
     datum then goes through its own ``gradients[i]`` (so one learner's datum can never
-    zero another's gradient). On any error every learner of the call is rolled back.
+    zero another's gradient). On any error no learner of the call is written.
     """
     if isinstance(tau, bool) or int(tau) != tau or tau < 1:
         raise PrivacyConfigError(f"local steps τ must be a positive integer, got {tau!r}")
@@ -496,36 +497,32 @@ def local_rounds(
     x = _flatten(params)
     if not np.all(np.isfinite(x)):
         raise NonFiniteError("the global model received from the server is not finite")
-    # Work on the states in place and undo everything on failure: a failed round released
-    # nothing, so rolling the noise streams back reuses no released noise.
-    tokens = [state.checkpoint() for state in states]
+    # The round runs on forks of the states and is written back only when it succeeded: a
+    # failed round released nothing, and not writing it reuses no released noise.
+    work = [state.fork() for state in states]
     counts = [StepCounts() for _ in states]
-    noise: list[tuple[list[int], StreamGroup]] = []
+    opened: RoundNoise | None = None
     try:
-        z = np.tile(x, (len(states), 1))
+        z = np.tile(x, (len(work), 1))
         total = np.zeros_like(z)
-        if settings.private:  # one recurrence per group of streams, for the whole round
-            noise = StreamGroup.partition([state.noise for state in states],  # type: ignore[misc]
-                                          ahead=int(tau))
+        if settings.private and noise is not None:  # e.g. one recurrence per group
+            opened = noise([w.noise for w in work], int(tau))  # type: ignore[misc]
         for _ in range(int(tau)):
-            rows = _batch_rows(batch, z, [state.position for state in states])
+            rows = _batch_rows(batch, z, [w.position for w in work])
             computes = None if rows is not None else [
-                partial(gradients[i], split_flat(z[i], shapes), state.position)
-                for i, state in enumerate(states)]
-            g = private_steps(states, settings, x.size, counts, computes=computes, rows=rows,
-                              noise=noise)
+                partial(gradients[i], split_flat(z[i], shapes), w.position)
+                for i, w in enumerate(work)]
+            g = private_steps(work, settings, x.size, counts, computes=computes, rows=rows,
+                              noise=opened)
             z -= eta * g
             total += g
-        for state in states:
-            state.rounds += 1
-    except BaseException:
-        for _, group in noise:
-            group.close()
-        for state, token in zip(states, tokens, strict=True):
-            state.rollback(token)
-        raise
-    for _, group in noise:
-        group.close()
+        for w in work:
+            w.rounds += 1
+    finally:
+        if opened is not None:
+            opened.close()
+    for state, done in zip(states, work, strict=True):
+        state.assign(done)
     metrics: dict[int, RoundMetrics] = {}  # one computation per step count, when read
     for state in states:
         if state.step not in metrics:

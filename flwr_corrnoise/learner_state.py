@@ -16,7 +16,7 @@ import json
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,11 @@ from .settings import PrivacyConfigError, PrivacySettings
 from .streams import NoiseStream, new_seed, restore_stream
 
 log = logging.getLogger(__name__)
+
+#: the format of the states :class:`~flwr_corrnoise.torch.PrivateOptimizer` wrote before it
+#: stored learner states (steps, binding, its stream); :meth:`LearnerState.from_bytes`
+#: still reads them
+OPTIMIZER_STATE_FORMAT = 1
 
 #: the binding key of the loop's data order (:func:`bind_data_order`)
 DATA_ORDER = "data-order"
@@ -147,25 +152,25 @@ class LearnerState:
         self.step += 1
         self.position += 1
 
-    def checkpoint(self) -> tuple[Any, ...]:
-        """A token for :meth:`rollback`: the counters, the stream object and its own
-        checkpoint. Why one place: every front end undoes a round that released nothing
-        (an interrupt, a failed commit) the same way, so no released noise is reused and
-        no counter moves without a release."""
-        token = self.noise.checkpoint() if self.noise is not None else None
-        # the payload's arrays are replaced, never written in place (adaptive clipping,
-        # the relay node): a shallow copy of the dict is their checkpoint
-        payload = None if self.payload is None else dict(self.payload)
-        return (self.step, self.position, self.rounds, self.generation, self.last_round,
-                self.noise, token, payload)
+    def fork(self) -> LearnerState:
+        """A copy that a round advances while this state stays as it was: the counters,
+        the binding and the payload copied (the payload's arrays are replaced, never
+        written in place: adaptive clipping, the relay node), the stream forked
+        (:meth:`~flwr_corrnoise.streams.NoiseStream.fork`: the same kernel state, which no
+        step changes, and a copy of the generator). Why: a round that fails half-way (an
+        interrupt, a failed commit) released nothing, and undoing it is not writing it —
+        the learner keeps this state, never a half-advanced one, so no released noise is
+        reused and no counter moves without a release. A round that succeeds is taken
+        with :meth:`assign`."""
+        return replace(self, noise=None if self.noise is None else self.noise.fork(),
+                       binding=None if self.binding is None else dict(self.binding),
+                       payload=None if self.payload is None else dict(self.payload))
 
-    def rollback(self, token: tuple[Any, ...]) -> None:
-        """Undo everything since :meth:`checkpoint` (the stream object put back, too: a
-        front end may have moved it to a device)."""
-        (self.step, self.position, self.rounds, self.generation, self.last_round,
-         self.noise, inner, self.payload) = token
-        if inner is not None:
-            self.noise.rollback(inner)  # type: ignore[union-attr]
+    def assign(self, other: LearnerState) -> None:
+        """Take everything ``other`` holds (a :meth:`fork` whose round succeeded): the one
+        write of a round into the learner's state object."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(other, f.name))
 
     def to_bytes(self) -> bytes:
         """The one learner-state format (:mod:`~flwr_corrnoise.arraypack`): every front
@@ -213,7 +218,29 @@ class LearnerState:
             arrays = arraypack.unpack_any(data)
         except (OSError, ValueError, KeyError, EOFError, TypeError) as err:
             raise ValueError(f"unreadable learner state: {err}") from err
+        if "format" in arrays and "steps" in arrays:  # the torch optimizer's earlier format
+            return cls._from_optimizer_format(arrays, device)
         return cls.from_state_dict(arrays, device, adopt=True)  # arrays: fresh copies
+
+    @classmethod
+    def _from_optimizer_format(cls, arrays: Mapping[str, np.ndarray],
+                               device: Any) -> LearnerState:
+        """A state :class:`~flwr_corrnoise.torch.PrivateOptimizer` wrote before it stored
+        learner states (:data:`OPTIMIZER_STATE_FORMAT`: steps, binding, its stream), read
+        as one; its torch stream restored on ``device`` through the backend table."""
+        try:
+            if int(arrays["format"]) != OPTIMIZER_STATE_FORMAT:
+                raise ValueError(
+                    f"unsupported private-optimizer state {int(arrays['format'])}")
+            steps = int(arrays["steps"])
+            noise = (restore_stream(arraypack.unpack_any(np.asarray(arrays["noise"]).tobytes()),
+                                    device, adopt=True) if "noise" in arrays else None)
+            binding = json.loads(str(arrays["binding"]))
+        except (KeyError, TypeError, EOFError, OSError) as err:
+            raise ValueError(f"unreadable private-optimizer state: {err!r}") from err
+        if noise is not None and noise.step != steps:
+            raise ValueError("private-optimizer state does not match its noise stream")
+        return cls(step=steps, position=steps, noise=noise, binding=binding)
 
     @classmethod
     def from_state_dict(cls, arrays: Mapping[str, np.ndarray],

@@ -44,11 +44,9 @@ failed round, when a restored state is inconsistent); :class:`NoiseStream` only 
 generator, the step, the scaling by ``V`` and the state format. The device-resident torch stream
 (:class:`flwr_corrnoise.torch.TorchNoiseStream`) runs the same kernels on tensors.
 
-**Stream groups** (:class:`StreamGroup`): ``L`` streams of one mechanism at the same
-step advanced together — one kernel state of dimension ``L·d``, one recurrence, each
-stream's rows from its own generator in its own order — for the vectorized in-process
-engine, whose learners step in lockstep. The increments and states are those of the ``L``
-separate streams (to the rounding of a wider product; ``tests/test_stream_group.py``).
+**Stream groups** (:class:`~flwr_corrnoise.stream_group.StreamGroup`): ``L`` streams of
+one mechanism at the same step advanced as one recurrence, for the in-process engine's
+lockstep learners only; a single learner steps its own stream.
 
 The state serializes to a small byte string (:mod:`~flwr_corrnoise.arraypack`, no
 pickle) for Flower's ``context.state`` or a file, and a stream restored from it continues
@@ -73,6 +71,7 @@ exactly — see :mod:`~flwr_corrnoise.secure_noise` for the threats and the cost
 
 from __future__ import annotations
 
+import copy
 import math
 import secrets
 from collections.abc import Callable, Sequence
@@ -82,14 +81,10 @@ import numpy as np
 
 from . import arraypack
 from .cipher_noise import STATE_TAG as CIPHER_TAG
-from .cipher_noise import CipherGaussian, next_rows_of
-from .mechanisms import (
-    Factorization,
-    build_factorization,
-    check_horizon,
-    check_mechanism,
-    factorization_by_digest,
-)
+from .cipher_noise import CipherGaussian
+from .mechanisms import Factorization, build_factorization, check_mechanism
+from .mechanisms.base import check_horizon
+from .mechanisms.registry import factorization_by_digest
 from .mechanisms.streaming import NUMPY_OPS, NUMPY_OPS32, ArrayOps, numpy_ops
 from .noise_keys import (
     KEY_BITS,
@@ -146,13 +141,16 @@ def split_flat(flat: np.ndarray, shapes: Sequence[Sequence[int]]) -> list[np.nda
     return out
 
 
-def _pack_rng(gen: Rng) -> np.ndarray:
+def pack_rng(gen: Rng) -> np.ndarray:
+    """A stream generator's state as uint64 words (the ``rng`` entry of a stream's state):
+    AES-128-CTR, the keyed Philox of format 2, or ChaCha20."""
     if isinstance(gen, CipherGaussian | ChaCha20Gaussian):  # AES: tag, key, row, sequential;
         return gen.pack()  # secure: tag, 256-bit key, block counter
     return pack_generator(gen)  # Philox: tag, counter, 128-bit key, buffer (noise_keys.py)
 
 
-def _unpack_rng(words: np.ndarray, secure: bool = False) -> Rng:
+def unpack_rng(words: np.ndarray, secure: bool = False) -> Rng:
+    """The generator :func:`pack_rng` packed (``secure``: a ChaCha20 one)."""
     if secure:
         return ChaCha20Gaussian.unpack(words)
     w = np.asarray(words).reshape(-1)
@@ -239,7 +237,7 @@ class RowCursor:
         if position.size != int(free.sum()):
             raise ValueError("a saved generator position of another generator type")
         words[free] = position
-        gen = _unpack_rng(words, secure=self._stream.secure)
+        gen = unpack_rng(words, secure=self._stream.secure)
         self._stream._set_rng_state(gen.state if isinstance(gen, CipherGaussian | ChaCha20Gaussian)
                                     else gen.bit_generator.state)
 
@@ -309,7 +307,7 @@ class NoiseStream:
         self._state = self._kernel.init(self._ops, self.dim, levels, given)
         self._cursor = RowCursor(self)  # the kernel's draw (and generator position)
         #: the open :class:`StreamGroup` that holds this stream's kernel state, if any
-        self._group: StreamGroup | None = None
+        self._group: Any = None
         #: whether :meth:`_draw` is a row of the AES kernel (either dtype) or a float64
         #: ``standard_normal(d)`` of a Philox generator, which a group may ask to write into
         #: its row (:meth:`_draw_rows`) instead
@@ -319,7 +317,8 @@ class NoiseStream:
                                      and self._ops is NUMPY_OPS)))
 
     def _release(self) -> None:
-        """Take the kernel state back from an open :class:`StreamGroup` (closing it), so
+        """Take the kernel state back from an open group (closing it,
+        :class:`~flwr_corrnoise.stream_group.StreamGroup`), so
         that nothing ever reads or steps a state the group has moved on."""
         if self._group is not None:
             self._group.close()
@@ -396,7 +395,7 @@ class NoiseStream:
         step."""
         self._release()
         self._check_step()
-        unit = self._kernel.next(self._state, self.step, self._cursor, self._ops)
+        unit, self._state = self._kernel.next(self._state, self.step, self._cursor, self._ops)
         self.step += 1
         return self._scaled(unit)
 
@@ -491,19 +490,24 @@ class NoiseStream:
         """The exact factorization this stream's noise comes from."""
         return self._factorization
 
-    # -- cheap undo, for a round that fails half-way ---------------------------------
-    def checkpoint(self) -> tuple:
-        """A token to :meth:`rollback` to; O(log N) work and no copy of the history (the
-        kernel copies only what it updates in place, BLT's ``buffers·d`` floats)."""
-        self._release()
-        return (self.step, self._rng_state(), self._kernel.checkpoint(self._state, self._ops))
+    # -- a round that fails half-way is not written --------------------------------
+    def fork(self) -> NoiseStream:
+        """A stream at this one's position that steps on its own: the same kernel state
+        (the kernels are pure, :mod:`~flwr_corrnoise.mechanisms.streaming`: neither
+        stream's steps change it) and a copy of the generator (its packed words).
 
-    def rollback(self, token: tuple) -> None:
-        """Undo every :meth:`next` since ``token`` was taken (nothing was released)."""
+        Why: a learner's round runs on a fork and the learner takes the fork only when
+        the round succeeded (:meth:`~flwr_corrnoise.learner_state.LearnerState.fork`), so
+        undoing a failed round is not writing it — no undo tokens, no copy of the history.
+        The stream it was forked from continues exactly as if the fork never stepped."""
         self._release()
-        self.step, rng_state, kernel_token = token
-        self._set_rng_state(rng_state)
-        self._kernel.rollback(self._state, kernel_token)
+        twin = copy.copy(self)
+        # the fork, which a round goes on with, takes the live generator (and the rows it
+        # computed ahead, CipherGaussian.next_row); this stream a copy at its position
+        self._rng = unpack_rng(pack_rng(twin._rng), secure=twin.secure)
+        twin._cursor = RowCursor(twin)
+        twin._group = None
+        return twin
 
     def _rng_state(self) -> object:
         # AES: (key, row, sequential); secure (ChaCha20): (key, block); Philox: its dict
@@ -523,14 +527,14 @@ class NoiseStream:
         """Floats held besides the generator: the stream's memory (history rows for the
         dense kinds, cover estimates for the tree, the buffers for BLT)."""
         self._release()
-        return self._kernel.state_floats(self._state) * self.dim
+        return len(self._kernel.save(self._state)[1]) * self.dim
 
     def state_dict(self, *, copy: bool = True) -> dict[str, np.ndarray]:
         """Everything needed to continue the stream, as plain arrays (no pickle).
 
         ``copy=False``: where the kernel keeps its rows as one array (BLT), ``rows`` *is*
         that array, not a copy — for a caller that writes the state out at once and keeps
-        nothing (:mod:`~flwr_corrnoise.state_offload`); the next step changes it. A float32
+        nothing (:mod:`~flwr_corrnoise.state_offload`). A float32
         stream records ``dtype``; a float64 state is written as before (no ``dtype`` key)."""
         shape_lens = np.array([len(s) for s in self.shapes], dtype=np.int64)
         shape_dims = np.array([d for s in self.shapes for d in s], dtype=np.int64)
@@ -561,7 +565,7 @@ class NoiseStream:
         return np.array(saved, dtype=dtype) if saved else np.zeros((0, self.dim), dtype)
 
     def _pack_rng(self) -> np.ndarray:
-        return _pack_rng(self._rng)
+        return pack_rng(self._rng)
 
     @classmethod
     def from_state_dict(cls, state: dict[str, np.ndarray], *,
@@ -590,7 +594,7 @@ class NoiseStream:
                 raise ValueError(f"the state records {dtype} buffers but holds {rows.dtype} "
                                  "rows; refusing to convert them")
             stream = cls(
-                rng=_unpack_rng(  # type: ignore[arg-type]
+                rng=unpack_rng(  # type: ignore[arg-type]
                     np.asarray(state["rng"]),
                     secure=bool(state["secure"]) if "secure" in state else False,
                 ),
@@ -649,222 +653,3 @@ class NoiseStream:
         except (OSError, ValueError, EOFError) as err:
             raise ValueError(f"unreadable noise-stream state: {err}") from err
         return cls.from_state_dict(state, adopt=True)  # the unpacked arrays are fresh copies
-
-
-class StreamGroup:
-    """``L`` noise streams of one mechanism at the same step, advanced together: one
-    kernel state of dimension ``L·d`` (the streams' states side by side,
-    :meth:`~flwr_corrnoise.mechanisms.streaming.StreamKernel.stack`), one recurrence for
-    all, and each stream's rows still drawn from its own keyed generator, in its own order.
-
-    Why: the vectorized in-process engine (:func:`flwr_corrnoise.learner.local_rounds`)
-    steps ``L`` learners in lockstep, and ``L`` calls of :meth:`NoiseStream.next` per step
-    cost ``L`` trips through the kernel (for the dense kinds ``L`` products, each reading
-    one learner's history). Every kernel is linear column by column with coefficients that
-    depend on the step only, so the stacked step is each stream's step: the increments and
-    the states after :meth:`close` are those of ``L`` separate streams, up to the rounding
-    of a product over more columns (a test compares every mechanism). One stream is the
-    ``L = 1`` group: its own :meth:`NoiseStream.next`, the same kernel step.
-
-    While the group is open it holds its members' kernel states (not their generators,
-    steps or keys): a member's own call that needs its state (``next``, ``checkpoint``,
-    ``rollback``, ``state_dict``, …) closes the group first, so no member ever steps or
-    saves a stale state. Use it as a context manager, or call :meth:`close`.
-
-    ``ahead``: how many steps the caller means to take before closing (the vectorized
-    engine's ``τ``). The group's first draw then takes that many rows from each member's
-    generator in one call (:class:`GroupCursor`): the same numbers in the same order as
-    one call per row, since a generator fills an array row after row; a group closed
-    before it used them puts every generator back where the rows it used leave it.
-    """
-
-    def __init__(self, streams: Sequence[NoiseStream], *, ahead: int = 1,
-                 _keyed: bool = False) -> None:
-        members = list(streams)
-        if not members:
-            raise ValueError("a stream group needs at least one stream")
-        if len({id(s) for s in members}) != len(members):
-            raise ValueError("a stream appears twice in the group")
-        self.streams = members
-        self.dim: int = getattr(members[0], "dim", 0)
-        self._state: Any = None
-        self._cursor: GroupCursor | None = None
-        self._open = True
-        if len(members) == 1:  # the stream itself (any object with a stream's next/add_next)
-            return
-        key = group_key(members[0])
-        if not _keyed and any(group_key(s) != key for s in members[1:]):
-            raise ValueError("a stream group's streams must share the kernel, dimension, "
-                             "step, std and generator kind (use StreamGroup.partition)")
-        for s in members:
-            s._release()
-        first = members[0]
-        self._kernel, self._ops = first._kernel, first._ops
-        self._state = self._kernel.stack(self._ops, [s._state for s in members], self.dim)
-        self._cursor = GroupCursor(members, self._ops, ahead)
-        for s in members:
-            s._group, s._state = self, None
-
-    @classmethod
-    def partition(cls, streams: Sequence[NoiseStream],
-                  ahead: int = 1) -> list[tuple[list[int], StreamGroup]]:
-        """The streams as groups of equal :func:`group_key`, in order of first
-        appearance: ``(indices into streams, group)`` pairs, every stream in exactly one
-        group. Why: learners of one settings may still be at different steps (a sampled
-        federation), and only streams at the same step can share a recurrence."""
-        by_key: dict[tuple, list[int]] = {}
-        for i, s in enumerate(streams):
-            by_key.setdefault(group_key(s), []).append(i)
-        return [(idx, cls([streams[i] for i in idx], ahead=ahead, _keyed=True))
-                for idx in by_key.values()]
-
-    def __len__(self) -> int:
-        return len(self.streams)
-
-    @property
-    def step(self) -> int:
-        """The members' common step."""
-        return self.streams[0].step
-
-    def next(self) -> np.ndarray:
-        """The ``L×d`` increments ``e[step]`` (row ``i``: stream ``i``'s); every member's
-        step moves on. Past the horizon it refuses before anything is drawn."""
-        if not self._open:
-            raise RuntimeError("this stream group is closed")
-        first = self.streams[0]
-        if self._state is None:  # L = 1: the stream's own step
-            return first.next()[None, :]
-        first._check_step()
-        unit = self._kernel.next(self._state, first.step, self._cursor, self._ops)
-        for s in self.streams:
-            s.step += 1
-        return first._scaled(unit).reshape(len(self.streams), self.dim)
-
-    def add_next(self, values: np.ndarray) -> np.ndarray:
-        """``values + e[step]`` row by row (``values``: ``L×d``): the members' releases,
-        each as :meth:`NoiseStream.add_next` forms it (exact on a secure grid)."""
-        if self._state is None and self._open:  # L = 1: the stream's own release
-            return self.streams[0].add_next(values[0])[None, :]
-        return self.streams[0]._add(values, self.next())
-
-    def close(self) -> None:
-        """Give every member its own kernel state back, and its generator where the rows
-        it used leave it (idempotent)."""
-        if not self._open:
-            return
-        self._open = False
-        if self._state is None:
-            return
-        self._cursor.settle()  # type: ignore[union-attr]
-        states = self._kernel.unstack(self._ops, self._state, len(self.streams), self.dim)
-        for s, state in zip(self.streams, states, strict=True):
-            s._state, s._group = state, None
-        self._state = None
-
-    def __enter__(self) -> StreamGroup:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def group_key(stream: NoiseStream) -> tuple:
-    """What streams must share to run one recurrence: the kernel object (one
-    factorization), the array namespace, the dimension, the step, the std and the
-    generator kind (secure streams share a grid only at one std). An object that only
-    behaves like a stream (``next``, ``add_next``) is a group of its own."""
-    if not isinstance(stream, NoiseStream):
-        return ("alone", id(stream))
-    return (type(stream), id(stream._kernel), id(stream._ops), stream.dim, stream.step,
-            stream.std, stream.secure)
-
-
-class GroupCursor:
-    """A :class:`StreamGroup`'s ``draw``: one row from every member's own generator, side
-    by side (member ``i``'s in columns ``i·d … (i+1)·d − 1``); :meth:`tell` and
-    :meth:`seek` read and move every member's position (:class:`RowCursor`), side by side.
-
-    With ``ahead > 1`` (and every member drawing into rows: an AES stream of either dtype,
-    or a float64 Philox one) the first call draws ``ahead`` rows from each generator at
-    once (:meth:`NoiseStream._draw_rows`: the kernel's rows at the position, several short
-    rows per transform; Philox's ``standard_normal(out=ahead×d)``): the rows ``ahead``
-    single draws give, in that order (``tests/test_stream_group.py`` checks it bit for
-    bit), for a quarter of the calls at τ = 4 — per learner and step a call cost about as
-    much as its 100 normals. The calls after it hand out those rows, then draw one row at
-    a time again. :meth:`settle` (from :meth:`StreamGroup.close`, :meth:`tell`,
-    :meth:`seek`) puts every generator where the rows handed out leave it: each one's
-    state before the draw, then moved past the used rows."""
-
-    __slots__ = ("_ahead", "_cipher", "_dim", "_ops", "_rows", "_saved", "_streams", "_used")
-
-    def __init__(self, streams: list[NoiseStream], ops: Any, ahead: int = 1) -> None:
-        self._streams, self._ops, self._dim = streams, ops, streams[0].dim
-        #: every member an AES stream: their short rows share one transform a draw
-        #: (:func:`~flwr_corrnoise.cipher_noise.next_rows_of`)
-        self._cipher = all(s._draws_into and isinstance(s._rng, CipherGaussian)
-                           for s in streams)
-        prefetch = ahead > 1 and all(s._draws_into for s in streams)
-        self._ahead = int(ahead) if prefetch else 1
-        self._rows: np.ndarray | None = None  # (members, rows, d): drawn, not all used
-        self._saved: list[Any] = []  # the generators' states before those rows
-        self._used = 0
-
-    def __call__(self) -> Any:
-        if self._rows is not None and self._used < self._rows.shape[1]:
-            self._used += 1
-            return self._rows[:, self._used - 1].copy().reshape(-1)
-        if self._ahead > 1 and self._rows is None:
-            first = self._streams[0]
-            count = min(self._ahead, first.horizon - first.step)
-            if count > 1:
-                return self._draw_ahead(count)
-        d = self._dim
-        out = self._ops.zeros(1, d * len(self._streams))[0]
-        if self._cipher:
-            next_rows_of([s._rng for s in self._streams], out.reshape(len(self._streams), 1, d))
-            return out
-        for i, s in enumerate(self._streams):
-            if s._draws_into:  # the generator straight into the row (the same draw)
-                s._draw_rows(out[i * d:(i + 1) * d][None])
-            else:
-                out[i * d:(i + 1) * d] = s._draw()
-        return out
-
-    def _draw_ahead(self, count: int) -> np.ndarray:
-        """``count`` rows of every member at once; the first of them handed out."""
-        rows = np.empty((len(self._streams), count, self._dim),
-                        dtype=self._streams[0].noise_dtype)
-        self._saved = [s._rng_state() for s in self._streams]
-        if self._cipher:
-            next_rows_of([s._rng for s in self._streams], rows)
-        else:
-            for s, block in zip(self._streams, rows, strict=True):
-                s._draw_rows(block)
-        self._rows, self._used = rows, 1
-        return rows[:, 0].copy().reshape(-1)
-
-    def settle(self) -> None:
-        """Forget the rows drawn ahead; if some were not handed out, put each generator
-        back to its state before them and draw the used ones again (the same numbers),
-        so that it stands where one call per row would have left it."""
-        rows, used = self._rows, self._used
-        self._rows, self._used = None, 0
-        if rows is None or used == rows.shape[1]:
-            self._saved = []
-            return
-        for s, state in zip(self._streams, self._saved, strict=True):
-            s._set_rng_state(state)
-            s._skip_rows(used)
-        self._saved = []
-
-    def tell(self) -> np.ndarray:
-        self.settle()
-        self._ahead = 1  # a kernel that reads positions draws one row at a time
-        return np.concatenate([s._cursor.tell() for s in self._streams])
-
-    def seek(self, position: np.ndarray) -> None:
-        self.settle()
-        self._ahead = 1
-        parts = np.split(np.asarray(position, dtype=np.uint64).reshape(-1), len(self._streams))
-        for s, part in zip(self._streams, parts, strict=True):
-            s._cursor.seek(part)

@@ -8,17 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from flwr_corrnoise.mechanisms import (
-    BLTParams,
-    BufferedToeplitz,
-    ToeplitzSqrt,
-    build_factorization,
-    prefix_sum_matrix,
-    prefix_sum_singular_values,
-    rmse_lower_bound,
-)
-from flwr_corrnoise.mechanisms.blt import optimize_blt, rmse_squared
+from flwr_corrnoise.mechanisms import BLTParams, build_factorization, rmse_lower_bound
+from flwr_corrnoise.mechanisms.base import prefix_sum_matrix, prefix_sum_singular_values
+from flwr_corrnoise.mechanisms.blt import BufferedToeplitz, optimize_blt, rmse_squared
 from flwr_corrnoise.mechanisms.optimized import evaluate_dual, workload_gram
+from flwr_corrnoise.mechanisms.toeplitz import ToeplitzSqrt
 from flwr_corrnoise.streams import NoiseStream
 
 RANDOM = BLTParams(np.array([0.3, 0.8, 0.97]), np.array([0.2, 0.1, 0.05]))
@@ -141,24 +135,24 @@ def test_lower_bound_is_the_dual_bound_at_v_equal_one_and_below_everything() -> 
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_a_step_after_a_checkpoint_writes_the_in_place_floats_to_a_new_array(dtype) -> None:
-    """Copy on write (``BLTKernel.next`` on a frozen state writes ``θ⊙r + e`` straight into
-    a fresh, uninitialised array, chunk by chunk): the increments and the buffers equal, bit
-    for bit, those of the same stream stepped with no checkpoint; the token keeps the
-    buffers as they were, so a rollback replays the same increments, twice. d spans two
-    full column chunks and a partial one, so every chunk of the fresh array is written."""
+def test_a_step_writes_the_new_buffers_to_a_new_array_and_keeps_the_old(dtype) -> None:
+    """The pure kernel (``BLTKernel.next`` writes ``θ⊙r + e`` straight into a fresh,
+    uninitialised array, chunk by chunk): the increments and the buffers equal, bit for
+    bit, those of a stream never forked; the kept state's buffers stay as they were, so
+    stepping it again replays the same increments, twice. d spans two full column chunks
+    and a partial one, so every chunk of the fresh array is written."""
     dim = 2 * (1 << 15) + 1234
     plain = NoiseStream.create("blt", 16, dim, 1.5, seed=7, dtype=dtype)
     cow = NoiseStream.create("blt", 16, dim, 1.5, seed=7, dtype=dtype)
     for _ in range(2):  # buffers away from zero first
         assert np.array_equal(plain.next(), cow.next())
     before = cow._state.buf.copy()
-    token = cow.checkpoint()
+    kept = cow.fork()
     first = [plain.next() for _ in range(3)]
     for _ in range(2):
         again = [cow.next() for _ in range(3)]
         assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
         assert np.array_equal(cow._state.buf, plain._state.buf)
-        assert np.array_equal(token[2], before)  # the checkpoint's buffers never moved
-        cow.rollback(token)
+        assert np.array_equal(kept._state.buf, before)  # the kept buffers never moved
+        cow = kept.fork()
     assert np.array_equal(cow._state.buf, before)

@@ -3,8 +3,8 @@ buffers, draws, recurrence and release in float32; a float64 learner is what it 
 
 Every claim here is checked against a second computation: the float32 stream against the
 float64 noising matrix ``V·C⁻¹·ξ`` applied to the same draws (and, over a long horizon,
-against a float64 recurrence written out here), the copy-on-write checkpoint against a
-stream that never checkpoints, the release against the float32 sum formed by hand."""
+against a float64 recurrence written out here), a forked stream against one never
+forked, the release against the float32 sum formed by hand."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.mechanisms import build_factorization, mechanism_names
 from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.state_offload import OffloadPolicy
-from flwr_corrnoise.streams import NoiseStream, StreamGroup
+from flwr_corrnoise.stream_group import StreamGroup, grouped_noise
+from flwr_corrnoise.streams import NoiseStream
 
 F32 = np.dtype(np.float32)
 #: the float32 stream's largest error per coordinate, in units of the noise std ``V``.
@@ -135,30 +136,28 @@ def test_float64_streams_are_unchanged_and_record_no_dtype() -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_copy_on_write_checkpoints_change_no_bit(dtype: type) -> None:
-    """BLT's checkpoint holds the buffers themselves and the next step writes new ones: a
-    stream checkpointed before every step (twice, nested, as a Flower round does) releases
-    the same bits as one that never checkpoints, and rolls back exactly."""
+def test_forks_change_no_bit(dtype: type) -> None:
+    """BLT's step writes new buffers and keeps the old (the pure kernel): a stream forked
+    before every step (twice, as a round on a fork inside a transaction) releases the same
+    bits as one never forked, and a kept fork steps the same increments again."""
     plain = NoiseStream.create("blt", 40, 300, 1.0, seed=9, dtype=dtype)
     checked = NoiseStream.create("blt", 40, 300, 1.0, seed=9, dtype=dtype)
     for _ in range(10):
-        outer = checked.checkpoint()
-        inner = checked.checkpoint()
+        outer = checked.fork()
+        inner = checked.fork()
         a, b = plain.next(), checked.next()
         np.testing.assert_array_equal(a, b)
-        assert outer[2] is inner[2]  # no copy
+        assert outer._state is inner._state  # no copy
     saved = checked.state_dict()
-    outer = checked.checkpoint()
-    inner = checked.checkpoint()
+    outer = checked.fork()
     first = [checked.next() for _ in range(3)]
-    checked.rollback(inner)
-    again = [checked.next() for _ in range(3)]  # steps after a rollback: copy on write again
-    checked.rollback(outer)
+    inner = outer.fork()
+    again = [inner.next() for _ in range(3)]  # the kept state, stepped again
     for x, y in zip(first, again, strict=True):
         np.testing.assert_array_equal(x, y)
-    for key, value in checked.state_dict().items():
+    for key, value in outer.state_dict().items():
         np.testing.assert_array_equal(value, saved[key])
-    np.testing.assert_array_equal(checked.next(), plain.next())
+    np.testing.assert_array_equal(outer.next(), plain.next())  # the kept one goes on
 
 
 def test_float32_state_restores_as_float32_and_refuses_other_rows() -> None:
@@ -210,8 +209,8 @@ def test_float32_group_is_its_streams() -> None:
 
 def test_rolled_back_round_of_grouped_float32_learners_is_exact() -> None:
     """``local_rounds`` over three float32 learners (one stacked recurrence) that is
-    interrupted in its second round: every learner's state is back where it was, and the
-    rerun releases what an uninterrupted run releases."""
+    interrupted in its second round: no learner's state was written, and the rerun
+    releases what an uninterrupted run releases."""
     settings = PrivacySettings("blt", 2.0, 1e-3, 1.0, 40)
     dim = 30
 
@@ -224,8 +223,8 @@ def test_rolled_back_round_of_grouped_float32_learners_is_exact() -> None:
 
     x = [np.zeros(dim, dtype=np.float32)]
     states, twins = learners(), learners()
-    local_rounds(x, [grad] * 3, states, settings, 4, 0.1)
-    local_rounds(x, [grad] * 3, twins, settings, 4, 0.1)
+    local_rounds(x, [grad] * 3, states, settings, 4, 0.1, noise=grouped_noise)
+    local_rounds(x, [grad] * 3, twins, settings, 4, 0.1, noise=grouped_noise)
     before = [s.noise.state_dict() for s in states]
     calls = {"n": 0}
 
@@ -236,13 +235,13 @@ def test_rolled_back_round_of_grouped_float32_learners_is_exact() -> None:
         return grad(params, position)
 
     with pytest.raises(KeyboardInterrupt):
-        local_rounds(x, [failing] * 3, states, settings, 4, 0.1)
+        local_rounds(x, [failing] * 3, states, settings, 4, 0.1, noise=grouped_noise)
     for s, saved in zip(states, before, strict=True):
         assert s.step == 4 and s.noise.noise_dtype == F32
         for key, value in s.noise.state_dict().items():
             np.testing.assert_array_equal(value, saved[key])
-    redo = local_rounds(x, [grad] * 3, states, settings, 4, 0.1)
-    ref = local_rounds(x, [grad] * 3, twins, settings, 4, 0.1)
+    redo = local_rounds(x, [grad] * 3, states, settings, 4, 0.1, noise=grouped_noise)
+    ref = local_rounds(x, [grad] * 3, twins, settings, 4, 0.1, noise=grouped_noise)
     for a, b in zip(redo, ref, strict=True):
         np.testing.assert_array_equal(a.update[0], b.update[0])
 

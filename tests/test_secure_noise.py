@@ -277,13 +277,12 @@ def test_secure_restore_continues_bit_for_bit(name: str, cut: int) -> None:
     assert np.array_equal(public.next(), twin.next())
 
 
-def test_secure_checkpoint_rollback() -> None:
+def test_secure_fork_steps_the_same_increments() -> None:
     s = secure_stream("blt", 10, 50, 1.0)
     s.next()
-    token = s.checkpoint()
+    kept = s.fork()
     first = [s.next() for _ in range(3)]
-    s.rollback(token)
-    assert np.array_equal(first, [s.next() for _ in range(3)])
+    assert np.array_equal(first, [kept.next() for _ in range(3)])
 
 
 def test_secure_flag_cannot_be_dropped_or_forged() -> None:
@@ -334,19 +333,19 @@ def _settings() -> PrivacySettings:
 
 def test_local_round_releases_trunc_g_of_the_clipped_step_plus_grid_noise() -> None:
     """Second computation of the secure release: replay the same ChaCha20 increments from
-    the stream's checkpoint and form trunc_g(clip(g)) + e by hand; the round's update must
-    equal it bit for bit, and lie on the grid (τ = 1: the update is the release)."""
+    a fork of the stream taken before the round and form trunc_g(clip(g)) + e by hand; the
+    round's update must equal it bit for bit, and lie on the grid (τ = 1: the update is
+    the release)."""
     settings = _settings()
     state = LearnerState.create(settings, [(5,)], None, secure=True)
     assert state.noise is not None and state.noise.secure and state.seed is None
-    token = state.noise.checkpoint()
+    kept = state.noise.fork()
     grad = np.array([3.0, -4.0, 0.1, 1e-13, 0.0])  # norm > 1: clipped
 
     result = local_round([np.zeros(5)], lambda p, pos: [grad], state, settings, 1, 0.5)
 
-    state.noise.rollback(token)
-    noise = state.noise.next()
-    g = granularity(state.noise.std)
+    noise = kept.next()
+    g = granularity(kept.std)
     clipped = grad / np.linalg.norm(grad)
     expected = np.trunc(clipped / g) * g + noise
     np.testing.assert_array_equal(result.update[0], expected)

@@ -12,7 +12,8 @@ from flwr_corrnoise.mechanisms import MECHANISMS, build_factorization
 from flwr_corrnoise.mechanisms.streaming import HistoryKernel
 from flwr_corrnoise.mechanisms.tree import BinaryTree
 from flwr_corrnoise.settings import PrivacySettings
-from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream, StreamGroup
+from flwr_corrnoise.stream_group import GroupCursor, GroupedNoise, StreamGroup
+from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream
 from tests.test_streams import xi_matrix
 
 N, DIM, STD, SEEDS = 40, 5, 0.7, (3, 17, 101)
@@ -151,18 +152,18 @@ def test_a_members_own_call_closes_the_group() -> None:
     assert members[0].state_dict()["step"] == 1
 
 
-def test_rollback_after_a_group_round_restores_every_stream() -> None:
+def test_a_group_round_leaves_the_kept_streams_as_they_were() -> None:
+    """A round on forks of the streams, grouped: the streams it was forked from (what a
+    learner keeps when the round fails) are unchanged, their states byte for byte."""
     members = streams("banded-inverse")
     for s in members:
         s.next()
     before = [s.to_bytes() for s in members]
-    tokens = [s.checkpoint() for s in members]
+    kept = [s.fork() for s in members]
     with StreamGroup(members) as group:
         for _ in range(5):
             group.next()
-    for s, token in zip(members, tokens, strict=True):
-        s.rollback(token)
-    assert [s.to_bytes() for s in members] == before
+    assert [s.to_bytes() for s in kept] == before
 
 
 def test_secure_streams_release_on_their_grid_as_one_does() -> None:
@@ -184,7 +185,10 @@ def test_private_steps_is_private_step_row_by_row(mechanism: str) -> None:
     group_states = [LearnerState.create(settings, [(3,)], seed=i) for i in range(3)]
     one_states = [LearnerState.create(settings, [(3,)], seed=i) for i in range(3)]
     counts = [StepCounts() for _ in range(3)]
-    out = private_steps(group_states, settings, 3, counts, rows=rows)
+    grouped = GroupedNoise([s.noise for s in group_states]) if settings.private else None
+    out = private_steps(group_states, settings, 3, counts, rows=rows, noise=grouped)
+    if grouped is not None:
+        grouped.close()
     for i, state in enumerate(one_states):
         c = StepCounts()
         row = private_step(state, settings, lambda i=i: rows[i], 3, c)
@@ -281,9 +285,9 @@ def test_a_group_drawing_ahead_equals_separate_streams_across_a_restore(name: st
 def test_a_group_closed_before_using_its_rows_puts_the_generators_back(used: int) -> None:
     """Closed after `used` of 4 rows drawn ahead (or a member's own call closing it): each
     generator stands where `used` single draws leave it, and the streams go on as
-    separate streams do; a rollback to a checkpoint before the group still restores."""
+    separate streams do; the forks kept before the group are as they were."""
     grouped, alone = streams("blt"), streams("blt")
-    tokens = [s.checkpoint() for s in grouped]
+    kept = [s.fork() for s in grouped]
     group = StreamGroup(grouped, ahead=4)
     first = [group.next() for _ in range(used)]
     grouped[1].state_dict() if used == 1 else group.close()  # a member's call closes it
@@ -294,10 +298,8 @@ def test_a_group_closed_before_using_its_rows_puts_the_generators_back(used: int
     for a, b in zip(grouped, alone, strict=True):
         assert np.array_equal(a.state_dict()["rng"], b.state_dict()["rng"])
         np.testing.assert_allclose(a.next(), b.next(), rtol=1e-13, atol=1e-13)
-    for s, token in zip(grouped, tokens, strict=True):  # the round undone
-        s.rollback(token)
-    fresh = streams("blt")
-    for a, b in zip(grouped, fresh, strict=True):
+    fresh = streams("blt")  # the round not written: the kept streams go on
+    for a, b in zip(kept, fresh, strict=True):
         np.testing.assert_array_equal(a.next(), b.next())
 
 
@@ -305,8 +307,6 @@ def test_rows_are_drawn_ahead_only_where_the_generator_allows() -> None:
     """A group draws ahead when asked and every member draws into rows (an AES stream of
     either dtype, or a float64 Philox one); never past the horizon; a secure member keeps
     the row-by-row draw."""
-    from flwr_corrnoise.streams import GroupCursor
-
     plain = streams("independent")
     assert GroupCursor(plain, plain[0]._ops, ahead=4)._ahead == 4
     assert GroupCursor(plain, plain[0]._ops)._ahead == 1

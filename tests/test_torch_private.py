@@ -71,11 +71,10 @@ class ReplayNoise:
     def add_next(self, value: np.ndarray) -> np.ndarray:
         return value + self.next()
 
-    def checkpoint(self):
-        return self.stream.checkpoint()
-
-    def rollback(self, token) -> None:
-        self.stream.rollback(token)
+    def fork(self) -> ReplayNoise:
+        twin = copy.copy(self)
+        twin.stream = self.stream.fork()
+        return twin
 
 
 def batches(a, b, size: int = 1, dtype=None):

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.linalg import solve_triangular, toeplitz
 
-from flwr_corrnoise.mechanisms import Factorization, Param, prefix_sum_matrix, register
+from flwr_corrnoise.mechanisms import Factorization, Param, register
+from flwr_corrnoise.mechanisms.base import prefix_sum_matrix
 from flwr_corrnoise.mechanisms.streaming import Array, ArrayOps, Draw, Saved, StreamKernel
 from flwr_corrnoise.mechanisms.toeplitz import sqrt_coefficients
 
@@ -76,29 +77,22 @@ class BandedKernel(StreamKernel):
     def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> BandedState:
         return BandedState(past=list(rows))
 
-    def next(self, state: BandedState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+    def next(self, state: BandedState, step: int, draw: Draw,
+             ops: ArrayOps) -> tuple[Array, BandedState]:
         e = draw()
         for j, earlier in enumerate(reversed(state.past), start=1):
             e -= self.c[j] * earlier
-        state.past.append(ops.copy(e))  # a copy: the caller scales `e` in place
-        del state.past[: len(state.past) - (len(self.c) - 1)]
-        return e
+        # a new state (the kernel contract: ``state`` is never changed); a copy of ``e``,
+        # which the caller scales in place
+        past = [*state.past, ops.copy(e)][-(len(self.c) - 1):] if len(self.c) > 1 else []
+        return e, BandedState(past=past)
 
     def save(self, state: BandedState) -> Saved:
         return [], list(state.past)
 
-    def checkpoint(self, state: BandedState, ops: ArrayOps) -> object:
-        return list(state.past)  # rows are replaced, never modified in place
-
-    def rollback(self, state: BandedState, token: object) -> None:
-        state.past = list(token)  # type: ignore[call-overload]
-
     def check(self, state: BandedState, step: int, dim: int) -> None:
         if len(state.past) != min(step, len(self.c) - 1):
             raise ValueError("banded noise state does not match its step")
-
-    def state_floats(self, state: BandedState) -> int:
-        return len(state.past)
 
 
 register(

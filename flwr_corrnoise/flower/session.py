@@ -622,7 +622,10 @@ class LearnerSession:
                       "learner's log")
         else:
             reason = f"flwr-corrnoise: {type(err).__name__}: {err}"
-            log.warning("learner refuses the message: %s", reason)
+            # an evaluate/query refusal repeats every round on every learner: the server
+            # logs it once for the run (monitor.py), the learner at debug level
+            level = logging.DEBUG if isinstance(err, QueryRefusedError) else logging.WARNING
+            log.log(level, "learner refuses the message: %s", reason)
         return Message(Error(code=code, reason=reason), reply_to=msg)
 
 
@@ -638,12 +641,13 @@ class LearnerTransaction:
     commit log: :meth:`LearnerSession.load`), runs the front end's own ``check`` of it,
     then refuses what the data cannot decide — no stream, the horizon for ``steps`` more
     steps (rounds for the per-round mod), a model of another size, a budget too large
-    for a secure grid (:func:`~flwr_corrnoise.learner.check_round`) — and takes a
-    checkpoint. The front end runs its round on :attr:`state`, counting into
-    :attr:`counts` (or setting :attr:`diagnostics`). :meth:`commit` records and stores the
-    round (:meth:`LearnerSession.commit`) and releases the lock; :meth:`abort` (any
-    failure, including a failed commit) rolls the state object back and releases the
-    lock, so nothing was released and nothing changed. Only after a commit may
+    for a secure grid (:func:`~flwr_corrnoise.learner.check_round`). The front end runs
+    its round on :attr:`state`, counting into :attr:`counts` (or setting
+    :attr:`diagnostics`). :meth:`commit` records and stores the round
+    (:meth:`LearnerSession.commit`: the only write) and releases the lock; :meth:`abort`
+    (any failure, including a failed commit) releases the lock and writes nothing — the
+    stored state is the one loaded, and the next message loads it again — so nothing was
+    released and nothing changed. Only after a commit may
     :meth:`reply` build the reply, through the release gate.
 
     As a context manager (``with session.transaction(...) as tx:``) it opens on entry and
@@ -687,7 +691,7 @@ class LearnerTransaction:
         return self.state.step - self.first_step
 
     def open(self) -> LearnerState:
-        """Proposal, lock, load, checks, checkpoint (see the class docstring)."""
+        """Proposal, lock, load, checks (see the class docstring)."""
         session = self.session
         session.check_proposal(self.config)
         self._exit.enter_context(session.locked())
@@ -705,7 +709,6 @@ class LearnerTransaction:
             raise
         self._state = state
         self.first_step, self.position = state.step, state.position
-        self._token = state.checkpoint()
         return state
 
     def commit(self, diagnostics: Mapping[str, Any] | None = None) -> None:
@@ -726,10 +729,8 @@ class LearnerTransaction:
         self._exit.close()
 
     def abort(self) -> None:
-        """Roll the state object back and release the lock (idempotent; a no-op after a
-        commit): the round released nothing."""
-        if self._state is not None and not self.committed:
-            self._state.rollback(self._token)
+        """Release the lock, writing nothing (idempotent; a no-op after a commit): the round
+        released nothing, and its state object, advanced or not, is never stored."""
         self._exit.close()
 
     def __enter__(self) -> LearnerTransaction:

@@ -252,7 +252,8 @@ class RegeneratingKernel(StreamKernel):
         mark = tuple(int(x) for x in levels) if levels else None
         return RegenState(mark=mark, rows=list(rows))
 
-    def next(self, state: RegenState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+    def next(self, state: RegenState, step: int, draw: Draw,
+             ops: ArrayOps) -> tuple[Array, RegenState]:
         w = len(self.band)
         first = max(0, step - w + 1)  # the oldest row e[step] uses
         keep = max(0, step - w + 2)   # the oldest row e[step + 1] will use
@@ -279,28 +280,21 @@ class RegeneratingKernel(StreamKernel):
                 mark = _position(keep, draw.tell())  # type: ignore[attr-defined]
             elif keep == step:
                 mark = _position(keep, here)
-            state.mark = mark
+            state = RegenState(mark=mark, rows=list(state.rows))
         else:  # a plain callable (given rows): keep the last w − 1 rows instead
             kept = state.rows[len(state.rows) - (step - first):] if step > first else []
             for j, row in zip(range(first, step), kept, strict=True):
                 term = row * self.band[step - j]
                 acc = term if acc is None else _add(acc, term)
             fresh = draw()
-            if w > 1:
-                state.rows = [*state.rows, ops.copy(fresh)][-(w - 1):]
+            state = RegenState(mark=state.mark, rows=(
+                [*state.rows, ops.copy(fresh)][-(w - 1):] if w > 1 else list(state.rows)))
         if acc is None:
-            return fresh  # m(0) = 1
-        return _add(acc, fresh)
+            return fresh, state  # m(0) = 1
+        return _add(acc, fresh), state
 
     def save(self, state: RegenState) -> Saved:
         return ([] if state.mark is None else list(state.mark)), list(state.rows)
-
-    def checkpoint(self, state: RegenState, ops: ArrayOps) -> object:
-        return state.mark, list(state.rows)  # rows are never modified in place
-
-    def rollback(self, state: RegenState, token: object) -> None:
-        mark, rows = token  # type: ignore[misc]
-        state.mark, state.rows = mark, list(rows)
 
     def check(self, state: RegenState, step: int, dim: int) -> None:
         if step == 0 and (state.mark is not None or state.rows):
@@ -313,15 +307,12 @@ class RegeneratingKernel(StreamKernel):
         if state.rows:
             raise ValueError("a stream's regenerated noise state holds no rows")
 
-    def state_floats(self, state: RegenState) -> int:
-        return len(state.rows)
-
     def peak_rows(self, horizon: int) -> int:
         return 0  # a stream's draw seeks: no row is ever stored
 
     def stack_levels(self, levels: list[list[int]]) -> list[int]:
         """The oldest live row (the same at the same step) and every stream's generator
-        position after it, in order: a group's cursor (:class:`~flwr_corrnoise.streams.
+        position after it, in order: a group's cursor (:class:`~flwr_corrnoise.stream_group.
         StreamGroup`) tells and seeks the streams' positions side by side."""
         if not levels[0]:
             if any(levels):

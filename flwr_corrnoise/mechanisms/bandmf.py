@@ -221,13 +221,11 @@ class BandedToeplitz(Factorization):
 @dataclass
 class BandedState:
     """The last ``filled ≤ w − 1`` increments in a ring of ``w − 1`` rows, the newest at
-    ``head`` (``(k − 1) mod (w − 1)`` after ``k`` steps; saved as ``levels``).
-    ``frozen``: a checkpoint holds ``buf``, so the next step copies it first."""
+    ``head`` (``(k − 1) mod (w − 1)`` after ``k`` steps; saved as ``levels``)."""
 
     buf: Array
     head: int
     filled: int
-    frozen: bool = False
 
 
 class BandedEncoderKernel(StreamKernel):
@@ -254,22 +252,23 @@ class BandedEncoderKernel(StreamKernel):
             buf[(head - len(rows) + 1 + j) % m] = row
         return BandedState(buf=buf, head=head, filled=len(rows))
 
-    def next(self, state: BandedState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+    def next(self, state: BandedState, step: int, draw: Draw,
+             ops: ArrayOps) -> tuple[Array, BandedState]:
         e = draw()
         m = self.size
         if m == 0:
-            return e
+            return e, state
         if state.filled:
             weights = np.zeros(m)
             newest = np.arange(state.filled)  # e[k−1−i] sits at ring slot head − i
             weights[(state.head - newest) % m] = self.band[1 + newest]
             ops.sub_matvec(e, ops.const(weights), state.buf)
-        if state.frozen:
-            state.buf, state.frozen = ops.copy(state.buf), False
-        state.head = (state.head + 1) % m
-        state.buf[state.head] = e
-        state.filled = min(state.filled + 1, m)
-        return e
+        # the new ring in a copy (``state`` keeps its own): the same slots, so the sums of
+        # the next step run in the same order
+        head = (state.head + 1) % m
+        buf = ops.copy(state.buf)
+        buf[head] = e
+        return e, BandedState(buf=buf, head=head, filled=min(state.filled + 1, m))
 
     def save(self, state: BandedState) -> Saved:
         """The ring position and the kept rows, oldest first. The rows go back into the
@@ -281,15 +280,6 @@ class BandedEncoderKernel(StreamKernel):
         order = [(state.head - state.filled + 1 + j) % m for j in range(state.filled)]
         return [state.head], [state.buf[i] for i in order]
 
-    def checkpoint(self, state: BandedState, ops: ArrayOps) -> object:
-        """The ring itself (copy on write, as BLT's): the next step copies it first."""
-        state.frozen = True
-        return state.buf, state.head, state.filled
-
-    def rollback(self, state: BandedState, token: object) -> None:
-        state.buf, state.head, state.filled = token  # type: ignore[misc]
-        state.frozen = True  # the token may be rolled back to again
-
     def check(self, state: BandedState, step: int, dim: int) -> None:
         m = self.size
         head = (step - 1) % m if m and step else -1
@@ -300,9 +290,6 @@ class BandedEncoderKernel(StreamKernel):
             np.all(np.isfinite(state.buf)))
         if not bool(finite):
             raise ValueError("banded noise state holds non-finite values")
-
-    def state_floats(self, state: BandedState) -> int:
-        return int(state.filled)
 
     def peak_rows(self, horizon: int) -> int:
         return min(int(horizon), self.size)

@@ -356,10 +356,6 @@ class BLTState:
     consts: dict[str, Array] = field(default_factory=dict)
     #: the stacked state whose columns ``buf`` is (``streaming.shared_base``)
     shared: tuple[BLTState, int, int] | None = None
-    #: a checkpoint token holds ``buf`` itself: the next step writes its result to a new
-    #: array instead of updating ``buf`` in place (copy on write; see
-    #: :meth:`BLTKernel.checkpoint`)
-    frozen: bool = False
 
 
 class BLTKernel(StreamKernel):
@@ -385,42 +381,29 @@ class BLTKernel(StreamKernel):
         state.consts = {"theta": ops.const(self.theta[:, None]), "omega": ops.const(self.omega)}
         return state
 
-    def next(self, state: BLTState, step: int, draw: Draw, ops: ArrayOps) -> Array:
-        state.shared = None
+    def next(self, state: BLTState, step: int, draw: Draw,
+             ops: ArrayOps) -> tuple[Array, BLTState]:
         r = state.buf
         e = draw()
         theta, omega = state.consts["theta"], state.consts["omega"]
         dim = r.shape[1]
         chunk = ops.chunk or dim
-        # a checkpoint holds ``r``: write the new buffers to a fresh array (copy on write:
-        # ``θ⊙r + e`` straight into it, the same floats as in place and no extra pass)
-        out = ops.empty(r.shape[0], dim) if state.frozen else r
+        # the new buffers in a fresh array (``state`` keeps its own): ``θ⊙r + e`` straight
+        # into it, the same floats as in place and no extra pass over memory
+        out = ops.empty(r.shape[0], dim)
         # in cache-sized column chunks, so the k×d buffers cross memory once per step
         for lo in range(0, dim, chunk):
             sl = slice(lo, lo + chunk)
             part = r[:, sl]
             ops.sub_matvec(e[sl], omega, part)
-            ops.decay_add(part, theta, e[sl], None if out is r else out[:, sl])
-        state.buf, state.frozen = out, False
-        return e
+            ops.decay_add(part, theta, e[sl], out[:, sl])
+        return e, BLTState(buf=out, consts=state.consts)
 
     def save(self, state: BLTState) -> Saved:
         return [], [state.buf[i] for i in range(state.buf.shape[0])]
 
     def rows_view(self, state: BLTState) -> Array:
         return state.buf
-
-    def checkpoint(self, state: BLTState, ops: ArrayOps) -> object:
-        """The buffers themselves, not a copy: the state is marked ``frozen``, so the next
-        step writes a new array and the token's stays as it was (copy on write). Why: a
-        Flower round takes two nested checkpoints (the transaction's and the round's), and
-        each copy of ``buffers·d`` floats cost as much as one step's recurrence."""
-        state.frozen = True
-        return state.buf
-
-    def rollback(self, state: BLTState, token: object) -> None:
-        state.shared = None
-        state.buf, state.frozen = token, True  # the token may be rolled back to again
 
     def check(self, state: BLTState, step: int, dim: int) -> None:
         if tuple(state.buf.shape) != (self.theta.size, dim):
@@ -430,16 +413,11 @@ class BLTKernel(StreamKernel):
         if not bool(finite):
             raise ValueError("BLT noise state holds non-finite values")
 
-    def state_floats(self, state: BLTState) -> int:
-        return int(state.buf.shape[0])
-
     def stack(self, ops: ArrayOps, states: list[BLTState], dim: int) -> BLTState:
         """The buffers side by side (``buffers × L·d``); no copy when ``states`` are the
         column views :meth:`unstack` handed out and none has moved since."""
         base = shared_base(states)
-        if base is not None:
-            # a member's checkpoint holds its columns of the base: copy on write
-            base.frozen = base.frozen or any(s.frozen for s in states)
+        if base is not None:  # never written in place: the columns are still the base's
             return base
         out = BLTState(buf=ops.zeros(self.theta.size, len(states) * dim),
                        consts=states[0].consts)
@@ -449,7 +427,7 @@ class BLTKernel(StreamKernel):
 
     def unstack(self, ops: ArrayOps, state: BLTState, count: int, dim: int) -> list[BLTState]:
         return [BLTState(buf=state.buf[:, i * dim:(i + 1) * dim], consts=state.consts,
-                         shared=(state, i, count), frozen=state.frozen)
+                         shared=(state, i, count))
                 for i in range(count)]
 
     def peak_rows(self, horizon: int) -> int:

@@ -55,24 +55,15 @@ class IndependentKernel(StreamKernel):
     def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> int:
         return len(rows)
 
-    def next(self, state: int, step: int, draw: Draw, ops: ArrayOps) -> Array:
-        return draw()
+    def next(self, state: int, step: int, draw: Draw, ops: ArrayOps) -> tuple[Array, int]:
+        return draw(), state
 
     def save(self, state: int) -> Saved:
         return [], []
 
-    def checkpoint(self, state: int, ops: ArrayOps) -> object:
-        return None
-
-    def rollback(self, state: int, token: object) -> None:
-        """Nothing to undo: the generator's state is the stream's."""
-
     def check(self, state: int, step: int, dim: int) -> None:
         if state:
             raise ValueError("independent noise state must not hold buffers")
-
-    def state_floats(self, state: int) -> int:
-        return 0
 
     def peak_rows(self, horizon: int) -> int:
         return 0

@@ -9,13 +9,18 @@ change the math. So, as in jax_privacy's ``StreamingMatrix(init, next)``, every
 
 * ``init(ops, dim, levels, rows)`` → the kernel's own state (fresh, or rebuilt from the
   serialized ``levels``/``rows`` that ``save`` wrote);
-* ``next(state, step, draw, ops)`` → the unit-std increment ``e[step]`` as a fresh array,
-  the state advanced in place (in place because at ``d`` ≈ 10⁶ a copy per step is the cost);
-* ``save``, ``checkpoint``/``rollback``, ``check``, ``state_floats``: what the state is
-  to a stream — what to serialize, how to undo a failed round, how to reject a tampered
-  state, what it costs;
+* ``next(state, step, draw, ops)`` → ``(e[step], state')``: the unit-std increment as a
+  fresh array and the next state. **Pure**: ``state`` is never changed, so a caller that
+  keeps it can step it again — undoing a failed round is not writing its states back,
+  with no checkpoint or rollback in any kernel. Cheap all the same: ``state'`` shares
+  what ``state`` will never read again (the rows a dense history appends past its count,
+  the node estimates the tree replaces, never edits), and what a step rewrites (BLT's
+  buffers, the banded ring) goes to a new array, the same floats as in place;
+* ``save``, ``check``, ``peak_rows``: what the state is to a stream — what to serialize
+  (its rows are the state's memory), how to reject a tampered state, the most rows it
+  holds over a horizon;
 * ``stack``/``unstack``: ``L`` streams' states side by side as one state of dimension
-  ``L·d`` (:class:`flwr_corrnoise.streams.StreamGroup`). Why that is exact: every
+  ``L·d`` (:class:`flwr_corrnoise.stream_group.StreamGroup`). Why that is exact: every
   recurrence is linear column by column, with coefficients that depend on the step only,
   so ``next`` on the stacked state (its draw the ``L`` streams' rows side by side) is
   ``next`` on each stream's state — one recurrence for all ``L``, not a second copy of it.
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -121,7 +126,7 @@ NUMPY_OPS32 = NumpyOps(np.float32)
 
 def numpy_ops(dtype: Any) -> NumpyOps:
     """The shared :class:`NumpyOps` of ``dtype`` (float64 or float32): one object per
-    dtype, so that streams of one dtype can share a group (``streams.group_key``)."""
+    dtype, so that streams of one dtype can share a group (``stream_group.group_key``)."""
     dtype = np.dtype(dtype)
     if dtype == NUMPY_OPS32.dtype:
         return NUMPY_OPS32
@@ -138,8 +143,8 @@ Saved = tuple[list[int], list[Array]]
 def shared_base(states: list[Any]) -> Any | None:
     """The stacked state whose columns ``states`` are, all of them and in order, or
     ``None``. A kernel whose :meth:`StreamKernel.unstack` hands out column views marks each
-    state ``shared = (stacked, slot, count)`` and clears the mark on any step or rollback
-    of that state alone; so stacking the same streams again (the vectorized engine's next
+    state ``shared = (stacked, slot, count)``, and the state a step of it alone returns has
+    no mark; so stacking the same streams again (the vectorized engine's next
     round) can take the stacked state back as it is, with no copy."""
     mark = getattr(states[0], "shared", None)
     if mark is None:
@@ -153,10 +158,16 @@ def shared_base(states: list[Any]) -> Any | None:
 
 
 class StreamKernel(ABC):
-    """One mechanism's streaming recurrence for ``e = C⁻¹ξ`` and the state it keeps.
+    """One mechanism's streaming recurrence for ``e = C⁻¹ξ`` and the state it keeps: the
+    stream contract, ``init`` and ``next`` over states passed in and out, as jax_privacy's
+    ``StreamingMatrix(init_multiply, multiply_next)`` (Google DeepMind's JAX Privacy,
+    ``matrix_factorization/streaming_matrix.py``), plus ``save``/``check``/``peak_rows``.
 
     The state is the kernel's own object: :class:`~flwr_corrnoise.streams.NoiseStream`
     holds it and passes it back, and learns everything else through the methods below.
+    A new mechanism's stream is one kernel (a subclass here, in the mechanism's module)
+    and a test that its increments are ``C⁻¹ξ`` (``tests/test_mechanism_registry.py``
+    runs every registered kernel through the same checks).
     """
 
     #: the stream kind recorded in states and shown in docs
@@ -180,30 +191,20 @@ class StreamKernel(ABC):
         :meth:`save` wrote."""
 
     @abstractmethod
-    def next(self, state: Any, step: int, draw: Draw, ops: ArrayOps) -> Array:
-        """``e[step]`` at unit std, a fresh array the caller may modify; advances ``state``."""
+    def next(self, state: Any, step: int, draw: Draw, ops: ArrayOps) -> tuple[Array, Any]:
+        """``(e[step], state')``: the increment at unit std, a fresh array the caller may
+        modify, and the state after it. ``state`` itself is never changed (see the module
+        docstring: a kept state can be stepped again, which is how a failed round is
+        undone)."""
 
     @abstractmethod
     def save(self, state: Any) -> Saved:
-        """``(levels, rows)``: whatever :meth:`init` needs to rebuild the state."""
-
-    @abstractmethod
-    def checkpoint(self, state: Any, ops: ArrayOps) -> object:
-        """A token :meth:`rollback` restores the state from (a round that fails half-way
-        releases nothing, so its steps are undone). Cheap: copy only what ``next``
-        modifies in place."""
-
-    @abstractmethod
-    def rollback(self, state: Any, token: object) -> None:
-        """Put ``state`` back where it was when ``token`` was taken."""
+        """``(levels, rows)``: whatever :meth:`init` needs to rebuild the state (its
+        ``rows`` are the state's memory, ``len(rows)`` rows of ``d`` floats)."""
 
     @abstractmethod
     def check(self, state: Any, step: int, dim: int) -> None:
         """Reject (``ValueError``) a restored state that does not match its step."""
-
-    @abstractmethod
-    def state_floats(self, state: Any) -> int:
-        """Rows of ``d`` floats the state holds (its memory, in units of ``d``)."""
 
     def peak_rows(self, horizon: int) -> int:
         """The most rows of ``d`` floats the state holds over ``horizon`` steps.
@@ -216,8 +217,8 @@ class StreamKernel(ABC):
         state = self.init(NUMPY_OPS, 1, [], [])
         peak = 0
         for step in range(horizon):
-            self.next(state, step, lambda: np.zeros(1), NUMPY_OPS)
-            peak = max(peak, self.state_floats(state))
+            _, state = self.next(state, step, lambda: np.zeros(1), NUMPY_OPS)
+            peak = max(peak, len(self.save(state)[1]))
         return peak
 
     # -- groups: L streams at the same step as one state of dimension L·d ------------------
@@ -278,8 +279,14 @@ class HistoryState:
     :class:`HistoryKernel`); derived from rows that are never rewritten, never saved, and
     ``acc_start = −1`` until the next step starts a window. ``shared``: the stacked state
     (:meth:`HistoryKernel.stack`) whose columns ``buf`` and ``acc`` are, and the slot, so
-    that stacking the same streams again copies nothing (cleared by any step or rollback of
-    this state alone)."""
+    that stacking the same streams again copies nothing (a step's new state has none).
+
+    ``line``/``gen``: the states stepped from one another share ``buf`` (each appends a
+    row past its ``count``, which no older state reads) and ``acc``; ``line[0]`` is the
+    ``gen`` of the newest. Stepping an older state again (a failed round's start, kept
+    and stepped once more) first copies its rows to a buffer of its own and starts a new
+    window, so the newer states stay as they were: :meth:`HistoryKernel.next` never
+    changes a state it is given."""
 
     buf: Array
     count: int
@@ -292,6 +299,8 @@ class HistoryState:
     #: stream continues bit for bit), :meth:`HistoryKernel.max_window` for a stacked state
     window: int = 1
     shared: tuple[HistoryState, int, int] | None = None
+    line: list[int] = field(default_factory=lambda: [0])
+    gen: int = 0
 
 
 class HistoryKernel(StreamKernel):
@@ -366,8 +375,22 @@ class HistoryKernel(StreamKernel):
             return float(self._diagonal[k])
         return float(self._g_reversed[self.horizon - 1])  # type: ignore[index]
 
-    def next(self, state: HistoryState, step: int, draw: Draw, ops: ArrayOps) -> Array:
-        state.shared = None
+    def next(self, state: HistoryState, step: int, draw: Draw,
+             ops: ArrayOps) -> tuple[Array, HistoryState]:
+        if state.line[0] == state.gen:  # the newest of its line: append to the shared rows
+            state = replace(state, shared=None, gen=state.gen + 1)
+        else:  # an older state stepped again: its own copy of the rows, a new window
+            buf = ops.zeros(state.buf.shape[0], state.buf.shape[1])
+            buf[: state.count] = state.buf[: state.count]
+            state = replace(state, buf=buf, shared=None, acc=None, acc_start=-1,
+                            line=[0], gen=1)
+        state.line[0] = state.gen
+        e = self._step(state, step, draw, ops)
+        return e, state
+
+    def _step(self, state: HistoryState, step: int, draw: Draw, ops: ArrayOps) -> Array:
+        """One step on ``state``, a new object of its own (its rows past ``count`` and its
+        window's sums are the line's, see :class:`HistoryState`)."""
         dim = state.buf.shape[1]
         if state.count == state.buf.shape[0]:
             # doubling, but never past the horizon: at d ≈ 3·10⁵ (a CNN) the rows are
@@ -413,7 +436,7 @@ class HistoryKernel(StreamKernel):
             raise ValueError("streams at different steps cannot be stacked")
         width = len(states) * dim
         out = HistoryState(buf=ops.zeros(count, width), count=count, consts=states[0].consts,
-                           window=self.max_window(width))
+                           window=self.max_window(width), line=[0])
         for i, s in enumerate(states):
             out.buf[:, i * dim:(i + 1) * dim] = s.buf[:count]
         return out
@@ -432,22 +455,9 @@ class HistoryKernel(StreamKernel):
     def save(self, state: HistoryState) -> Saved:
         return [], [state.buf[i] for i in range(state.count)]
 
-    def checkpoint(self, state: HistoryState, ops: ArrayOps) -> object:
-        # rows below ``count`` are never rewritten: the count alone undoes the steps
-        return state.count
-
-    def rollback(self, state: HistoryState, token: object) -> None:
-        state.shared = None
-        state.count = int(token)  # type: ignore[call-overload]
-        if state.acc_upto != state.count - 1:  # the window summed rows that are undone
-            state.acc_start = -1
-
     def check(self, state: HistoryState, step: int, dim: int) -> None:
         if state.count != step:
             raise ValueError("noise state history does not match its step")
-
-    def state_floats(self, state: HistoryState) -> int:
-        return state.count
 
     def peak_rows(self, horizon: int) -> int:
         return horizon

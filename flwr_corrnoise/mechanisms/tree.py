@@ -207,14 +207,17 @@ class TreeKernel(StreamKernel):
     def init(self, ops: ArrayOps, dim: int, levels: list[int], rows: list[Array]) -> TreeState:
         return TreeState(levels=list(levels), rows=list(rows))
 
-    def next(self, state: TreeState, step: int, draw: Draw, ops: ArrayOps) -> Array:
-        state.shared = None
+    def next(self, state: TreeState, step: int, draw: Draw,
+             ops: ArrayOps) -> tuple[Array, TreeState]:
+        # the new cover: the lists copied (O(log N)), the estimates shared — they are
+        # replaced, never written in place, so ``state`` stays as it was
+        levels, rows = list(state.levels), list(state.rows)
         est = draw() if self.efficient else None
         level = 0
         removed: Array = None
-        while state.levels and state.levels[-1] == level:
-            state.levels.pop()
-            left = state.rows.pop()
+        while levels and levels[-1] == level:
+            levels.pop()
+            left = rows.pop()
             if removed is None:
                 removed = ops.copy(left)
             else:
@@ -229,29 +232,18 @@ class TreeKernel(StreamKernel):
             level += 1
         if est is None:
             est = draw()
-        state.levels.append(level)
-        state.rows.append(est)
+        levels.append(level)
+        rows.append(est)
         # a fresh array: the caller scales it in place, and `est` is kept as state
-        return ops.copy(est) if removed is None else ops.subtract(est, removed, out=removed)
+        e = ops.copy(est) if removed is None else ops.subtract(est, removed, out=removed)
+        return e, TreeState(levels=levels, rows=rows)
 
     def save(self, state: TreeState) -> Saved:
         return list(state.levels), list(state.rows)
 
-    def checkpoint(self, state: TreeState, ops: ArrayOps) -> object:
-        # estimates are replaced, never modified in place: the lists are the whole undo
-        return list(state.levels), list(state.rows)
-
-    def rollback(self, state: TreeState, token: object) -> None:
-        levels, rows = token  # type: ignore[misc]
-        state.levels, state.rows = list(levels), list(rows)
-        state.shared = None
-
     def check(self, state: TreeState, step: int, dim: int) -> None:
         if state.levels != cover_levels(step) or len(state.rows) != len(state.levels):
             raise ValueError("tree noise state does not match its step")
-
-    def state_floats(self, state: TreeState) -> int:
-        return len(state.rows)
 
     def peak_rows(self, horizon: int) -> int:
         # the cover after step k − 1 is that of [0, k): popcount(k) nodes

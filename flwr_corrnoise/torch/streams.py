@@ -45,9 +45,9 @@ from ..mechanisms import Factorization
 from ..streams import (
     NoiseStream,
     Shapes,
-    _unpack_rng,
     normalize_shapes,
     register_stream_backend,
+    unpack_rng,
 )
 
 __all__ = ["TorchNoiseStream", "TorchOps"]
@@ -208,7 +208,7 @@ class TorchNoiseStream(NoiseStream):
                     "this torch noise state holds a torch generator (32/64-bit seed, written "
                     "before keyed generators); its noise may be predictable, so it is not "
                     "continued: start a new learner state")
-            gen = _unpack_rng(np.asarray(state["rng"]))
+            gen = unpack_rng(np.asarray(state["rng"]))
             stream = cls(rng=gen, rows=np.asarray(state["rows"]), dtype=dtype, device=dev,
                          **cls._parse_state(state))
         except (KeyError, TypeError, IndexError, RuntimeError) as err:
