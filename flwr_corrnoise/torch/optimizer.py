@@ -435,7 +435,7 @@ class PrivateOptimizer:
             # whole-batch mode: the step's gradient is the unit of privacy
             grads = self._clip_whole(grads, None)
             divisor = 1
-        elif False:
+        elif self._expected_batch is not None:
             # a sampled loop: the expected batch size, never the drawn one (public, the same
             # at every step, so the update does not reveal how many examples a step drew)
             divisor = self._expected_batch
