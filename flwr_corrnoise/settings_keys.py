@@ -9,7 +9,7 @@ the server strategies (:meth:`CorrNoiseFedAvg.from_run_config
 the same defaults, so server and learners cannot drift apart by hand (the server proposing
 ``toeplitz`` while its learners default to ``blt``). A key that is missing is read as its
 default, never silently: a reader that reads several keys (:func:`reading`, around
-:meth:`PrivacySettings.from_config <flwr_corrnoise.flower.config.settings_from_config>`
+:func:`~flwr_corrnoise.flower.config.settings_from_config`
 and the servers' ``from_run_config``) logs **one start-up line** naming every default it
 used, once per process. A key that is *not* in the table but close to one (``epsilom``,
 ``clip_norm``) is an error that says "did you mean" (:func:`check_keys`): a typo must never
@@ -251,7 +251,8 @@ def reading(cfg: Mapping[str, Any], where: str, *, known: Iterable[str] = ()) ->
     (:func:`check_keys`), and the defaults :func:`lookup` falls back to inside the block
     logged as **one line** at its end (each default once per process and ``where``),
     instead of one warning per key. A reading inside another joins it (a
-    server's ``from_run_config`` around :meth:`PrivacySettings.from_config`: one line)."""
+    server's ``from_run_config`` around
+    :func:`~flwr_corrnoise.flower.config.settings_from_config`: one line)."""
     check_keys(cfg, where, known=known)
     if _reading.get() is not None:
         yield
