@@ -1,11 +1,19 @@
 """Zhang, Zhu, Fay & Johansson, "Locally Differentially Private Online Federated Learning With
 Correlated Noise", Sec. V-B (Fig. 4): the CNN under (2, 10⁻³)-LDP, τ ∈ {1, 2, 4} with R·τ fixed.
 
-What docs/results-cnn.md reports (the paper's horizon, R·τ = 5000 steps of one image,
-the methods whose streams fit in memory; ≈ 60 min per τ on one core):
+What docs/results-cnn.md reports: the paper's protocol (its zCDP calibration, one η for
+every method and τ) and the tuned grid (the exact calibration, η tuned per method and τ):
 
-    python -m simulations.cnn --steps 5000 --batch-size 1 --taus 1 --methods none independent \\
-        blt --eta 0.02 --threads 1 --out results/cnn-long     # and --taus 2, --taus 4
+    python -m simulations.cnn --steps 100 --batch-size 10 --taus 1 2 4 --methods none \\
+        independent blt --calibration zcdp --eta 0.1 --seeds 3 --workers 2 \\
+        --out results/issue36/paper --docs --docs-table paper
+    python -m simulations.cnn --steps 5000 --batch-size 1 --taus 1 2 4 --methods none \\
+        independent blt --tune-etas 0.01 0.02 0.04 --tune-scale tau --seeds 3 --workers 2 \\
+        --out results/fig4 --docs
+
+``--shared-eta`` with ``--tune-etas`` picks the one η on the noiseless run (tuning seed)
+instead of stating it; ``--docs-table batch`` adds a run's τ = 1 rows to the batch sweep's
+table (images per step at fixed images per learner).
 
 Full size (every method and τ; the optimized and Toeplitz streams need N·d floats per
 learner — 12 GB each at N = 5000, d ≈ 3·10⁵ — so only on a machine with ≥ 150 GB):
@@ -197,8 +205,8 @@ def plot(curves: list[list], runs: list[list], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"test accuracy ({first[0]})")
     axes[0][-1].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"CNN, ({first[4]}, {first[5]})-LDP, R·τ = {first[8]}, "
-                 f"batch {first[9]}", fontsize=10)
+    fig.suptitle(f"CNN, ({first[4]}, {first[5]})-LDP ({calibration(first)} calibration), "
+                 f"R·τ = {first[8]}, batch {first[9]}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -339,7 +347,8 @@ def write_docs(args: argparse.Namespace, rows: list[list], tuning: list[list]) -
             csv.writer(fh).writerows([HEADER, *merged_tuning])
     if args.docs_table != "batch":
         (docs / "figures").mkdir(exist_ok=True)
-        suffix = "" if args.calibration == "exact" else f"-{args.calibration}"
+        cal = calibration(rows[0])
+        suffix = "" if cal == "exact" else f"-{cal}"
         shutil.copy(args.out / "accuracy.png", docs / "figures" /
                     f"cnn-accuracy-{args.steps}x{args.batch_size}{suffix}.png")
     for name, text in render_blocks(docs).items():

@@ -11,6 +11,8 @@ command whose output is committed. The sweeps (``simulations.logreg``, ``simulat
     python -m simulations.doc_numbers demo-tuning --out docs/results-demo-tuning.csv
     # feature and raw gradient norms of the logistic-regression data (balanced labels)
     python -m simulations.doc_numbers logreg-norms --out docs/results-logreg-norms.csv
+    # the CNN's final noise-to-signal ratio per batch size at fixed images per learner
+    python -m simulations.doc_numbers cnn-noise --out docs/results-cnn-noise.csv
     # per-seed comparison of every pair of methods in a sweep's per-seed CSV
     python -m simulations.doc_numbers paired --runs docs/results-logreg.csv \\
         --out docs/results-logreg-paired.csv
@@ -159,6 +161,30 @@ def paired_rows(runs: Path, metrics: Sequence[str]) -> list[list]:
     return rows
 
 
+def cnn_noise_rows(images: Sequence[int], batches: Sequence[int],
+                   mechanisms: Sequence[str] = ("independent", "blt"),
+                   learners: int = 10) -> list[list]:
+    """The CNN's final noise-to-signal ratio (``experiments.cnn.final_noise_to_signal``)
+    at ``images`` per learner, each used once, in steps of ``B`` images (``N = images/B``
+    steps; the step's noise is added to the sum of ``B`` clipped gradients, so the ratio
+    at ``N`` steps is divided by ``B``), under both calibrations. Why: whether a batch
+    size exists at which independent noise's ratio falls below 1 (Zhang, Zhu, Fay &
+    Johansson report ≈ 0.8 accuracy for it) without using an image twice."""
+    from experiments.cnn import CNNSetup, PaperCNN, final_noise_to_signal
+
+    d = sum(p.numel() for p in PaperCNN().parameters())
+    rows = []
+    for m_images, b, cal, mech in itertools.product(images, batches, ("exact", "zcdp"),
+                                                    mechanisms):
+        if m_images % b:
+            continue
+        steps = m_images // b
+        ratio = final_noise_to_signal(CNNSetup(mechanism=mech, steps=steps,
+                                               num_learners=learners, calibration=cal), d)
+        rows.append([m_images, b, steps, cal, mech, learners, d, f"{ratio / b:.4f}"])
+    return rows
+
+
 def _logreg_rows(path: Path) -> list[list]:
     """A ``simulations.logreg`` per-seed CSV read back into the rows its ``table`` takes."""
     with open(path) as fh:
@@ -231,8 +257,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument("--runs", type=Path, default=Path("docs/results-logreg.csv"))
     q.add_argument("--metrics", nargs="+", default=["final_accuracy", "avg_online_loss"])
     q.add_argument("--out", type=Path, default=Path("docs/results-logreg-paired.csv"))
+    k = sub.add_parser("cnn-noise", help="the CNN's noise-to-signal ratio per batch size")
+    k.add_argument("--out", type=Path, default=Path("docs/results-cnn-noise.csv"))
+    k.add_argument("--images", nargs="+", type=int, default=[1000, 5000, 6000])
+    k.add_argument("--batches", nargs="+", type=int, default=[1, 10, 50, 100, 200])
     args = p.parse_args(argv)
-    if args.what == "calibration":
+    if args.what == "cnn-noise":
+        _write(args.out, ["images_per_learner", "batch_size", "steps", "calibration",
+                          "mechanism", "learners", "dim", "noise_to_signal"],
+               cnn_noise_rows(args.images, args.batches))
+    elif args.what == "calibration":
         _write(args.out, ["page", "mechanism", "steps", "epsilon", "delta", "calibration",
                           "std_per_coordinate_clip1", "noise_multiplier",
                           "std_over_exact"], calibration_rows())

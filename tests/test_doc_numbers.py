@@ -139,3 +139,19 @@ def test_doc_blocks_see_a_changed_csv(tmp_path: Path) -> None:
     assert doc_numbers.doc_blocks("results-cnn.md", tmp_path)["table:cnn"] != before
     with pytest.raises(KeyError):
         doc_numbers.doc_blocks("results-wang.md", tmp_path)
+
+
+def test_cnn_noise_rows_follow_the_independent_closed_form() -> None:
+    """Independent noise: ``‖b_{N−1}‖² = N``, so the ratio is ``σ·√(d/n)/√(N·B²)`` =
+    ``σ·√(d/n)/√(M·B)`` for ``M = N·B`` images; σ from the public calibration."""
+    pytest.importorskip("torch")
+    from flwr_corrnoise import calibrate_mechanism
+
+    rows = doc_numbers.cnn_noise_rows([40, 80], [1, 4], mechanisms=("independent",))
+    assert len(rows) == 2 * 2 * 2
+    for m_images, b, steps, cal, _, learners, d, ratio in rows:
+        assert steps * b == m_images
+        std = calibrate_mechanism(epsilon=2.0, delta=1e-3, clip_norm=1.0,
+                                  mechanism="independent", steps=steps, method=cal).std
+        expected = std * (d / learners) ** 0.5 / (m_images * b) ** 0.5
+        assert float(ratio) == pytest.approx(expected, rel=1e-3)
