@@ -33,7 +33,10 @@ def test_what_the_accounting_reads() -> None:
     assert ld.sampling == CyclicPoissonSampling(0.2, 4, 200)
     assert ld.sampling.cycles() == 50 and ld.sampling.cycles(41) == 11
     # the un-amplified fallback: an example is used at most at its group's steps
-    assert ld.participation == Participation(50, 4, True)
+    part = ld.participation
+    assert Participation(part.max_participations, part.min_sep, part.fixed_epoch) == \
+        Participation(50, 4, True)
+    assert (part.sampling_rate, part.bands, part.expected_batch_size) == (0.2, 4, 10.0)
     assert "key=" not in repr(ld)  # the key is never shown
 
 
@@ -104,7 +107,9 @@ def test_as_many_bands_as_steps_is_a_fixed_partition() -> None:
     assert ld.sampling_rate == 1.0
     for step in range(ld.horizon):
         assert np.array_equal(ld.indices(step), ld.group(step))
-    assert ld.participation == Participation.epochs(10, 20)
+    part = ld.participation
+    assert Participation(part.max_participations, part.min_sep, part.fixed_epoch) == \
+        Participation.epochs(10, 20)
 
 
 def test_refusals() -> None:

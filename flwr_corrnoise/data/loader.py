@@ -31,8 +31,68 @@ import numpy as np
 from ..mechanisms.participation import Participation
 
 
+class EpochLoop:
+    """What every loop over a fixed local dataset shares, whatever picks its batches
+    (:class:`CyclicLoader`'s fixed order, :class:`~flwr_corrnoise.data.sampling.
+    CyclicPoissonLoader`'s sampling): the sizes' checks, the order drawn once from
+    ``order_seed``, and the counts the accounting reads (steps per epoch, local steps,
+    epochs, horizon). The subclasses are frozen dataclasses with ``num_examples``,
+    ``batch_size``, ``rounds``, ``local_epochs`` and ``order_seed``."""
+
+    num_examples: int
+    batch_size: int
+    rounds: int
+    local_epochs: int
+    order_seed: int
+
+    def _check_sizes(self, names: tuple[str, ...]) -> None:
+        """Every size in ``names`` a positive integer, a batch no larger than the data,
+        and the order fixed (a function of ``order_seed`` and the sizes only)."""
+        kind = type(self).__name__
+        for name in names:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"{kind}: {name} must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if self.batch_size > self.num_examples:
+            raise ValueError(f"{kind}: batch_size {self.batch_size} exceeds the "
+                             f"{self.num_examples} examples")
+        rng = np.random.default_rng(int(self.order_seed))
+        object.__setattr__(self, "order", rng.permutation(self.num_examples))
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """``⌈num_examples / batch_size⌉``: steps per (expected) pass over the data."""
+        return -(-self.num_examples // self.batch_size)
+
+    @property
+    def local_steps(self) -> int:
+        """τ: steps per round (``local_epochs × steps_per_epoch``)."""
+        return self.local_epochs * self.steps_per_epoch
+
+    @property
+    def epochs(self) -> int:
+        """(Expected) passes over the data in the whole run."""
+        return self.rounds * self.local_epochs
+
+    @property
+    def horizon(self) -> int:
+        return self.rounds * self.local_steps
+
+    def indices(self, step: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def round_indices(self, first_step: int) -> Iterator[np.ndarray]:
+        """The batches of the round that starts at global step ``first_step``."""
+        if int(first_step) % self.local_steps:
+            raise ValueError(f"a round starts at a multiple of {self.local_steps} steps, "
+                             f"not at step {first_step}")
+        for step in range(int(first_step), int(first_step) + self.local_steps):
+            yield self.indices(step)
+
+
 @dataclass(frozen=True)
-class CyclicLoader:
+class CyclicLoader(EpochLoop):
     """Batches of example indices in one order fixed once, ``local_epochs`` passes per
     round, ``rounds`` rounds (the run's ``num-server-rounds``).
 
@@ -49,37 +109,9 @@ class CyclicLoader:
     order: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("num_examples", "batch_size", "rounds", "local_epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"CyclicLoader: {name} must be a positive integer, got "
-                                 f"{value!r}")
-            object.__setattr__(self, name, int(value))
-        if self.batch_size > self.num_examples:
-            raise ValueError(f"CyclicLoader: batch_size {self.batch_size} exceeds the "
-                             f"{self.num_examples} examples")
-        rng = np.random.default_rng(int(self.order_seed))
-        object.__setattr__(self, "order", rng.permutation(self.num_examples))
+        self._check_sizes(("num_examples", "batch_size", "rounds", "local_epochs"))
 
     # -- what the accounting needs --------------------------------------------------------
-    @property
-    def steps_per_epoch(self) -> int:
-        return -(-self.num_examples // self.batch_size)
-
-    @property
-    def local_steps(self) -> int:
-        """τ: steps per round (``local_epochs × steps_per_epoch``)."""
-        return self.local_epochs * self.steps_per_epoch
-
-    @property
-    def epochs(self) -> int:
-        """Passes over the data in the whole run: each example's number of uses."""
-        return self.rounds * self.local_epochs
-
-    @property
-    def horizon(self) -> int:
-        return self.rounds * self.local_steps
-
     @property
     def participation(self) -> Participation:
         return Participation.epochs(self.epochs, self.steps_per_epoch)
@@ -108,14 +140,6 @@ class CyclicLoader:
             raise IndexError(f"step {step} is outside the loader's horizon {self.horizon}")
         slot = int(step) % self.steps_per_epoch
         return self.order[slot * self.batch_size:(slot + 1) * self.batch_size]
-
-    def round_indices(self, first_step: int) -> Iterator[np.ndarray]:
-        """The batches of the round that starts at global step ``first_step``."""
-        if int(first_step) % self.local_steps:
-            raise ValueError(f"a round starts at a multiple of {self.local_steps} steps, "
-                             f"not at step {first_step}")
-        for step in range(int(first_step), int(first_step) + self.local_steps):
-            yield self.indices(step)
 
     def uses(self, example: int) -> np.ndarray:
         """The global steps at which ``example`` is used (for checks and audits)."""

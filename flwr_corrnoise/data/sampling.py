@@ -38,7 +38,6 @@ gives the deterministic fallback bound for a learner that does not use the ampli
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +45,7 @@ import numpy as np
 
 from ..amplification import CyclicPoissonSampling
 from ..mechanisms.participation import SampledParticipation
-from .loader import CyclicLoader
+from .loader import CyclicLoader, EpochLoop
 
 __all__ = ["CyclicPoissonLoader", "Loader", "sampling_key"]
 
@@ -81,7 +80,7 @@ def sampling_key(key: bytes | int | np.ndarray) -> bytes:
 
 
 @dataclass(frozen=True)
-class CyclicPoissonLoader:
+class CyclicPoissonLoader(EpochLoop):
     """Batches of example indices by cyclic Poisson sampling (module docstring):
     ``bands`` groups, rate ``bands/⌈num_examples/batch_size⌉``, ``local_epochs`` expected
     passes per round, ``rounds`` rounds, randomness from ``key``."""
@@ -100,15 +99,7 @@ class CyclicPoissonLoader:
     _groups: tuple[np.ndarray, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("num_examples", "batch_size", "rounds", "local_epochs", "bands"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"CyclicPoissonLoader: {name} must be a positive integer, "
-                                 f"got {value!r}")
-            object.__setattr__(self, name, int(value))
-        if self.batch_size > self.num_examples:
-            raise ValueError(f"CyclicPoissonLoader: batch_size {self.batch_size} exceeds the "
-                             f"{self.num_examples} examples")
+        self._check_sizes(("num_examples", "batch_size", "rounds", "local_epochs", "bands"))
         if self.bands > self.steps_per_epoch:
             raise ValueError(
                 f"CyclicPoissonLoader: {self.bands} bands need a rate of bands/steps per "
@@ -116,17 +107,10 @@ class CyclicPoissonLoader:
                 f"{self.steps_per_epoch} bands (one fixed batch per group)")
         object.__setattr__(self, "_aes_key",
                            b"" if self.key is None else sampling_key(self.key))
-        order = np.random.default_rng(int(self.order_seed)).permutation(self.num_examples)
-        object.__setattr__(self, "order", order)
         object.__setattr__(self, "_groups",
-                           tuple(order[g::self.bands] for g in range(self.bands)))
+                           tuple(self.order[g::self.bands] for g in range(self.bands)))
 
     # -- what the accounting needs --------------------------------------------------------
-    @property
-    def steps_per_epoch(self) -> int:
-        """``s = ⌈n/batch_size⌉``: steps per expected pass over the data."""
-        return -(-self.num_examples // self.batch_size)
-
     @property
     def sampling_rate(self) -> float:
         """``q = bands/s``: each eligible example's inclusion probability."""
@@ -137,15 +121,6 @@ class CyclicPoissonLoader:
         """``q·n/bands = n/s``: what a step's sum of clipped gradients is divided by (the
         same at every step, and public; a step's drawn size is neither)."""
         return self.sampling_rate * self.num_examples / self.bands
-
-    @property
-    def local_steps(self) -> int:
-        """τ: steps per round (``local_epochs × s``)."""
-        return self.local_epochs * self.steps_per_epoch
-
-    @property
-    def horizon(self) -> int:
-        return self.rounds * self.local_steps
 
     @property
     def sampling(self) -> CyclicPoissonSampling:
@@ -161,11 +136,6 @@ class CyclicPoissonLoader:
         that reads a participation without the sampling."""
         return SampledParticipation.cyclic_poisson(self.sampling_rate, self.bands,
                                                    self.horizon, self.expected_batch_size)
-
-    @property
-    def epochs(self) -> int:
-        """Expected passes over the data in the whole run."""
-        return self.rounds * self.local_epochs
 
     def config(self) -> dict[str, Any]:
         """The learner's config keys this loop implies (as :meth:`CyclicLoader.config`)."""
@@ -218,14 +188,6 @@ class CyclicPoissonLoader:
         enc = Cipher(algorithms.AES(self._aes_key), modes.CTR(counter)).encryptor()
         words = np.frombuffer(enc.update(bytes(8 * size)), dtype="<u8")
         return words < np.uint64(int(q * 2.0**64))
-
-    def round_indices(self, first_step: int) -> Iterator[np.ndarray]:
-        """The batches of the round that starts at global step ``first_step``."""
-        if int(first_step) % self.local_steps:
-            raise ValueError(f"a round starts at a multiple of {self.local_steps} steps, "
-                             f"not at step {first_step}")
-        for step in range(int(first_step), int(first_step) + self.local_steps):
-            yield self.indices(step)
 
     def eligible_steps(self, example: int) -> np.ndarray:
         """The global steps at which ``example`` may be drawn (its group's; public)."""
