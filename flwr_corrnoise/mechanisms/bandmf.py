@@ -295,15 +295,6 @@ class BandedEncoderKernel(StreamKernel):
         return min(int(horizon), self.size)
 
 
-def _restore(n: int, digest: str) -> BandedToeplitz | None:
-    """The band cached under ``digest`` when it was built (a later solve may differ in its
-    last bits on another machine; a stream continues under exactly its own)."""
-    stored = cache.load(cache.digest_key(NAME, n, digest), ("band",))
-    if stored is None:
-        return None
-    return BandedToeplitz(n, band=stored["band"], use_cache=False)
-
-
 register(
     NAME,
     "banded Toeplitz encoder C (`bands` diagonals) optimized per horizon (BandMF, "
@@ -314,6 +305,7 @@ register(
                   "diagonals of the encoder C (a cyclic Poisson sampler's cycle must be ≥ "
                   "bands for amplification; 1 = DP-SGD)", valid=lambda w: w >= 1,
                   constraint="≥ 1")],
-    restore=_restore,
+    restore=cache.band_restorer(
+        NAME, lambda n, band: BandedToeplitz(n, band=band, use_cache=False)),
     build_imports=("scipy.optimize", "scipy.signal"),
 )

@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,3 +67,15 @@ def store(key: str, **arrays: np.ndarray | str) -> None:
         os.replace(tmp, path)
     except OSError as err:
         log.warning("could not write the cache %s: %s", path, err)
+
+
+def band_restorer(name: str, build: Callable[[int, np.ndarray], Any]
+                  ) -> Callable[[int, str], Any]:
+    """The registry's ``restore(N, digest)`` for a mechanism solved as one ``band`` array
+    (``banded-inverse``, ``bandmf``): the band cached under ``digest`` when the stream was
+    built, rebuilt by ``build(N, band)``, or ``None`` — a later solve may differ in its last
+    bits on another machine, and a stream continues under exactly its own."""
+    def restore(n: int, digest: str) -> Any:
+        stored = load(digest_key(name, n, digest), ("band",))
+        return None if stored is None else build(n, stored["band"])
+    return restore
