@@ -109,12 +109,6 @@ def pack_generator(gen: np.random.Generator) -> np.ndarray:
     )
 
 
-def is_packed_generator(words: np.ndarray) -> bool:
-    """Whether ``words`` is a :func:`pack_generator` state (and not a legacy PCG64 one)."""
-    w = np.asarray(words).reshape(-1)
-    return w.size == 14 and int(w[0]) == PHILOX_TAG
-
-
 def unpack_generator(words: np.ndarray) -> np.random.Generator:
     """Inverse of :func:`pack_generator`.
 

@@ -160,12 +160,6 @@ class ChaCha20Gaussian:
         self._block = end
         return out
 
-    def random_words(self, count: int) -> np.ndarray:
-        """``count`` uniform uint64 words (whole blocks are consumed; the rest of the
-        last block is discarded, so the position depends only on the request sizes)."""
-        blocks = -(-8 * count // _BLOCK)
-        return self._fill(blocks).view("<u8")[:count].copy()
-
     def standard_normal(self, n: int) -> np.ndarray:
         """``n`` i.i.d. N(0, 1) float64 draws (Box–Muller, both outputs of a pair)."""
         n = int(n)

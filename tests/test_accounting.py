@@ -26,9 +26,9 @@ from flwr_corrnoise.accounting import (
     PrivacyBudgetError,
     SelfComposed,
     UnsupportedEventError,
-    WorstCase,
     ZCdpAccountant,
 )
+from flwr_corrnoise.accounting.events import WorstCase
 from flwr_corrnoise.decentralized import chen_wang_privacy as cp
 from flwr_corrnoise.decentralized import wang_privacy as wp
 from flwr_corrnoise.decentralized.chen_wang import StepSizes

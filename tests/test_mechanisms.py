@@ -7,16 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from flwr_corrnoise.mechanisms import (
-    MECHANISMS,
-    BinaryTree,
-    Optimized,
-    ToeplitzSqrt,
-    build_factorization,
-    prefix_sum_matrix,
-)
-from flwr_corrnoise.mechanisms.optimized import evaluate_dual, workload_gram
-from flwr_corrnoise.mechanisms.tree import node_list, num_nodes
+from flwr_corrnoise.mechanisms import MECHANISMS, build_factorization
+from flwr_corrnoise.mechanisms.base import prefix_sum_matrix
+from flwr_corrnoise.mechanisms.optimized import Optimized, evaluate_dual, workload_gram
+from flwr_corrnoise.mechanisms.toeplitz import ToeplitzSqrt
+from flwr_corrnoise.mechanisms.tree import BinaryTree, node_list, num_nodes
 
 SIZES = [1, 2, 3, 7, 16, 37, 64, 100]
 

@@ -17,8 +17,8 @@ from flwr_corrnoise.accounting import (
     NoRelease,
     PrivacyBudgetError,
     SelfComposed,
-    WorstCase,
 )
+from flwr_corrnoise.accounting.events import WorstCase
 from flwr_corrnoise.accounting.pld import (
     ADD_REMOVE,
     REPLACE_ONE,

@@ -24,7 +24,6 @@ from .base import (
     Release,
     UnsupportedEventError,
     check_budget,
-    check_positive,
 )
 from .events import (
     Composed,
@@ -34,8 +33,6 @@ from .events import (
     NoRelease,
     PerDatumLaplace,
     SelfComposed,
-    WorstCase,
-    replace_one_l2,
 )
 from .gaussian import AnalyticGaussianAccountant, GaussianAccountant, ZCdpAccountant
 from .pure import BasicComposition
@@ -62,9 +59,6 @@ __all__ = [
     "Release",
     "SelfComposed",
     "UnsupportedEventError",
-    "WorstCase",
     "ZCdpAccountant",
     "check_budget",
-    "check_positive",
-    "replace_one_l2",
 ]

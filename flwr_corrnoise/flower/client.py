@@ -114,9 +114,6 @@ class CorrNoiseLearner:
         """The state after the last successful :meth:`train`."""
         return None if self.last is None else self.last.state
 
-    def load_state(self, shapes: list[tuple[int, ...]]) -> LearnerState:
-        return self.session.load(shapes)
-
     def train(
         self, parameters: list[np.ndarray], config: Mapping[str, Any]
     ) -> tuple[list[np.ndarray], dict[str, float]]:

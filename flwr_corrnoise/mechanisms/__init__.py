@@ -15,16 +15,8 @@ from __future__ import annotations
 from . import independent, tree, toeplitz, optimized, blt, banded, bandmf  # noqa: F401
 # isort: on
 from . import cache  # noqa: F401  (callers use mechanisms.cache)
-from .base import (
-    Factorization,
-    check_horizon,
-    prefix_sum_matrix,
-    prefix_sum_singular_values,
-    rmse_lower_bound,
-)
-from .blt import BLTParams, BufferedToeplitz
-from .independent import Independent
-from .optimized import Optimized
+from .base import Factorization, rmse_lower_bound
+from .blt import BLTParams
 from .registry import (
     MECHANISMS,
     FactorizationChangedError,
@@ -32,34 +24,22 @@ from .registry import (
     Param,
     build_factorization,
     check_mechanism,
-    factorization_by_digest,
     get_mechanism,
     mechanism_names,
     register,
 )
-from .toeplitz import ToeplitzSqrt
-from .tree import BinaryTree
 
 __all__ = [
     "MECHANISMS",
     "BLTParams",
-    "BinaryTree",
-    "BufferedToeplitz",
     "Factorization",
     "FactorizationChangedError",
-    "Independent",
     "Mechanism",
-    "Optimized",
     "Param",
-    "ToeplitzSqrt",
     "build_factorization",
-    "check_horizon",
     "check_mechanism",
-    "factorization_by_digest",
     "get_mechanism",
     "mechanism_names",
-    "prefix_sum_matrix",
-    "prefix_sum_singular_values",
     "register",
     "rmse_lower_bound",
 ]

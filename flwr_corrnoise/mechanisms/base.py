@@ -18,7 +18,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ..accounting import GaussianRelease, replace_one_l2
+from ..accounting import GaussianRelease
+from ..accounting.events import replace_one_l2
 from .participation import (
     DENSE_LIMIT,
     ONCE,

@@ -24,23 +24,16 @@ stream). Modules: :mod:`.params` (parameter I/O), :mod:`.grad_sample`, :mod:`.op
 :mod:`.streams`, :mod:`.engine`, :mod:`.host`.
 """
 
-from ..learner import PrivacySettings
-from .engine import DeviceRunResult, run_inprocess_device
-from .grad_sample import PerExample, PerExampleGradients, register_grad_sampler
+from .engine import run_inprocess_device
+from .grad_sample import register_grad_sampler
 from .host import ModuleGradient, torch_local_round
-from .optimizer import DeviceRound, PrivateOptimizer, device_local_round
-from .params import BatchStream, LossFn, get_parameters, set_parameters
+from .optimizer import PrivateOptimizer, device_local_round
+from .params import BatchStream, get_parameters, set_parameters
 from .streams import TorchNoiseStream
 
 __all__ = [
     "BatchStream",
-    "DeviceRound",
-    "DeviceRunResult",
-    "LossFn",
     "ModuleGradient",
-    "PerExample",
-    "PerExampleGradients",
-    "PrivacySettings",
     "PrivateOptimizer",
     "TorchNoiseStream",
     "device_local_round",
