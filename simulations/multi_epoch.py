@@ -334,7 +334,7 @@ def privacy_columns(s: Setup) -> dict[str, Any]:
         fact = st.factorization()
         sampling = st.participation.sampling(n)  # type: ignore[attr-defined]
         sigma = cal.noise_multiplier
-        return {"accountant": f"flwr-corrnoise {cal.accountant} b={cal.bands}",
+        return {"accountant": f"flwr-corrnoise pld b={cal.bands}",
                 "relation": cal.relation, "epsilon_reported": st.epsilon_spent(n),
                 # dp_accounting's PLD on the same events: ⌈N/b⌉ Poisson-subsampled steps
                 "epsilon_replace_one": pld_epsilon_poisson(
@@ -627,7 +627,8 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def order(method: str) -> int:
-    return METHODS.index(method) if method in METHODS else len(METHODS)
+    names = list(NAMES)  # the methods' order in the tables and the plot
+    return names.index(method) if method in names else len(names)
 
 
 def plot(runs: list[dict[str, str]], rounds: list[dict[str, str]], path: Path) -> None:
