@@ -245,6 +245,18 @@ class GroupCursor:
         for s, part in zip(self._streams, parts, strict=True):
             s._cursor.seek(part)
 
+    def rows_back(self, count: int) -> bool:
+        """Every member's :meth:`~flwr_corrnoise.streams.RowCursor.rows_back`, side by
+        side: all or none (a group shares one generator kind)."""
+        self.settle()
+        self._ahead = 1
+        cursors = [s._cursor for s in self._streams]
+        if not all(c.rows_back(0) for c in cursors):
+            return False
+        for c in cursors:
+            c.rows_back(count)
+        return True
+
 
 class GroupedNoise:
     """A round's noise for :func:`~flwr_corrnoise.learner.local_rounds`: the learners'

@@ -241,6 +241,23 @@ class RowCursor:
         self._stream._set_rng_state(gen.state if isinstance(gen, CipherGaussian | ChaCha20Gaussian)
                                     else gen.bit_generator.state)
 
+    def rows_back(self, count: int) -> bool:
+        """Move the generator back ``count`` rows, where its position *is* a row counter
+        (the AES kernel: row ``t`` is a pure function of the key and ``t``, and the stream
+        draws one row a call), and say so; ``False``, moving nothing, for a generator whose
+        rows are not addressable (Philox's ziggurat, ChaCha20's stream), whose positions a
+        kernel must :meth:`tell` and keep. Why: a regenerating kernel
+        (:mod:`~flwr_corrnoise.mechanisms.banded`) then keeps no generator position at all
+        — it goes back by the number of rows it needs again. ``rows_back(0)`` asks."""
+        rng = self._stream._rng
+        if not isinstance(rng, CipherGaussian):
+            return False
+        if count:
+            if not 0 <= count <= rng.position:
+                raise ValueError(f"cannot go back {count} rows from row {rng.position}")
+            rng.position = rng.position - count  # the setter drops rows computed ahead
+        return True
+
 
 #: packed-generator words a :class:`RowCursor` position leaves out, by the packed tag:
 #: the tag and the key (AES: words 1–2, the position is the next row and the sequential

@@ -178,16 +178,36 @@ def test_a_kept_state_and_a_failed_round() -> None:
     assert state.to_bytes() == before
 
 
-def _advanced(step: int = 6) -> NoiseStream:
-    s = NoiseStream.create(NAME, 16, 5, 1.0, seed=8)
+def _advanced(step: int = 6, kind: str = "aes") -> NoiseStream:
+    if kind == "aes":
+        s = NoiseStream.create(NAME, 16, 5, 1.0, seed=8)
+    else:  # a noise-state format-2 stream: Philox, whose rows have no counter
+        s = NoiseStream(NAME, 16, normalize_shapes(5), 1.0, _generator("philox", 8),
+                        factorization=build_factorization(NAME, 16))
     for _ in range(step):
         s.next()
     return s
 
 
+def test_rows_by_counter_keep_no_generator_position() -> None:
+    """Issue 34: an AES stream goes back by rows (its position is the row counter) and
+    saves only the oldest live row's index; a Philox stream still saves where that row
+    began. Both continue bit for bit after a restore, at every step."""
+    w = build_factorization(NAME, 16).bands
+    for step in range(1, 12):
+        levels = _advanced(step).state_dict()["levels"]
+        np.testing.assert_array_equal(levels, [max(0, step - w + 1)])
+        assert len(_advanced(step, "philox").state_dict()["levels"]) > 1
+        for kind in ("aes", "philox"):
+            a = _advanced(step, kind)
+            b = NoiseStream.from_state_dict(a.state_dict())
+            np.testing.assert_array_equal(draw_all(a), draw_all(b))
+
+
 def test_tampered_or_foreign_states_are_refused() -> None:
-    # a position that does not lead back to the generator's counter
-    state = _advanced().state_dict()
+    # a position that does not lead back to the generator's counter (positions are saved
+    # where rows have no counter: a format-2 Philox stream)
+    state = _advanced(kind="philox").state_dict()
     state["levels"] = state["levels"].copy()
     state["levels"][1] -= 1
     with pytest.raises(ValueError, match="does not lead back"):
@@ -213,7 +233,7 @@ def test_tampered_or_foreign_states_are_refused() -> None:
     with pytest.raises(ValueError, match=r"does not match its step|holds no rows"):
         NoiseStream.from_state_dict(state)
     # a position of another generator type (of another length) is refused by the cursor
-    state = _advanced().state_dict()
+    state = _advanced(kind="philox").state_dict()
     state["levels"] = state["levels"][:2]
     with pytest.raises(ValueError, match="another generator type"):
         NoiseStream.from_state_dict(state).next()

@@ -1,4 +1,4 @@
-"""A banded-inverse factorization whose stream state is a generator position, not ``d``-rows.
+"""A banded-inverse factorization whose stream state is a row index, not ``d``-rows.
 
 For memory-bound simulations (thousands of virtual learners at ``d`` ≈ 10⁶, issue 22): the
 noising matrix ``M = C⁻¹`` is lower-triangular Toeplitz with only ``w`` ("``bands``")
@@ -7,20 +7,23 @@ nonzero diagonals ``m(0) = 1, m(1), …, m(w−1)``, so the increment of step ``
     e[k] = Σ_{i<w} m(i)·ξ_{k−i},
 
 a combination of the ``w`` latest rows of ``ξ``. The stream does not keep the ``w − 1``
-older rows: it **regenerates** them. Its Philox (or ChaCha20) generator is counter-based:
-put back at the position where row ``k−w+1`` began, it draws the same rows again, bit for
-bit. So the whole state is the stream's generator (its 128-bit key and counter), the step,
-and one more generator position — a dozen words at any ``d`` (BLT: ``4·d`` floats, 32 MB
-per learner at ``d = 10⁶``). What it costs is compute: ``w`` draws of ``d`` normals per
-step instead of one (``benchmarks/banded_stream.py``).
+older rows: it **regenerates** them. Its generator is the AES-128-CTR kernel
+(:mod:`~flwr_corrnoise.cipher_noise`), whose row ``t`` is a pure function of the key and
+``t``, and the stream draws one row a step: to use rows ``k−w+1 … k−1`` again it goes back
+``w − 1`` rows (:meth:`~flwr_corrnoise.streams.RowCursor.rows_back`) and draws them again, bit
+for bit, which puts the generator back where it stood. So the state keeps **no buffer and no
+generator position**: the stream's generator (its key and row counter, shipped with every
+stream) and the index of the oldest live row — a few words at any ``d`` (BLT: ``4·d``
+floats, 32 MB per learner at ``d = 10⁶`` in float64). What it costs is compute: ``w`` draws of
+``d`` normals per step instead of one (``benchmarks/banded_stream.py``).
 
-Why a saved position, not a function of ``k``: NumPy's ziggurat takes a variable number of
-64-bit words per normal (it rejects ≈ 1 % of them), so the counter where row ``j`` starts
-is not known from ``j``; drawing row ``j`` from a counter derived from ``j`` instead would
-make ``ξ`` another matrix than the rows of ``standard_normal((W, d))`` that every stream
-documents (``tests/test_streams.py``). The position holds no key words: a restored state
-can only move the generator within its own keystream, and a position that does not lead
-back to the generator's current one after the ``w − 1`` replays is refused.
+Streams whose rows are not addressable by counter — a noise-state format-2 stream's Philox
+(NumPy's ziggurat takes a variable number of words per normal, so where row ``j`` starts is
+not a function of ``j``) and a secure stream's ChaCha20 — keep, besides the row index, the
+generator position where that row began (:meth:`~flwr_corrnoise.streams.RowCursor.tell`/
+``seek``): it holds no key words, so a restored state can only move the generator within its
+own keystream, and a position that does not lead back to the generator's current one after
+the ``w − 1`` replays is refused.
 
 **The coefficients.** ``B = A·M`` is Toeplitz with ``b(t) = Σ_{i≤min(t, w−1)} m(i)``, so
 ``‖b_k‖² = Σ_{t≤k} b(t)²``; ``C = M⁻¹`` is the lower-triangular Toeplitz matrix of the
@@ -228,8 +231,9 @@ class BandedInverse(Factorization):
 # -- its stream kernel ----------------------------------------------------------------------
 @dataclass
 class RegenState:
-    """``mark``: the oldest row the next step uses and the generator position where it
-    began (``None`` before step 0), saved as ``levels`` (the row, then the words).
+    """``mark``: the oldest row the next step uses (``None`` before step 0) and, for a
+    generator whose rows are not addressable by counter, the position where it began,
+    saved as ``levels`` (the row, then the words).
     ``rows``: only when the draw cannot seek (a plain callable, e.g. a test feeding given
     rows): the last ``bands − 1`` rows, kept instead of regenerated."""
 
@@ -239,7 +243,8 @@ class RegenState:
 
 class RegeneratingKernel(StreamKernel):
     """``e[k] = Σ_{i<w} m(i)·ξ_{k−i}``, the ``w − 1`` older rows drawn again from the
-    stream's generator (:class:`~flwr_corrnoise.streams.RowCursor`'s ``tell``/``seek``)."""
+    stream's generator (:class:`~flwr_corrnoise.streams.RowCursor`'s ``rows_back``, or
+    ``tell``/``seek`` where rows have no counter)."""
 
     kind = "regenerated"
 
@@ -258,7 +263,18 @@ class RegeneratingKernel(StreamKernel):
         first = max(0, step - w + 1)  # the oldest row e[step] uses
         keep = max(0, step - w + 2)   # the oldest row e[step + 1] will use
         acc = None
-        if hasattr(draw, "seek"):  # a stream's cursor: regenerate rows first..step−1
+        back = getattr(draw, "rows_back", None)
+        if back is not None and back(0):  # rows by counter: go back, keep no position
+            if step > 0 and (state.mark is None or state.mark[0] != first):
+                raise ValueError("regenerated noise state does not match its step")
+            back(step - first)  # the stream drew one row a step: row j is `step − j` back
+            for j in range(first, step):
+                row = draw()
+                row *= self.band[step - j]  # a fresh row: scaled in place
+                acc = row if acc is None else _add(acc, row)
+            fresh = draw()  # row `step`, where the generator stood before
+            state = RegenState(mark=(keep,), rows=list(state.rows))
+        elif hasattr(draw, "seek"):  # a cursor of saved positions: rows first..step−1
             here = draw.tell()  # type: ignore[attr-defined]
             mark = _position(0, here) if step == 0 else state.mark
             if mark is None or mark[0] != first:
@@ -300,7 +316,7 @@ class RegeneratingKernel(StreamKernel):
         if step == 0 and (state.mark is not None or state.rows):
             raise ValueError("regenerated noise state does not match its step (step 0 "
                              "holds no position)")
-        if step > 0 and (state.mark is None or len(state.mark) < 2
+        if step > 0 and (state.mark is None or not state.mark
                          or state.mark[0] != max(0, step - len(self.band) + 1)):
             raise ValueError("regenerated noise state does not match its step (no "
                              "generator position, or one of another row)")
