@@ -67,8 +67,9 @@ in exact arithmetic on the composed event, like every calibration here.
 **The count noise** comes from the library's AES-128-CTR normals (:mod:`~flwr_corrnoise.
 cipher_noise`) under a key of its own (128 bits of OS entropy for a deployed learner; a
 hash of the simulation seed otherwise): the normal of step ``t`` is row ``t`` of that key,
-drawn once, for the step the learner's counter says — so a round that is rolled back and
-run again draws nothing new, exactly like the gradient stream.
+drawn once, for the step the learner's counter says (element ``t mod 256`` of row
+``t // 256``) — so a round that is rolled back and run again draws nothing new, exactly
+like the gradient stream.
 """
 
 from __future__ import annotations
@@ -113,8 +114,14 @@ COUNT_KEY_STATE = "adaptive-clip-key"
 #: alone: the two keys differ)
 _COUNT_DOMAIN = 0xADAC11
 
-#: steps whose count normals are drawn in one call (rows ``t`` of the count key)
+#: steps whose count normals are one row of the count key (row ``t // K``, element ``t mod K``)
 _BLOCK = 256
+#: blocks of count normals kept in this process, by (key, block): a pure function of both,
+#: not state (never stored, never released); bounded, oldest dropped first
+_BLOCKS: dict[tuple[int, int], np.ndarray] = {}
+_BLOCKS_MAX = 1024
+#: count-noise generators by their packed words (only ``row``/``rows`` are used: stateless)
+_GENERATORS: dict[tuple[int, ...], CipherGaussian] = {}
 
 
 @dataclass(frozen=True)
@@ -275,12 +282,22 @@ class AdaptiveClipState:
         return math.exp(self.log_clip)
 
     def count_normal(self, step: int) -> float:
-        """``ζ_t``: row ``step`` of the count-noise key (one normal per step, drawn for the
-        step the learner's counter names, so a rolled-back step draws the same; rows are
-        computed :data:`_BLOCK` at a time, the same values as one by one)."""
+        """``ζ_t``: element ``t mod K`` of row ``t // K`` (``K`` = :data:`_BLOCK`) of the
+        count-noise key — one normal per step, for the step the learner's counter names,
+        so a rolled-back step draws the same. The row is kept per key in this process (a
+        pure function of key and row): the learner restores its state from the payload
+        every step."""
         block, at = divmod(int(step), _BLOCK)
         if self._block is None or self._block[0] != block:
-            self._block = (block, self.generator.rows(block * _BLOCK, _BLOCK, 1)[:, 0])
+            cache_key = (self.generator.key, block)
+            rows = _BLOCKS.get(cache_key)
+            if rows is None:
+                rows = self.generator.row(block, _BLOCK)  # one AES-CTR row a block
+                rows.flags.writeable = False
+                if len(_BLOCKS) >= _BLOCKS_MAX:
+                    _BLOCKS.pop(next(iter(_BLOCKS)))
+                _BLOCKS[cache_key] = rows
+            self._block = (block, rows)
         return float(self._block[1][at])
 
     def update(self, unclipped: float, examples: int, step: int,
@@ -306,4 +323,11 @@ class AdaptiveClipState:
         lc, li = (float(x) for x in np.asarray(payload[CLIP_STATE]).reshape(-1)[:2])
         if not (math.isfinite(lc) and math.isfinite(li)):
             raise ValueError("the stored clip norm is not finite")
-        return cls(lc, li, CipherGaussian.unpack(payload[COUNT_KEY_STATE]))
+        words = tuple(int(w) for w in np.asarray(payload[COUNT_KEY_STATE]).reshape(-1))
+        gen = _GENERATORS.get(words)
+        if gen is None:  # the key schedule once per key and process (≈ 150 µs a restore)
+            gen = CipherGaussian.unpack(np.array(words, dtype=np.uint64))
+            if len(_GENERATORS) >= _BLOCKS_MAX:
+                _GENERATORS.pop(next(iter(_GENERATORS)))
+            _GENERATORS[words] = gen
+        return cls(lc, li, gen)

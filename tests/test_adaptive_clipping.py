@@ -134,8 +134,8 @@ def test_update_is_geometric_and_uses_the_step_row() -> None:
     ada = AdaptiveClipping(quantile=0.3, lr=0.1)
     z = state.count_normal(5)
     assert z == AdaptiveClipState.create(2.0, seed=7).count_normal(5)  # a function of (key, t)
-    assert z == float(state.generator.row(5, 1)[0])  # row t of the key, blocks or not
-    assert state.count_normal(300) == float(state.generator.row(300, 1)[0])
+    assert z == float(state.generator.row(0, 256)[5])  # element t mod 256 of row t // 256
+    assert state.count_normal(300) == float(state.generator.row(1, 256)[44])
     new = state.update(unclipped=3, examples=4, step=5, adaptive=ada, sigma_b=2.0)
     assert new == pytest.approx(2.0 * math.exp(-0.1 * ((3 + 2.0 * z) / 4 - 0.3)), rel=1e-12)
     other = AdaptiveClipState.create(2.0, seed=8)
