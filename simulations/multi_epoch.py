@@ -718,8 +718,9 @@ def tables(runs: list[dict[str, str]], tuning: list[dict[str, str]]) -> dict[str
 
 def merge(dirs: list[Path], out: Path) -> None:
     """Join the CSVs of several ``--out`` directories (a grid split into invocations) into
-    ``out``: every run, round and tuning row, in the order given; a (method, ε, seed)
-    that two directories both hold is an error, so no result is counted twice."""
+    ``out``: every run, round and tuning row, in the order given, and the last noise table;
+    a (method, ε, seed) that two directories both hold is an error, so no result is
+    counted twice."""
     out.mkdir(parents=True, exist_ok=True)
     for name, header in (("runs.csv", RUN_HEADER), ("rounds.csv", ROUND_HEADER),
                          ("tuning.csv", RUN_HEADER)):
@@ -731,6 +732,9 @@ def merge(dirs: list[Path], out: Path) -> None:
                 raise ValueError(f"runs held by more than one directory: {sorted(twice)}")
         if rows:
             write_csv(out / name, header, rows)
+    noise = [d / "noise.csv" for d in dirs if (d / "noise.csv").exists()]
+    if noise:  # the noise table (no training) of the last directory that has one
+        shutil.copy(noise[-1], out / "noise.csv")
 
 
 def finish(out: Path, docs: bool) -> None:
