@@ -292,6 +292,8 @@ def child(spec: RunSpec, result_path: Path) -> None:
         finally:
             with open(times / f"{os.getpid()}.txt", "a") as fh:
                 fh.write(f"{time.perf_counter() - t0}\n")
+            with open(times / f"{os.getpid()}.state", "a") as fh:  # what stays per learner
+                fh.write(f"{state_bytes(context)}\n")
 
     strategy.sampled, strategy.aggregate_s = res.sampled, res.aggregate_s
 
@@ -306,6 +308,24 @@ def child(spec: RunSpec, result_path: Path) -> None:
     run_simulation(server_app=server, client_app=client, num_supernodes=spec.learners,
                    backend_config=backend(spec.ray_address, num_cpus=spec.actors))
     result_path.write_text(json.dumps(asdict(res)))
+
+
+def state_bytes(context: Any) -> int:
+    """The payload a learner keeps in ``context.state`` between rounds (Flower keeps it for
+    every virtual node in the simulation process): array bytes, bytes and strings by
+    length, every other value 8 bytes (record and key names not counted)."""
+    total = 0
+    for record in context.state.values():
+        for value in record.values():
+            if hasattr(value, "data"):  # an ArrayRecord's Array
+                total += len(value.data)
+            elif isinstance(value, bytes | str):
+                total += len(value)
+            elif isinstance(value, list):
+                total += sum(len(v) if isinstance(v, bytes | str) else 8 for v in value)
+            else:
+                total += 8
+    return total
 
 
 # ---------------------------------------------------------------- the parent: sample, collect
@@ -442,6 +462,9 @@ def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dic
     if client_s:
         row["client_ms"] = 1e3 * statistics.median(client_s)
         row["messages"] = len(client_s)
+    kept = [int(v) for f in Path(spec.times_dir).glob("*.state") for v in f.read_text().split()]
+    if kept:
+        row["state_bytes_max"] = max(kept)
     return row
 
 
@@ -456,7 +479,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             "| aggregate s | peak tree RSS / PSS GiB "
             "| driver RSS r2 → R MiB | growth MiB (per new learner) | trained r2 → R "
             "| offload files | "
-            "offload MiB | load | status |")
+            "offload MiB | context.state B per learner (max) | load | status |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         lines.append(
@@ -474,6 +497,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {fmt(row.get('trained_r2'), 'd')} → {fmt(row.get('trained_end'), 'd')} "
             f"| {fmt(row.get('offload_files') if row['variant'] != 'plain' else None, 'd')} "
             f"| {fmt(row.get('offload_mib') if row['variant'] != 'plain' else None, '.1f')} "
+            f"| {fmt(row.get('state_bytes_max'), ',d')} "
             f"| {row['load_start']:.1f} | {row['status']} |")
     return "\n".join(lines)
 
