@@ -175,10 +175,17 @@ def _mechanism(args: argparse.Namespace) -> dict[str, object]:
     participation = _participation(args, args.steps)
     if not participation.single:
         sens = fact.participation_sensitivity(participation)
+        # sampled: the sensitivity of the same loop without amplification (the fallback);
+        # `calibrate` gives the amplified noise
+        tag = "_unamplified" if hasattr(participation, "sampling") else ""
         out.update({"participation": participation.describe(),
-                    "participation_sensitivity": sens.value,
-                    "participation_sensitivity_exact": sens.exact,
-                    "participation_rmse": fact.participation_rmse(participation)})
+                    f"participation_sensitivity{tag}": sens.value,
+                    f"participation_sensitivity{tag}_exact": sens.exact,
+                    f"participation_rmse{tag}": fact.participation_rmse(participation)})
+        if tag:
+            from .amplification import encoder_bands
+
+            out["encoder_bands"] = encoder_bands(fact)
     out["build_seconds"] = built
     out["description"] = MECHANISMS[args.name]
     out["lower_bound_rmse"] = rmse_lower_bound(args.steps)
