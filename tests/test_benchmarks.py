@@ -306,3 +306,15 @@ def test_server_aggregate() -> None:
     peak, update = float(row[2]), float(row[3])
     assert update == pytest.approx(20000 * 8 / 2**20, abs=0.05)
     assert peak < 10 * update  # held one at a time (all 40 at once: ≥ 40 × update)
+
+
+def test_stream_contract() -> None:
+    """benchmarks/stream_contract.py at toy size: the commit before issue 33's pure streams
+    and this checkout time the same steps, one table row per case."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stream_contract.py"),
+                          "--toy", "--repeats", "1"], capture_output=True, text=True,
+                         check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "ms" not in line]
+    assert [r.split(" | ")[0].strip("| ") for r in rows] == ["blt", "tree", "banded-inverse"]
+    assert all(float(r.rstrip(" |").split(" | ")[-1]) > 0 for r in rows)
+
