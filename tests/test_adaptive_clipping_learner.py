@@ -118,15 +118,10 @@ def test_config_keys() -> None:
         settings_from_config({**cfg, "adaptive-clip-quantil": 0.5})
 
 
-def test_front_ends_without_it_refuse_it() -> None:
-    torch = pytest.importorskip("torch")
-    from flwr_corrnoise.flower.central_dp import CorrNoiseCentralDPStrategy
-    from flwr_corrnoise.torch import PrivateOptimizer
-
-    model = torch.nn.Linear(2, 1)
-    with pytest.raises(PrivacyConfigError, match="host step only"):
-        PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, settings(), seed=1)
+def test_central_dp_refuses_it() -> None:
     from flwr.serverapp.strategy import FedAvg
+
+    from flwr_corrnoise.flower.central_dp import CorrNoiseCentralDPStrategy
     with pytest.raises(PrivacyConfigError, match="central DP"):
         CorrNoiseCentralDPStrategy.from_run_config(FedAvg(), {
             "num-server-rounds": 3, "data-reuse": "every-round", **ADAPTIVE})

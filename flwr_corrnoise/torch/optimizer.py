@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from ..adaptive_clipping import CLIP_STATE, AdaptiveClipState
 from ..learner import attempt_datum, check_horizon, check_round
 from ..learner_state import LearnerState
 from ..settings import PrivacyConfigError, PrivacySettings, privacy_metrics
@@ -184,12 +185,6 @@ class PrivateOptimizer:
         noise_dtype: torch.dtype | None = None,
         per_example: str = "auto",
     ) -> None:
-        if settings.adaptive is not None:  # its clip norm moves on the host path only
-            raise PrivacyConfigError(
-                "adaptive clipping (adaptive-clip-quantile) runs on the host step only "
-                "(PrivateSteps.step(), make_torch_client_app(engine='host'), the per-round "
-                "mod); the device optimizer clips to the fixed clip-norm: unset "
-                "adaptive-clip-quantile here")
         self.optimizer = optimizer
         self.model = model
         self.settings = settings
@@ -231,6 +226,10 @@ class PrivateOptimizer:
         #: noised sum is divided by), else None: the step's own batch size
         expected = getattr(settings.participation, "expected_batch_size", None)
         self._expected_batch: float | None = None if expected is None else float(expected)
+        #: adaptive clipping: the clipped examples counted up to the last step (host)
+        self._clipped_seen = 0
+        if settings.adaptive is not None:
+            self._adaptive_state(seed)
 
     # -- the loop ----------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -369,7 +368,7 @@ class PrivateOptimizer:
         norms = sq.sqrt()
         ok = torch.isfinite(norms) & torch.isfinite(losses)
         if self.settings.private:
-            clip_norm = float(self.settings.clip_norm)
+            clip_norm = self.clip_norm
             # min(1, B_g/‖g_i‖); a zero gradient gives inf → 1
             factor = torch.where(ok, (clip_norm / norms).clamp(max=1.0), 0.0)
             self._clipped += (ok & (norms > clip_norm)).sum()
@@ -445,7 +444,11 @@ class PrivateOptimizer:
             views = self.noise.split(self.noise.next())
             if views[0].dtype != grads[0].dtype:
                 views = [v.to(grads[0].dtype) for v in views]
+            if self.settings.adaptive is not None:  # unit-clip noise × C_t (not in place)
+                views = [v * self.clip_norm for v in views]
             torch._foreach_add_(grads, views)
+            if self.settings.adaptive is not None:
+                self._next_clip_norm(1 if self._batch is None else self._batch)
         if divisor != 1:
             torch._foreach_div_(grads, divisor)
         if not self._step_size_checked:
@@ -462,6 +465,38 @@ class PrivateOptimizer:
         self.state.advance()
         self._batch = None
         self.optimizer.step()
+
+    @property
+    def clip_norm(self) -> float:
+        """The clip norm of the next step: ``clip-norm``, or with adaptive clipping the
+        learner's ``C_t`` (its state, :mod:`~flwr_corrnoise.adaptive_clipping`)."""
+        if self.settings.adaptive is None:
+            return float(self.settings.clip_norm)
+        return AdaptiveClipState.from_payload(self.state.payload).clip_norm
+
+    def _adaptive_state(self, seed: int | None) -> None:
+        """A fresh learner's clip state (``C_0`` and the count key), or refuse a stored
+        one that has none (it trained with a fixed clip norm)."""
+        if self.state.payload and CLIP_STATE in self.state.payload:
+            return
+        if self.state.step:
+            raise PrivacyConfigError("this learner trained without adaptive clipping; it "
+                                     "refuses to continue with it (start a new learner)")
+        fresh = AdaptiveClipState.create(self.settings.clip_norm,
+                                         self.state.seed if seed is None else seed)
+        self.state.payload = {**(self.state.payload or {}), **fresh.to_payload()}
+
+    def _next_clip_norm(self, examples: int) -> None:
+        """``C_{t+1}`` from this step's unclipped count (its ``examples`` less those
+        clipped; a zeroed example counts as unclipped, norm 0) and the step's count noise
+        (:meth:`~flwr_corrnoise.adaptive_clipping.AdaptiveClipState.update`). One host
+        sync a step, for the count."""
+        total = int(self._clipped.item())
+        clipped, self._clipped_seen = total - self._clipped_seen, total
+        clip = AdaptiveClipState.from_payload(self.state.payload)
+        clip.update(float(examples - clipped), examples, self.state.step,
+                    self.settings.adaptive, self.settings.count_noise())  # type: ignore[arg-type]
+        self.state.payload = {**(self.state.payload or {}), **clip.to_payload()}
 
     def _check_step_size(self, batch: int) -> None:
         """Warn (once) when the step size would let the noise blow the model up: above
@@ -489,7 +524,7 @@ class PrivateOptimizer:
         an unclipped finite gradient costs no pass at all; on a GPU it would sync."""
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         ok = torch.isfinite(norm) if loss is None else torch.isfinite(norm) & torch.isfinite(loss)
-        clip_norm = self.settings.clip_norm
+        clip_norm = self.clip_norm
         if self.settings.private:
             factor = torch.where(ok, (clip_norm / norm).clamp(max=1.0), 0.0)
             self._clipped += (ok & (norm > clip_norm)).long()
