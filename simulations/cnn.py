@@ -232,8 +232,8 @@ def table(rows: list[list]) -> str:
                 else "η tuned per method and τ (in brackets)")
         seeds = sorted({int(r[6]) for r in sub})
         lines = [f"**{dataset}, R·τ = {steps} steps of {batch} image(s), {cal} calibration, "
-                 f"{step}**; final test accuracy, mean ± std over seeds "
-                 f"{', '.join(map(str, seeds))} (ε = {sub[0][4]}, δ = {sub[0][5]}):", "",
+                 f"{step}**; final test accuracy, {over_seeds(seeds)} "
+                 f"(ε = {sub[0][4]}, δ = {sub[0][5]}):", "",
                  "| method | " + " | ".join(f"τ = {t}, R = {steps // t}" for t in taus) + " |",
                  "|---|" + "---|" * len(taus)]
         for m in methods:
@@ -373,9 +373,9 @@ def batch_table(rows: list[list], learners: int = 10) -> str:
         private = [m for m in methods if m != NOISELESS]
         seeds = sorted({int(r[6]) for r in sub})
         lines = [f"**{dataset}, {images} images per learner (N·B), τ = 1, {cal} "
-                 f"calibration, one η per B for every method**; final test accuracy, mean ± "
-                 f"std over seeds {', '.join(map(str, seeds))} (ε = {sub[0][4]}, "
-                 f"δ = {sub[0][5]}), and the final noise-to-signal ratio:", "",
+                 f"calibration, one η per B for every method**; final test accuracy, "
+                 f"{over_seeds(seeds)} (ε = {sub[0][4]}, δ = {sub[0][5]}), and the final "
+                 f"noise-to-signal ratio:", "",
                  "| B (images per step) | N = R (steps) | η | "
                  + " | ".join(NAMES.get(m, m) for m in methods) + " | "
                  + " | ".join(f"noise/signal, {NAMES.get(m, m)}" for m in private) + " |",
@@ -393,6 +393,13 @@ def batch_table(rows: list[list], learners: int = 10) -> str:
                          + " | ".join(f"{x:.2f}" for x in ratios) + " |")
         out.append("\n".join(lines))
     return "\n\n".join(out)
+
+
+def over_seeds(seeds: list[int]) -> str:
+    """The caption's seeds: one seed is a single run, not a mean."""
+    if len(seeds) == 1:
+        return f"one seed ({seeds[0]}), no spread"
+    return f"mean ± std over seeds {', '.join(map(str, seeds))}"
 
 
 def accuracy_cell(acc: list[float], seeds: int) -> str:

@@ -273,3 +273,4 @@ def test_batch_table_divides_the_ratio_by_the_batch() -> None:
                                            calibration="zcdp"), d) / 4
     assert f"| 4 | 10 | 0.04 | 0.800 ± 0.000 | 0.300 [1 seed] | {ratio:.2f} |" in text
     assert "40 images per learner (N·B), τ = 1, zcdp calibration" in text
+    assert "mean ± std over seeds 0, 1" in text
