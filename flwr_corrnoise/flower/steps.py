@@ -86,7 +86,10 @@ def log_plan(loader: Loader, settings: PrivacySettings, size: int) -> None:
         model_size=size, examples=loader.num_examples, batch_size=loader.batch_size,
         epochs=loader.epochs, mechanism=settings.mechanism, epsilon=settings.epsilon,
         delta=settings.delta, clip_norm=settings.clip_norm, method=settings.method,
-        rounds=loader.rounds), levers=False)
+        rounds=loader.rounds,
+        adaptive_quantile=None if settings.adaptive is None else settings.adaptive.quantile,
+        adaptive_noise=None if settings.adaptive is None else settings.adaptive.noise),
+        levers=False)
     log.info("flwr-corrnoise learner %s", format_plan(plan))
 
 
