@@ -12,7 +12,7 @@ the mechanism needs the rows; the ``w``-th draw is the kernel's row ``w``, a pur
 of the key and ``w`` (so a mechanism may regenerate a row by its index; a test checks the
 rows against the kernel's). A small row is computed with the next ones in one kernel call and
 handed out from a per-generator cache (≤ 32768 floats; the same rows, each once; not part of
-the state, dropped whenever the position moves otherwise: a seek, a rollback, a restore —
+the state, dropped whenever the position moves otherwise: a seek, a fork's copy, a restore —
 :meth:`~flwr_corrnoise.cipher_noise.CipherGaussian.next_row`'s ``ahead``).
 The vanilla tree draws only the rows that some prefix sum uses
 (:meth:`~flwr_corrnoise.mechanisms.tree.BinaryTree.drawn_nodes`): one per step. The

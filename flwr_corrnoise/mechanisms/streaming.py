@@ -323,7 +323,8 @@ class HistoryKernel(StreamKernel):
     the rows ``[t+o−2^b, t+o)`` go into the next ``2^b`` increments — so every pair
     ``j < k`` is summed exactly once, each row as soon as it is drawn (nothing is drawn
     ahead), and ``e[k] = acc[k − t] + M[k, k]·ξ_k``. ``a`` doubles from 1 while the state
-    runs on, up to :meth:`max_window`, and starts again at 1 after a rollback; the history
+    runs on, up to :meth:`max_window`, and starts again at 1 when an older state is stepped
+    again (:class:`HistoryState`); the history
     is then read a few times in large products instead of once per step. The same sums
     in another order: the increments equal a stream's to rounding (≤ 1e-15 relative;
     ``tests/test_stream_group.py``)."""
