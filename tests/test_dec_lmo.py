@@ -67,12 +67,15 @@ def test_zero_gradient_and_bad_method() -> None:
 @pytest.mark.slow
 def test_frank_wolfe_same_with_every_lmo() -> None:
     """Algorithm 4 (the warm-started loop PD-OCG runs) ends at the same point whichever way
-    the top pair is found."""
+    the top pair is found. Ten iterations, not thirty: the warm-started loop nears its end
+    by then (the power method already needs ≈ 2 s of CPU for them, its top singular values
+    close together), and iterations 10 to 30 cost the power method another ≈ 10 s."""
     rng = np.random.default_rng(3)
     zhat = rng.normal(size=(4, 26 * 16))
     x0 = NuclearBall((26, 16), 10.0).project(rng.normal(size=(4, 26 * 16)))
-    ends = [conditional_gradient(NuclearBall((26, 16), 10.0, lmo=m), zhat, 0.5, x0, 30)
+    ends = [conditional_gradient(NuclearBall((26, 16), 10.0, lmo=m), zhat, 0.5, x0, 10)
             for m in ("svd", "power", "lanczos")]
+    assert np.max(np.abs(ends[0] - x0)) > 1.0  # the loop moved: agreement is not trivial
     assert np.max(np.abs(ends[1] - ends[0])) <= 1e-8
     assert np.max(np.abs(ends[2] - ends[0])) <= 1e-8
 

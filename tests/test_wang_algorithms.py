@@ -118,14 +118,16 @@ def test_conditional_gradient_converges_to_proximal_argmin(K):
     rng = np.random.default_rng(0)
     zhat = rng.normal(size=(3, K.dim)) * np.array([[0.2], [3.0], [30.0]])
     target = proximal_argmin(K, zhat, 2.0)
-    x = conditional_gradient(K, zhat, 2.0, np.zeros((3, K.dim)), 3000)
+    # 300 iterations, not 3000 (≈ 6 s of CPU each on the nuclear ball): measured, both sets
+    # are at the argmin to 1e-7 after 30 and to machine precision after 100
+    x = conditional_gradient(K, zhat, 2.0, np.zeros((3, K.dim)), 300)
     np.testing.assert_allclose(x, target, atol=2e-2)
     assert np.all(K.contains(x))
     # fewer iterations: farther (the iterations matter)
     x0 = K.project(rng.normal(size=(3, K.dim)))
     x3 = conditional_gradient(K, zhat, 2.0, x0, 3)
     assert np.linalg.norm(x3 - target) > np.linalg.norm(
-        conditional_gradient(K, zhat, 2.0, x0, 3000) - target)
+        conditional_gradient(K, zhat, 2.0, x0, 300) - target)
 
 
 def test_pd_ogd_noise_off_equals_dogd_reference():
