@@ -177,7 +177,7 @@ def test_collapse_diagnostics_measure_the_noise_drift(root: Path, tmp_path: Path
     rows = list(csv.DictReader((tmp_path / "diagnostics.csv").open()))
     assert {(r["tau"], r["step"]) for r in rows} == {(t, s) for t in ("1", "2")
                                                      for s in ("0.0", "2.0", "4.0")}
-    settings = PrivacySettings(mechanism="blt", horizon=4)
+    settings = PrivacySettings(mechanism="blt", horizon=4, epsilon=2.0, delta=1e-3)
     v, eta = settings.calibration().std, 0.02  # type: ignore[union-attr]
     m = build_factorization("blt", 4).noising_matrix()
     d = sum(p.numel() for p in PaperCNN().parameters())
