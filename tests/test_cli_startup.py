@@ -23,6 +23,11 @@ from scipy.stats import norm
 
 from flwr_corrnoise.cli import main
 
+# on one xdist worker: under ``--dist loadgroup`` a module fixture runs once on every worker
+# that gets one of the module's tests, and :func:`probe` (a fresh interpreter importing and
+# solving with a cold cache) ran two to four times a suite
+pytestmark = pytest.mark.xdist_group("cli-startup")
+
 #: never needed to parse a command or to run ``mechanism``/``calibrate``/``plan``
 HEAVY = ("flwr", "ray", "torch", "matplotlib", "grpc")
 #: parts of this library the parser does not need: they were imported by every command
