@@ -655,8 +655,9 @@ def plot(runs: list[dict[str, str]], rounds: list[dict[str, str]], path: Path) -
                 for sd in seeds])
             mean, std = acc.mean(axis=0), acc.std(axis=0)
             style = "--" if m == NOISELESS else "-"
-            ax.plot(xs, mean, style, marker="o", ms=3, label=NAMES.get(m, m))
-            ax.fill_between(xs, mean - std, mean + std, alpha=0.2)
+            color = f"C{order(m) % 10}"  # one colour per method in every panel
+            ax.plot(xs, mean, style, marker="o", ms=3, label=NAMES.get(m, m), color=color)
+            ax.fill_between(xs, mean - std, mean + std, alpha=0.2, color=color)
         ax.set_title(f"ε = {e:g}, δ = {runs[0]['delta']}")
         ax.set_xlabel("FedAvg round")
         ax.set_ylim(0, 1)
