@@ -100,6 +100,13 @@ class CyclicPoissonSampling:
             object.__setattr__(self, name, int(value))
         object.__setattr__(self, "sampling_rate", q)
 
+    @classmethod
+    def of(cls, participation: Any, horizon: int) -> CyclicPoissonSampling:
+        """What a sampled participation (``Participation.sampled``) promises over ``horizon``
+        steps. Here, not a method of the participation: the math below the accountant
+        (:mod:`~flwr_corrnoise.mechanisms`) does not import the accountant."""
+        return cls(participation.sampling_rate, participation.bands, int(horizon))
+
     def cycles(self, steps: int | None = None) -> int:
         """``⌈steps/b⌉``: the most steps at which one example is eligible within the first
         ``steps`` (all ``N`` by default); group 0's count, the largest."""

@@ -64,7 +64,7 @@ import torch
 
 from experiments.cnn import PaperCNN, accuracy
 from experiments.data.mnist import load_dataset, paper_partition
-from flwr_corrnoise.amplification import choose_bands
+from flwr_corrnoise.amplification import CyclicPoissonSampling, choose_bands
 from flwr_corrnoise.data.loader import CyclicLoader
 from flwr_corrnoise.data.sampling import CyclicPoissonLoader
 from flwr_corrnoise.mechanisms import check_mechanism
@@ -332,7 +332,7 @@ def privacy_columns(s: Setup) -> dict[str, Any]:
         st = s.settings()
         cal = st.calibration()
         fact = st.factorization()
-        sampling = st.participation.sampling(n)  # type: ignore[attr-defined]
+        sampling = CyclicPoissonSampling.of(st.participation, n)
         sigma = cal.noise_multiplier
         return {"accountant": f"flwr-corrnoise pld b={cal.bands}",
                 "relation": cal.relation, "epsilon_reported": st.epsilon_spent(n),

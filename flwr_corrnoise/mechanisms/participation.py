@@ -245,13 +245,6 @@ class SampledParticipation(Participation):
                    fixed_epoch=True, sampling_rate=sampling_rate, bands=b,
                    expected_batch_size=expected_batch_size, relation=relation)
 
-    def sampling(self, horizon: int) -> Any:
-        """What the amplified accounting reads
-        (:class:`~flwr_corrnoise.amplification.CyclicPoissonSampling`)."""
-        from ..amplification import CyclicPoissonSampling
-
-        return CyclicPoissonSampling(self.sampling_rate, self.bands, int(horizon))
-
     def describe(self) -> str:
         kind = "Poisson sampling" if self.bands == 1 else \
             f"cyclic Poisson sampling over {self.bands} groups"
