@@ -359,15 +359,6 @@ def _position(row: int, words: np.ndarray) -> tuple[int, ...]:
     return (row, *(int(x) for x in np.asarray(words, dtype=np.uint64).view(np.int64)))
 
 
-def _restore(n: int, digest: str) -> BandedInverse | None:
-    """The band cached under ``digest`` when it was built (a later solve may differ in its
-    last bits on another machine; a stream continues under exactly its own)."""
-    stored = cache.load(cache.digest_key(NAME, n, digest), ("band",))
-    if stored is None:
-        return None
-    return BandedInverse(n, band=stored["band"], use_cache=False)
-
-
 register(
     NAME,
     "banded C⁻¹ (`bands` diagonals) optimized per horizon; its older noise rows are "
@@ -376,6 +367,7 @@ register(
     params=[Param("bands", int, DEFAULT_BANDS,
                   "nonzero diagonals of C⁻¹: Gaussian draws per step (4: 1.1–1.5× BLT's "
                   "RMSE at N = 256–4000)", valid=lambda w: w >= 1, constraint="≥ 1")],
-    restore=_restore,
+    restore=cache.band_restorer(
+        NAME, lambda n, band: BandedInverse(n, band=band, use_cache=False)),
     build_imports=("scipy.optimize", "scipy.signal"),
 )
