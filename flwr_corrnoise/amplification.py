@@ -53,6 +53,7 @@ import numpy as np
 
 from .accounting import PrivacyBudgetError, SelfComposed, check_budget
 from .accounting.base import check_positive
+from .accounting.calibration import Calibration
 from .accounting.pld import (
     DEFAULT_GRID,
     REPLACE_ONE,
@@ -61,17 +62,14 @@ from .accounting.pld import (
     calibrate_noise_multiplier,
     check_relation,
 )
-from .privacy import Calibration
 
 __all__ = [
     "AmplifiedCalibration",
     "BandChoice",
     "CyclicPoissonSampling",
-    "LoopChoice",
     "amplified_event",
     "calibrate_amplified",
     "choose_bands",
-    "choose_loop",
     "encoder_bands",
     "epsilon_spent_amplified",
 ]
@@ -333,64 +331,3 @@ def choose_bands(
                                 unit_rmse=fact.rmse, rmse=sigma * fact.rmse))
     best = min(table, key=lambda c: (c.rmse, c.bands))
     return best, table
-
-
-@dataclass(frozen=True)
-class LoopChoice:
-    """:func:`choose_loop`'s answer: the loop and mechanism with the smallest prefix-sum
-    noise RMSE (× clip norm, per coordinate), every candidate's figure, and why."""
-
-    best: str
-    rmse: dict[str, float]
-    bands: int
-    reason: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-#: the candidates :func:`choose_loop` compares
-FIXED_ORDER_BLT, AMPLIFIED_BANDMF, DP_SGD = ("fixed-order blt", "amplified bandmf",
-                                             "dp-sgd (poisson, bandmf at 1 band)")
-
-
-def choose_loop(epsilon: float, delta: float, steps_per_epoch: int, epochs: int,
-                candidates: Iterable[int] | None = None) -> LoopChoice:
-    """Which loop to run at ``(ε, δ)`` (replace-one) for ``epochs`` passes of
-    ``steps_per_epoch`` steps: a fixed cyclic order with BLT calibrated to its fixed-epoch
-    sensitivity (:class:`~flwr_corrnoise.data.loader.CyclicLoader`), cyclic Poisson
-    sampling with BandMF at the bands :func:`choose_bands` picks, or Poisson sampling with
-    independent noise (``bands = 1``: DP-SGD) — by the prefix-sum noise RMSE each gives
-    (``σ``-scaled ``√mean‖b_t‖²``, the same division by the batch for all). A proxy: it
-    leaves out the per-step noise a banded encoder adds and the batch-size variance of
-    sampling (docs/results-multi-epoch.md compares trained models)."""
-    from .mechanisms.participation import Participation
-    from .privacy import calibrate_factorization
-
-    s, k = int(steps_per_epoch), int(epochs)
-    n = s * k
-    best, table = choose_bands(epsilon, delta, n, s, candidates=candidates)
-    one = next((c for c in table if c.bands == 1), None) or \
-        choose_bands(epsilon, delta, n, s, candidates=[1])[0]
-    part = Participation.epochs(k, s) if k > 1 else Participation()
-    from .mechanisms import build_factorization
-
-    blt = build_factorization("blt", n, **({"min_sep": s, "max_participations": k}
-                                           if k > 1 else {}))
-    cal = calibrate_factorization(blt, epsilon, delta, 1.0, "exact", part)
-    rmse = {FIXED_ORDER_BLT: cal.std * float(np.sqrt(np.mean(blt.row_errors()))),
-            AMPLIFIED_BANDMF: best.rmse, DP_SGD: one.rmse}
-    pick = min(rmse, key=lambda m: (rmse[m], m != DP_SGD))
-    if pick == FIXED_ORDER_BLT:
-        why = (f"at ε = {epsilon:g} with {s} steps per epoch, amplification by sampling "
-               f"buys less than BLT's correlation over {k} fixed epochs")
-    elif pick == DP_SGD or best.bands == 1:
-        pick = DP_SGD
-        why = (f"at rate 1/{s} the amplification of one band beats every wider band: more "
-               "bands mean a higher rate and less amplification")
-    else:
-        why = (f"{best.bands} bands at rate {best.sampling_rate:.4g}: correlation over "
-               f"{best.bands} steps beats both the fixed order (no amplification) and "
-               "independent noise")
-    return LoopChoice(best=pick, rmse=rmse, bands=best.bands if pick != DP_SGD else 1,
-                      reason=why)

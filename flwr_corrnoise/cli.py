@@ -177,7 +177,7 @@ def _mechanism(args: argparse.Namespace) -> dict[str, object]:
         sens = fact.participation_sensitivity(participation)
         # sampled: the sensitivity of the same loop without amplification (the fallback);
         # `calibrate` gives the amplified noise
-        tag = "_unamplified" if hasattr(participation, "sampling") else ""
+        tag = "_unamplified" if hasattr(participation, "sampling_rate") else ""
         out.update({"participation": participation.describe(),
                     f"participation_sensitivity{tag}": sens.value,
                     f"participation_sensitivity{tag}_exact": sens.exact,
@@ -252,7 +252,7 @@ def _plan(args: argparse.Namespace) -> dict[str, object]:
 
     _show_solver_progress()
     if args.compare_loops:  # fixed-order BLT vs amplified BandMF vs DP-SGD
-        from .amplification import choose_loop
+        from .plan import choose_loop
 
         steps = -(-args.examples // args.batch_size)
         choice = choose_loop(args.epsilon, args.delta, steps, args.epochs)

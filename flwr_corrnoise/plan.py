@@ -45,12 +45,14 @@ model up, which is what the per-step helpers warn about.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .adaptive_clipping import AdaptiveClipping
+from .mechanisms import build_factorization
 from .mechanisms.participation import Participation
 from .settings import PrivacySettings, check_delta_for
 
@@ -327,3 +329,64 @@ def round_plan_warning(mode: str, settings: PrivacySettings, model_size: int,
     return ("flwr-corrnoise: this run is not expected to learn — " + format_plan(plan)
             + "\n  (the noise is calibrated for the whole run; the levers above are what "
             "would change that)")
+
+
+@dataclass(frozen=True)
+class LoopChoice:
+    """:func:`choose_loop`'s answer: the loop and mechanism with the smallest prefix-sum
+    noise RMSE (× clip norm, per coordinate), every candidate's figure, and why."""
+
+    best: str
+    rmse: dict[str, float]
+    bands: int
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: the candidates :func:`choose_loop` compares
+FIXED_ORDER_BLT, AMPLIFIED_BANDMF, DP_SGD = ("fixed-order blt", "amplified bandmf",
+                                             "dp-sgd (poisson, bandmf at 1 band)")
+
+
+def choose_loop(epsilon: float, delta: float, steps_per_epoch: int, epochs: int,
+                candidates: Iterable[int] | None = None) -> LoopChoice:
+    """Which loop to run at ``(ε, δ)`` (replace-one) for ``epochs`` passes of
+    ``steps_per_epoch`` steps: a fixed cyclic order with BLT calibrated to its fixed-epoch
+    sensitivity (:class:`~flwr_corrnoise.data.loader.CyclicLoader`), cyclic Poisson
+    sampling with BandMF at the bands
+    :func:`~flwr_corrnoise.amplification.choose_bands` picks, or Poisson sampling with
+    independent noise (``bands = 1``: DP-SGD) — by the prefix-sum noise RMSE each gives
+    (``σ``-scaled ``√mean‖b_t‖²``, the same division by the batch for all). A proxy: it
+    leaves out the per-step noise a banded encoder adds and the batch-size variance of
+    sampling (docs/results-multi-epoch.md compares trained models)."""
+    from .amplification import choose_bands
+    from .privacy import calibrate_factorization
+
+    s, k = int(steps_per_epoch), int(epochs)
+    n = s * k
+    best, table = choose_bands(epsilon, delta, n, s, candidates=candidates)
+    one = next((c for c in table if c.bands == 1), None) or \
+        choose_bands(epsilon, delta, n, s, candidates=[1])[0]
+    part = Participation.epochs(k, s) if k > 1 else Participation()
+
+    blt = build_factorization("blt", n, **({"min_sep": s, "max_participations": k}
+                                           if k > 1 else {}))
+    cal = calibrate_factorization(blt, epsilon, delta, 1.0, "exact", part)
+    rmse = {FIXED_ORDER_BLT: cal.std * float(np.sqrt(np.mean(blt.row_errors()))),
+            AMPLIFIED_BANDMF: best.rmse, DP_SGD: one.rmse}
+    pick = min(rmse, key=lambda m: (rmse[m], m != DP_SGD))
+    if pick == FIXED_ORDER_BLT:
+        why = (f"at ε = {epsilon:g} with {s} steps per epoch, amplification by sampling "
+               f"buys less than BLT's correlation over {k} fixed epochs")
+    elif pick == DP_SGD or best.bands == 1:
+        pick = DP_SGD
+        why = (f"at rate 1/{s} the amplification of one band beats every wider band: more "
+               "bands mean a higher rate and less amplification")
+    else:
+        why = (f"{best.bands} bands at rate {best.sampling_rate:.4g}: correlation over "
+               f"{best.bands} steps beats both the fixed order (no amplification) and "
+               "independent noise")
+    return LoopChoice(best=pick, rmse=rmse, bands=best.bands if pick != DP_SGD else 1,
+                      reason=why)

@@ -31,7 +31,6 @@ returned; :func:`epsilon_for_std` returns the upper end of its bracket, the side
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .accounting import (
@@ -43,9 +42,10 @@ from .accounting import (
 )
 from .accounting import gaussian as _gaussian
 from .accounting.base import check_positive
+from .accounting.calibration import Calibration
 from .accounting.events import replace_one_l2
 from .accounting.gaussian import gaussian_delta, gaussian_delta_exact
-from .mechanisms.participation import ONCE, Participation
+from .mechanisms.participation import ONCE, Participation, SampledParticipation
 
 if TYPE_CHECKING:
     from .mechanisms.base import Factorization
@@ -107,39 +107,6 @@ def std_satisfies(
     """Whether noise std ``std`` makes a Gaussian mechanism with L2 sensitivity ``l2_sens``
     ``(ε, δ)``-DP, decided in 60-digit arithmetic on the exact float inputs."""
     return accountant(method).satisfies(GaussianRelease(l2_sens, std), epsilon, delta)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The result of a calibration, with everything needed to audit it. (``clip_norm``
-    was ``clip`` before; the old attribute still reads, with a ``DeprecationWarning``.)"""
-
-    std: float  # V, the per-coordinate std of ξ
-    epsilon: float
-    delta: float
-    clip_norm: float  # B_g
-    sensitivity: float  # max_j ‖c_j‖ of the mechanism
-    l2_sensitivity: float  # Δ = 2·B_g·sensitivity
-    method: str  # "zcdp" or "exact"
-    mechanism: str = ""
-    steps: int = 0
-    #: how often one datum enters the stream (``Participation.describe()``)
-    participation: str = "each datum once"
-    #: whether ``sensitivity`` is exact (a pattern reaches it) or a certified upper bound
-    sensitivity_exact: bool = True
-
-    @property
-    def noise_multiplier(self) -> float:
-        """``V/Δ``: the std in units of the L2 sensitivity."""
-        return self.std / self.l2_sensitivity
-
-    @property
-    def release(self) -> GaussianRelease:
-        """The calibrated release, as its accountant reads it."""
-        return GaussianRelease(self.l2_sensitivity, self.std)
-
-    def as_dict(self) -> dict[str, float | str | int]:
-        return {**asdict(self), "noise_multiplier": self.noise_multiplier}
 
 
 def calibrate(
@@ -206,12 +173,12 @@ def calibrate_factorization(
     :func:`calibrate_mechanism`, central DP (:func:`~flwr_corrnoise.variants.
     central_calibration`) and the CLI — goes through it, so the chain "factorization →
     sensitivity → noise std" is written once."""
-    sampling = getattr(participation, "sampling", None)
-    if sampling is not None:  # cyclic Poisson sampling: the amplified calibration
-        from .amplification import calibrate_amplified
+    if isinstance(participation, SampledParticipation):  # the amplified calibration
+        from .amplification import CyclicPoissonSampling, calibrate_amplified
 
-        return calibrate_amplified(epsilon, delta, clip_norm, sampling(fact.n), fact,
-                                   relation=participation.relation)  # type: ignore[attr-defined]
+        return calibrate_amplified(epsilon, delta, clip_norm,
+                                   CyclicPoissonSampling.of(participation, fact.n), fact,
+                                   relation=participation.relation)
     sens = fact.participation_sensitivity(participation)
     return calibrate(epsilon, delta, clip_norm, sens.value, method, mechanism=fact.name,
                      steps=fact.n, participation=participation.describe(),
@@ -260,13 +227,13 @@ def epsilon_spent(
     std = check_positive("noise std", std)
     _, dlt = check_budget(1.0, delta)
     fact = build_factorization(mechanism, horizon, **dict(params or {}))
-    sampling = getattr(participation, "sampling", None)
-    if sampling is not None:  # cyclic Poisson sampling: the amplified blocks so far
-        from .amplification import epsilon_spent_amplified
+    if isinstance(participation, SampledParticipation):  # the amplified blocks so far
+        from .amplification import CyclicPoissonSampling, epsilon_spent_amplified
 
-        return epsilon_spent_amplified(std, dlt, clip_norm, sampling(horizon),
+        return epsilon_spent_amplified(std, dlt, clip_norm,
+                                       CyclicPoissonSampling.of(participation, horizon),
                                        fact.sensitivity, min(steps_done, horizon),
-                                       participation.relation)  # type: ignore[attr-defined]
+                                       participation.relation)
     acc = accountant(method)
     release = fact.release(
         clip_norm, std, steps=min(steps_done, horizon), participation=participation)

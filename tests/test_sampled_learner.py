@@ -275,7 +275,7 @@ def test_choose_loop_picks_the_smallest_noise() -> None:
     """The three loops' prefix-sum RMSE: DP-SGD's is ``σ·√mean(t)`` with ``σ`` meeting
     the budget by dp_accounting (and 1 % less not), BLT's is the fixed-epoch calibration's;
     the pick is the smallest."""
-    from flwr_corrnoise.amplification import AMPLIFIED_BANDMF, DP_SGD, FIXED_ORDER_BLT, choose_loop
+    from flwr_corrnoise.plan import AMPLIFIED_BANDMF, DP_SGD, FIXED_ORDER_BLT, choose_loop
     from flwr_corrnoise.privacy import calibrate_mechanism
 
     s, k, eps, delta = 4, 3, 4.0, 1e-5
