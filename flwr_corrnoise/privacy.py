@@ -69,7 +69,6 @@ __all__ = [
     "gaussian_delta",
     "gaussian_delta_exact",
     "l2_sensitivity",
-    "std_satisfies",
     "zcdp_epsilon",
     "zcdp_rho",
 ]
@@ -99,14 +98,6 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
     rho = check_positive("ρ", rho)
     _, dlt = check_budget(1.0, delta)
     return _gaussian.zcdp_epsilon(rho, dlt)
-
-
-def std_satisfies(
-    std: float, epsilon: float, delta: float, l2_sens: float, method: str
-) -> bool:
-    """Whether noise std ``std`` makes a Gaussian mechanism with L2 sensitivity ``l2_sens``
-    ``(ε, δ)``-DP, decided in 60-digit arithmetic on the exact float inputs."""
-    return accountant(method).satisfies(GaussianRelease(l2_sens, std), epsilon, delta)
 
 
 def calibrate(
