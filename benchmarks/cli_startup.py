@@ -27,8 +27,8 @@ the header line says which was set.
 Every build solves (no disk cache): each CLI process gets an empty
 ``$FLWR_CORRNOISE_CACHE`` of its own. ``--optimized-gap`` passes ``--gap`` to the
 ``optimized`` rows (its default, 0.01 %, takes minutes at N = 4000). Timings are printed,
-never compared in a test (``tests/test_benchmarks.py`` checks the table's structure at toy
-size).
+never compared in a test (``tests/experiments/test_benchmarks.py`` checks the table's
+structure at toy size).
 """
 
 from __future__ import annotations

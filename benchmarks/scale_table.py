@@ -95,7 +95,7 @@ def main() -> None:
             ref_rmse, ref_max, ref_name = lower, math.nan, "LB"
         for label, (fact, rmse, max_err, seconds) in rows.items():
             # the kernel's closed form (a stream run to N = 10⁵ would dominate the run);
-            # tests/test_mechanism_registry.py holds it to the measured peak
+            # tests/mechanisms/test_mechanism_registry.py holds it to the measured peak
             state = fact.stream_kernel().peak_rows(n) * 8 * D_MODEL
             if hasattr(fact, "buffers"):
                 label = f"{label} ({fact.buffers} buffers)"

@@ -55,7 +55,7 @@ NeurIPS 2022, Thm 2.1) reduces it to the non-adaptive Gaussian mechanism whose w
 sensitivity is at most ``√(μ_g² + μ_b²)``, ``μ_g = 2·max_j‖c_j‖/V``: **μ² adds** (exactly the
 composition of Gaussian mechanisms in μ-GDP, and of ρ = μ²/2 in zCDP). The library's
 accountants read a :class:`~flwr_corrnoise.accounting.Composed` event this way, and
-``tests/test_adaptive_clipping.py`` holds the result against ``dp_accounting``'s PLD and
+``tests/accounting/test_adaptive_clipping.py`` holds the result against ``dp_accounting``'s PLD and
 RDP accountants on the same composed events.
 
 **Calibration.** The budget ``(ε, δ)`` fixes the largest total ``μ``; the counts take

@@ -30,7 +30,7 @@ Gaussian's dominating pair of that relation, :mod:`flwr_corrnoise.accounting.pld
 ``b = w = 1`` it *is* DP-SGD; with ``q = 1`` it is the un-amplified banded mechanism with
 ``k`` participations ``b`` apart (sensitivity ``√k·ζ``, what
 :mod:`~flwr_corrnoise.mechanisms.participation` computes for that fixed-epoch pattern).
-``tests/test_amplified_banded.py`` checks the block structure by brute force over
+``tests/mechanisms/test_amplified_banded.py`` checks the block structure by brute force over
 sampled participation patterns.
 
 **Choosing the bands.** At a fixed expected batch size (``n/s`` examples per step for a

@@ -71,7 +71,7 @@ What is bit-identical where: a row is a pure function of ``(key, t, d, dtype)`` 
 machine. The radius uses NumPy's ``log`` (and float32 rows its ``cos``/``sin``), whose last
 bit may differ between SIMD levels (AVX2, AVX-512) or NumPy builds, so the same key can give
 rows that differ in the last ulp on another machine — as NumPy's own ziggurat does in its
-tail. ``tests/test_cipher_noise.py`` checks the rows against a scalar reference (the same
+tail. ``tests/noise/test_cipher_noise.py`` checks the rows against a scalar reference (the same
 cipher and counter, a pure-Python transform of the same bits) bit for bit.
 """
 

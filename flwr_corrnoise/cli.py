@@ -28,7 +28,7 @@ registry, for the ``--name``/``--mechanism`` choices and the build options, and 
 calibration methods); each subcommand imports what it alone uses when it runs (the
 learner's settings, the plan, the decentralized algorithms, the auditor, Flower, torch,
 matplotlib), so that ``flwr-corrnoise mechanism …`` does not pay for ``simulate``'s
-imports. ``tests/test_cli_startup.py`` checks it; ``benchmarks/cli_startup.py`` measures
+imports. ``tests/cli/test_cli_startup.py`` checks it; ``benchmarks/cli_startup.py`` measures
 it.
 """
 
@@ -146,7 +146,7 @@ def _build(name: str, steps: int, args: argparse.Namespace) -> tuple[Factorizati
     for it, as a learner builds it (:meth:`PrivacySettings.mechanism_params`).
 
     The seconds are the build's alone: everything it uses is imported before the clock
-    starts (``tests/test_cli_startup.py`` checks that a build imports nothing)."""
+    starts (``tests/cli/test_cli_startup.py`` checks that a build imports nothing)."""
     from .mechanisms import build_factorization
     from .settings import PrivacySettings
 

@@ -7,7 +7,7 @@ layer calls (:func:`~flwr_corrnoise.learner.local_round`, whose every step is th
 :func:`~flwr_corrnoise.learner.private_step`,
 :func:`~flwr_corrnoise.aggregation.aggregate`, with noise seeds from
 :func:`~flwr_corrnoise.settings.derive_seed`), so for the same seeds it produces the same
-global models as the Flower simulation (``tests/test_flower_simulation.py`` checks 1e-10).
+global models as the Flower simulation (``tests/flower/test_flower_simulation.py`` checks 1e-10).
 
 :func:`run_vectorized` is the same run with every learner of a round as one ``L×d`` array:
 the gradients of a local step in one call, the learners' rounds in lockstep through
@@ -17,7 +17,7 @@ every step :func:`~flwr_corrnoise.learner.private_steps` (whose ``L = 1`` case i
 operations over the rows) and the learners' noise one recurrence per round's group of
 streams (:func:`~flwr_corrnoise.stream_group.grouped_noise`, each learner's rows still from
 its own keyed generator: the engine is the one user of stream groups). The results equal
-:func:`run_inprocess`'s to 1e-12 (``tests/test_vectorized_engine.py``).
+:func:`run_inprocess`'s to 1e-12 (``tests/learner/test_vectorized_engine.py``).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def run_vectorized(
     step :func:`~flwr_corrnoise.learner.private_steps`, the private step over ``L`` rows —
     every learner's own clipping, noise stream and counters — with the learners' streams
     as one :class:`~flwr_corrnoise.stream_group.StreamGroup`), and the results equal
-    :func:`run_inprocess`'s on the same seeds (``tests/test_vectorized_engine.py``: 1e-12).
+    :func:`run_inprocess`'s on the same seeds (``tests/learner/test_vectorized_engine.py``: 1e-12).
     ``gradients`` (per learner) is what a learner falls back to when the batch fails (a
     datum that cannot be computed), so one datum never changes another learner's step.
     Learners with different settings are stepped in one group per settings.

@@ -11,7 +11,7 @@ coefficients that depend on the step only, so ``L`` streams' states side by side
 (:meth:`~flwr_corrnoise.mechanisms.streaming.StreamKernel.stack`) step as one state of
 dimension ``L·d``; each stream's rows still come from its own keyed generator, in its own
 order. The increments and states are those of the ``L`` separate streams, to the rounding
-of a wider product (``tests/test_stream_group.py``).
+of a wider product (``tests/noise/test_stream_group.py``).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class GroupCursor:
     or a float64 Philox one) the first call draws ``ahead`` rows from each generator at
     once (:meth:`NoiseStream._draw_rows`: the kernel's rows at the position, several short
     rows per transform; Philox's ``standard_normal(out=ahead×d)``): the rows ``ahead``
-    single draws give, in that order (``tests/test_stream_group.py`` checks it bit for
+    single draws give, in that order (``tests/noise/test_stream_group.py`` checks it bit for
     bit), for a quarter of the calls at τ = 4 — per learner and step a call cost about as
     much as its 100 normals. The calls after it hand out those rows, then draw one row at
     a time again. :meth:`settle` (from :meth:`StreamGroup.close`, :meth:`tell`,

@@ -56,7 +56,7 @@ bit for bit.
 :meth:`NoiseStream.create`; the torch stream runs in its tensors' dtype): buffers, draws
 (the kernel's float32 rows, from the same key), recurrence and release, with
 half the state and half its memory traffic. Its increments are the factorization's to
-float32 precision (≤ 1e-5 of the std over long horizons; ``tests/test_float32_stream.py``),
+float32 precision (≤ 1e-5 of the std over long horizons; ``tests/noise/test_float32_stream.py``),
 its scale is the float32 number nearest the calibrated std from above, and the release
 is formed in float32. The state records the dtype and is restored in it, never
 converted.

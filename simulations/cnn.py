@@ -314,7 +314,7 @@ DOCS_BLOCKS = {"cnn": ("cnn", "tuning"), "paper": ("paper", "paper-tuning"),
 
 def render_blocks(docs: Path = ROOT / "docs") -> dict[str, str]:
     """Every generated block of docs/results-cnn.md, rendered from the committed CSVs
-    alone: what ``--docs`` writes, and what tests/test_doc_numbers.py compares with the
+    alone: what ``--docs`` writes, and what tests/experiments/test_doc_numbers.py compares with the
     page (so no table can drift from its file)."""
     blocks: dict[str, str] = {}
     for name, stem in DOCS_TABLES.items():

@@ -206,7 +206,7 @@ def doc_blocks(page: str, docs: Path | None = None) -> dict[str, str]:
     """Every generated block (``<!-- BEGIN name -->`` … ``<!-- END name -->``) of a
     results page, rendered by its sweep's own table code from the committed CSVs alone.
     Issue 36: a table in the docs is the output of a command on a committed file, so the
-    page must equal this (tests/test_doc_numbers.py); a page not listed here raises."""
+    page must equal this (tests/experiments/test_doc_numbers.py); a page not listed here raises."""
     docs = docs or Path(__file__).resolve().parents[1] / "docs"
     if page == "results-cnn.md":
         from simulations.cnn import render_blocks

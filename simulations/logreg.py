@@ -161,7 +161,7 @@ def run_vectorized_logreg(setup: LogRegSetup, evaluate=None) -> InProcessResult:
     and Zhang, Zhu & Johansson's ("Differentially Private Online Federated Learning with Correlated
     Noise") variants, ``noise_at`` ≠ ``"step"``, run on :func:`run_logreg_inprocess`). Equals
     :func:`run_logreg_inprocess` to 1e-12 on the same seeds
-    (``tests/test_vectorized_engine.py``)."""
+    (``tests/learner/test_vectorized_engine.py``)."""
     if setup.noise_at != "step" and setup.mechanism != NOISELESS:
         return run_logreg_inprocess(setup, evaluate=evaluate)
     return run_vectorized(
@@ -259,7 +259,7 @@ class SweepEvaluator(LogRegEvaluator):
     per data seed and process). The same formulas as
     :func:`~flwr_corrnoise.metrics.accuracy` and :func:`~flwr_corrnoise.metrics.logistic_loss`
     over a matrix product instead of ``R + 1`` vector products: equal to the plain
-    evaluator's rows to rounding (``tests/test_vectorized_engine.py``). Why: evaluating
+    evaluator's rows to rounding (``tests/learner/test_vectorized_engine.py``). Why: evaluating
     round by round was ≈ 0.25 s of a 1000-round run's ≈ 0.6–2.4 s."""
 
     def __init__(self, setup: LogRegSetup) -> None:

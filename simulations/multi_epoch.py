@@ -32,7 +32,7 @@ The run in docs/results-multi-epoch.md (≈ 25 min on 2 shared cores)::
 
     python -m simulations.multi_epoch --workers 2 --docs
 
-Toy size (what tests/test_multi_epoch.py runs, on IDX files it makes)::
+Toy size (what tests/experiments/test_multi_epoch.py runs, on IDX files it makes)::
 
     python -m simulations.multi_epoch --quick --data-root DIR --out DIR
 

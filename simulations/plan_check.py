@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out", default="results/plan-check")
     p.add_argument("--docs", action="store_true",
-                   help="write docs/results-plan-check.csv and the table in docs/plan.md")
+                   help="write docs/results-plan-check.csv and the table in "
+                        "docs/results-plan-check.md")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

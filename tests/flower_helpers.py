@@ -7,7 +7,7 @@ node per test process (``ray start --head --block``, started on first use and st
 process group when the session ends), as a user does with ``init_args = {"address": ...}``
 (docs/flower.md). Each simulation is still its own Ray job with fresh actors (Flower's
 ``ray.shutdown()`` ends the job and its workers, not the cluster), so nothing is carried from
-one test to the next; ``tests/test_ray_cluster.py`` checks that a run really executes on the
+one test to the next; ``tests/flower/test_ray_cluster.py`` checks that a run really executes on the
 head it names.
 """
 

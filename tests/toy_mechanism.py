@@ -5,7 +5,7 @@ Toeplitz square root's coefficients ``h(0..b−1)``, cut after ``bands = b`` ent
 input enters ``b`` encoded rows), and ``B = A·C⁻¹``. It is not a good mechanism — only an
 example with a parameter, closed-form sensitivity and its own streaming kernel and state.
 
-Importing this module registers it (``tests/test_mechanism_registry.py`` imports it in a
+Importing this module registers it (``tests/mechanisms/test_mechanism_registry.py`` imports it in a
 fixture and unregisters it afterwards, so no other test sees it).
 """
 

@@ -35,7 +35,7 @@ Two participation schemes (both as in jax_privacy's ``sensitivity.py``):
 Every result says whether it is exact (a pattern achieves it: the lower bound found equals
 the upper bound) and which method produced it. Anything not covered by a structure falls
 back to the triangle inequality ``sens ≤ k·max_j‖c_j‖``, valid for every factorization at
-any horizon. ``tests/test_participation.py`` checks all of it against brute force over
+any horizon. ``tests/mechanisms/test_participation.py`` checks all of it against brute force over
 every pattern at small ``N``.
 """
 

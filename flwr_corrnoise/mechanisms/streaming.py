@@ -166,7 +166,7 @@ class StreamKernel(ABC):
     The state is the kernel's own object: :class:`~flwr_corrnoise.streams.NoiseStream`
     holds it and passes it back, and learns everything else through the methods below.
     A new mechanism's stream is one kernel (a subclass here, in the mechanism's module)
-    and a test that its increments are ``C⁻¹ξ`` (``tests/test_mechanism_registry.py``
+    and a test that its increments are ``C⁻¹ξ`` (``tests/mechanisms/test_mechanism_registry.py``
     runs every registered kernel through the same checks).
     """
 
@@ -327,7 +327,7 @@ class HistoryKernel(StreamKernel):
     again (:class:`HistoryState`); the history
     is then read a few times in large products instead of once per step. The same sums
     in another order: the increments equal a stream's to rounding (≤ 1e-15 relative;
-    ``tests/test_stream_group.py``)."""
+    ``tests/noise/test_stream_group.py``)."""
 
     def __init__(self, kind: str, horizon: int, toeplitz_g: np.ndarray | None = None,
                  matrix: Callable[[], np.ndarray] | None = None) -> None:

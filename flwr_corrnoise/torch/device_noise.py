@@ -10,7 +10,7 @@ side by side: the state is a ``16 × blocks`` int64 tensor of 32-bit words (int6
 addition never overflows and a right shift never drags a sign bit; ``& 0xFFFFFFFF`` after
 each addition), the four column quarter-rounds run as one op on four rows, the diagonal
 ones after rolling rows 4–15 — ten double rounds, then the input is added back. The same
-code runs on CPU tensors, where ``tests/test_device_noise.py`` checks the keystream **bit for
+code runs on CPU tensors, where ``tests/noise/test_device_noise.py`` checks the keystream **bit for
 bit** against ``cryptography``'s ChaCha20 (OpenSSL) and the normals against a NumPy
 transform of the same words.
 

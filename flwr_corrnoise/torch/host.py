@@ -6,7 +6,7 @@ it clips the step's gradient as a whole, adds the NumPy stream's increment and s
 float64 (``d`` floats each way between host and device per step). Why keep it next to the
 device path (:mod:`flwr_corrnoise.torch.optimizer`): it is the reference the device path is
 tested against — at batch 1 both give the same update to float tolerance when fed the same
-noise (``tests/test_torch_private.py``) — and the path secure noise (NumPy-only) and a
+noise (``tests/torch/test_torch_private.py``) — and the path secure noise (NumPy-only) and a
 learner whose stored stream is a NumPy stream must take.
 """
 

@@ -6,7 +6,7 @@
 streams run the mechanism's one :class:`~flwr_corrnoise.mechanisms.streaming.StreamKernel`
 over their array namespace (:class:`TorchOps` here), so the NumPy and the torch stream
 release the same law — and, fed the same standard normals, the same values to float
-tolerance (``tests/test_torch_streams.py``).
+tolerance (``tests/torch/test_torch_streams.py``).
 
 Where the normals come from: the same 128-bit-keyed generator as the NumPy stream (the
 AES-128-CTR kernel of :mod:`~flwr_corrnoise.cipher_noise` since noise-state format 3; a

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 # Flower's examples/quickstart-pytorch (https://github.com/adap/flower, Apache-2.0,
-# Copyright Flower Labs GmbH), reproduced for tests/test_flower_quickstart.py. Only the
+# Copyright Flower Labs GmbH), reproduced for tests/flower/test_flower_quickstart.py. Only the
 # data loading is changed: instead of downloading CIFAR-10 (flwr-datasets, datasets,
 # torchvision), load_data and load_centralized_dataset build an offline stand-in of the
 # same shape (3×32×32 images, 10 classes, normalized to about [-1, 1], batches of

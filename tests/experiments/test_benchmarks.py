@@ -1,0 +1,320 @@
+"""The benchmark scripts run (at toy sizes) and print the tables docs/ quotes."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.flower_helpers import RAY, ray_head
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(script: str, *args: str) -> list[list[str]]:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [[c.strip() for c in line.strip("|").split("|")]
+            for line in proc.stdout.splitlines() if line.startswith("| ")]
+
+
+def test_scale_table() -> None:
+    rows = run("scale_table.py", "--steps", "64", "--dense-max", "64")
+    names = [r[1] for r in rows[1:]]
+    assert names[:3] == ["optimized", "optimized (2 % gap)", "blt (4 buffers)"]
+    rmse = {r[1]: float(r[2]) for r in rows[1:]}
+    bound = rmse["*certified lower bound* ‖A‖_*/N"]
+    assert all(v >= bound for v in rmse.values())
+    assert rmse["optimized"] <= rmse["blt (4 buffers)"] < rmse["toeplitz"]
+
+
+def test_noise_throughput() -> None:
+    rows = run("noise_throughput.py", "--dim", "2000", "--steps", "64", "--repeats", "2",
+               "--block", "2", "--dense-steps", "4")
+    by_name = {r[0]: r for r in rows[1:]}
+    assert set(by_name) == {"independent", "tree", "efficient-tree", "blt", "toeplitz",
+                            "optimized", "banded-inverse", "bandmf"}
+    assert by_name["independent"][4] == "0 MB" and float(by_name["blt"][3]) > 0
+
+
+@pytest.mark.parametrize("steps", ["16"])
+def test_mechanisms_table(steps: str) -> None:
+    rows = run("mechanisms_table.py", "--steps", steps)
+    assert [r[1] for r in rows[1:7]] == ["optimized", "blt", "toeplitz", "efficient-tree",
+                                         "tree", "independent"]
+
+
+@pytest.mark.slow
+def test_torch_step() -> None:
+    pytest.importorskip("torch")
+    rows = run("torch_step.py", "--batch-sizes", "1", "--steps", "2", "--repeats", "1",
+               "--mechanisms", "blt")
+    by = {(r[0], r[1]): r for r in rows[1:]}
+    for b in ("1",):
+        assert {(b, "bare SGD"), (b, "draw d Gaussians + bare"), (b, "ours, blt"),
+                (b, "host reference (v0.x), blt")} <= set(by)
+        assert by[(b, "bare SGD")][3] == "1.00×"
+    assert ("1", "ours, blt, whole-batch clip") in by
+    assert all(float(r[2]) > 0 and r[3].endswith("×") and r[4].endswith("×")
+               for r in rows[1:])
+
+
+@pytest.mark.slow
+def test_toeplitz_stream() -> None:
+    """The regenerated Toeplitz increment equals the stored one (the script checks it and
+    exits non-zero otherwise); the regenerated stream's work per step, (k + 1)·d Gaussian
+    draws, grows with k. Timings are only checked to be measured (positive): comparing them
+    in a test is noise on a shared machine (docs/benchmarks.md compares them)."""
+    pytest.importorskip("torch")
+    rows = run("toeplitz_stream.py", "--dim", "5000", "--horizon", "200", "--ks", "5", "60",
+               "--repeats", "1")
+    steps = {r[0]: r for r in rows if r[0] in ("5", "60")}
+    assert float(steps["60"][2]) > 0 and float(steps["5"][2]) > 0
+    assert steps["5"][4] == f"{6 * 5000:,}" and steps["60"][4] == f"{61 * 5000:,}"
+    names = [r[0] for r in rows]
+    assert {"independent", "BLT, 4 buffers", "Toeplitz, stored history",
+            "Toeplitz, regenerated (counter-based)"} <= set(names)
+
+
+def test_cipher_noise() -> None:
+    """benchmarks/cipher_noise.py at toy size (≈ 5 s): every generator timed beside NumPy's
+    Philox ziggurat of its dtype in the same run, the floor's pieces, and the moments and KS
+    rows of the --ks check (timings are only checked to be measured: docs/benchmarks.md
+    compares them)."""
+    rows = run("cipher_noise.py", "--dims", "2000", "--repeats", "2", "--floor",
+               "--ks", "20000", "--grid-dims", "500", "--stream-steps", "5")
+    draws = {(r[1], r[2]): r for r in rows if r[0] == "2,000"}
+    assert set(draws) == {("Philox ziggurat", "float32"), ("Philox ziggurat", "float64"),
+                          ("ChaCha20Gaussian (secure_noise)", "float64"),
+                          ("cipher row (AES-128-CTR)", "float32"),
+                          ("cipher row (AES-128-CTR)", "float64")}
+    assert all(float(r[3]) > 0 and r[4].endswith("×") for r in draws.values())
+    assert draws[("Philox ziggurat", "float32")][4] == "1.00×"
+    pieces = {r[0]: float(r[1]) for r in rows if len(r) == 2 and r[0] != "piece (hot buffers)"
+              and not r[0].startswith("---")}
+    assert {"AES-128-CTR keystream, 16 B a pair (float64)", "ChaCha20 keystream, 16 B a pair",
+            "float64 sin + cos (a pair)", "float64 table gathers (cos, sin; a pair)",
+            "transform, chunk of 32768 pairs, float32"} <= set(pieces)
+    assert all(v > 0 for v in pieces.values())
+    grid = [r for r in rows if r[0] == "500"]  # the floating-point defence's share
+    assert len(grid) == 1 and float(grid[0][1]) > 0 and float(grid[0][2]) > 0
+    assert grid[0][3].endswith("%")
+    ks = {r[0]: r for r in rows if r[0] in ("float32", "float64")}
+    assert set(ks) == {"float32", "float64"}
+    assert all(r[1] == "20,000" and 0 <= float(r[-1]) <= 1 for r in ks.values())
+
+
+@pytest.mark.slow
+def test_cipher_noise_stream_steps() -> None:
+    """benchmarks/cipher_noise.py --stream-dims at toy size: a stream's step timed for a
+    Philox stream, the AES stream one row a kernel call and with rows ahead, each dtype."""
+    rows = run("cipher_noise.py", "--dims", "100", "--repeats", "1", "--stream-dims", "2",
+               "20", "--stream-steps", "3")
+    names = {"Philox stream (format 2)", "AES stream, one row a kernel call (before)",
+             "AES stream, rows ahead (now)"}
+    steps = {(r[0], r[1], r[2]): r for r in rows if len(r) == 5 and r[1] in names}
+    assert set(steps) == {(d, n, t) for d in ("2", "20") for n in names
+                          for t in ("float32", "float64")}
+    assert all(float(r[3]) > 0 and r[4].endswith("×") for r in steps.values())
+    assert steps[("2", "Philox stream (format 2)", "float32")][4] == "1.00×"
+
+
+def test_noise_keys() -> None:
+    rows = run("noise_keys.py", "--dims", "100", "2000", "--repeats", "2",
+               "--block-elements", "20000")
+    names = {r[1] for r in rows[1:]}
+    assert {"PCG64 float64 (replaced)", "keyed Philox float64 (NumPy streams)"} <= names
+    assert all(float(r[3].rstrip("×")) > 0 for r in rows[1:])
+    assert {r[0] for r in rows[1:]} == {"100", "2,000"}
+
+
+@pytest.mark.slow  # three Flower simulations, each starting its own Ray (≈ 1 min)
+def test_flower_scale(tmp_path: Path) -> None:
+    """benchmarks/flower_scale.py at toy size (20 learners × d = 20 000, 3 rounds, a
+    float32 model): the table has one row per variant, and the offload folder holds one or
+    two state files per learner that trained with state-offload = on, and none with it off.
+    Each file holds float32 buffers (4·d·4 bytes and a header, not 4·d·8) after every round:
+    the strategy sends the model on in float32 and each learner's stream stays float32.
+    plain and ours run on this test worker's Ray head (``--ray-address``: no Ray start-up
+    per run, which under the suite's load was most of this test's time), ours-off on a
+    fresh local Ray as the script runs by default. Timings are not compared."""
+    dim = 20_000
+    toy = ["--learners", "20", "--dims", str(dim), "--rounds", "3", "--fraction", "0.5",
+           "--offload", "on", "--dtype", "float32"]
+    head = ["--ray-address", ray_head().address] if RAY.exists() else []
+    rows, lines = [], []
+    for variants, extra in ((["plain", "ours"], head), (["ours-off"], [])):
+        out = tmp_path / f"{variants[-1]}.csv"
+        got = run("flower_scale.py", *toy, "--variants", *variants, "--out", str(out), *extra)
+        rows += got[1:] if rows else got
+        lines += list(csv.DictReader(out.open()))
+    header = rows[0]
+    by = {r[2]: dict(zip(header, r, strict=True)) for r in rows[1:]}
+    assert set(by) == {"plain", "ours (on)", "ours-off"}
+    assert all(r["status"] == "ok" and float(r["s/round"]) > 0 for r in by.values())
+    trained = int(by["ours (on)"]["trained r2 → R"].split("→")[1])
+    assert trained <= int(by["ours (on)"]["offload files"]) <= 2 * trained
+    assert by["ours-off"]["offload files"] == "0" and by["plain"]["offload files"] == "–"
+    assert len(lines) == 3  # one line per run
+    address = head[1] if head else ""
+    assert [r["ray_address"] for r in lines] == [address, address, ""]
+    (ours,) = [r for r in lines if r["offload_files"] not in ("", "0", "–")]
+    assert ours["dtype"] == "float32"
+    per_file = float(ours["offload_mib"]) * 2**20 / int(ours["offload_files"])  # on disk
+    assert 4 * dim * 4 <= per_file < 4 * dim * 4 + 16 * 2**10
+
+
+def test_a_profiled_part_is_its_outermost_function_counted_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flower_scale.part_seconds``: of two nested functions of one name in one file (the
+    transaction's ``commit`` calling the session's), the outer one's cumulative time —
+    a sum would count the inner one's time twice."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from flower_scale import part_seconds
+
+    stats = {("x/session.py", 649, "commit"): (1, 1, 0.001, 0.030, {}),
+             ("x/session.py", 479, "commit"): (1, 1, 0.002, 0.028, {}),
+             ("x/session.py", 629, "open"): (1, 1, 0.001, 0.010, {}),
+             ("x/other.py", 1, "commit"): (1, 1, 0.001, 0.500, {})}
+    assert part_seconds(stats, "session.py", "commit") == 0.030
+    assert part_seconds(stats, "session.py", "open") == 0.010
+    assert part_seconds(stats, "session.py", "write") == 0.0
+
+
+@pytest.mark.slow
+def test_flower_overhead() -> None:
+    """benchmarks/flower_overhead.py (docs/benchmarks.md § 3) at toy size: plain FedAvg
+    and CorrNoiseFedAvg each take positive seconds per round, the ratio printed is theirs,
+    and the learner-code line follows. On the test worker's Ray head (``--ray-address``).
+    Timings are not compared."""
+    head = ["--ray-address", ray_head().address] if RAY.exists() else []
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flower_overhead.py"),
+                           "--rounds", "3", "--repeats", "1", "--mechanism", "blt", *head],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    pair = next(line for line in lines if line.startswith("repeat 1:"))
+    plain = float(pair.split("plain FedAvg ")[1].split()[0])
+    ours = float(pair.split("(blt) ")[1].split()[0])
+    assert plain > 0 and ours > 0
+    ratio = float(next(line for line in lines if line.startswith("median ratio")).split()[-1])
+    assert ratio == pytest.approx(ours / plain, abs=0.01)
+    assert any(line.startswith("learner code per learner-round") for line in lines)
+
+
+def test_flower_scale_message_cpu() -> None:
+    """benchmarks/flower_scale.py --message-cpu at toy size: one row per d, 4 learners ×
+    ROUNDS messages counted, positive CPU and wall ms. Timings are not compared."""
+    rows = run("flower_scale.py", "--message-cpu", "2", "--dims", "3000", "5000")
+    header, body = rows[0], rows[1:]
+    assert header == ["d", "dtype", "messages", "CPU ms / message", "wall ms / message"]
+    assert [(r[0], r[1], r[2]) for r in body] == [("3,000", "float64", "8"),
+                                                  ("5,000", "float64", "8")]
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in body)
+
+
+def test_message_shares_reads_py_spy_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/message_shares.py: only samples inside a train message count, the
+    one-time build does not, and a sample goes to the first part its frames name (the
+    draws before BLT's step that calls them)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from message_shares import REST, shares
+
+    send = "<module> (flower_scale.py:1);LearnerMessages.send (flower_scale.py:551)"
+    lines = [
+        f"{send};BLTKernel.next (blt.py:390);NoiseStream._draw (streams.py:447) 6",
+        f"{send};BLTKernel.next (blt.py:390);NumpyOps.decay_add (streaming.py:114) 2",
+        f"{send};LearnerTransaction.open (session.py:629);read (state_offload.py:199) 1",
+        f"{send};make_client_app.<locals>.round_ (client.py:222) 1",
+        f"{send};PrivacySettings.calibration;optimize_blt (blt.py:300) 50",
+        "<module> (flower_scale.py:1);main (flower_scale.py:600) 40",
+        "",
+    ]
+    total, parts = shares(lines)
+    assert total == 10
+    assert parts == {"noise: the 4·d Gaussian draws": 0.6, "noise: BLT's recurrence": 0.2,
+                     "load: read, check, rebuild the state": 0.1, REST: 0.1}
+
+
+@pytest.mark.slow
+def test_cli_startup() -> None:
+    """benchmarks/cli_startup.py at toy size: one row per command, in order, each with a
+    wall time, an import time, the CLI's build seconds where it prints them (mechanism),
+    a warm build where the command builds, and the load. Timings are not compared."""
+    rows = run("cli_startup.py", "--steps", "16", "--names", "toeplitz", "--plan",
+               "--model-size 100 --examples 32 --batch-size 8 --epochs 1 --no-levers")
+    header, body = rows[0], rows[1:]
+    assert header == ["command", "wall s", "imports s", "CLI build s", "warm build s",
+                      "load 1/5 min"]
+    assert [r[0].split()[0].strip("`") for r in body] == [
+        "python", "--help", "mechanism", "calibrate", "plan"]
+    by = {r[0].split()[0].strip("`"): dict(zip(header, r, strict=True)) for r in body}
+    assert all(float(r["wall s"]) > 0 and float(r["imports s"]) > 0 for r in by.values())
+    assert float(by["mechanism"]["CLI build s"]) >= 0
+    assert float(by["mechanism"]["warm build s"]) >= 0
+    assert float(by["calibrate"]["warm build s"]) >= 0
+    assert by["calibrate"]["CLI build s"] == by["plan"]["warm build s"] == "–"
+    load1, load5 = (float(x) for x in by["plan"]["load 1/5 min"].split(" / "))
+    assert load1 >= 0 and load5 >= 0
+
+
+def test_state_handling() -> None:
+    """benchmarks/state_handling.py at toy size: both stores per d; an offloaded state
+    leaves the driver a handle of under 1 KB whatever d, one in context.state ≥ 4·d floats
+    (BLT's buffers). Timings are not compared."""
+    rows = run("state_handling.py", "--dims", "2000", "20000", "--repeats", "2")
+    body = {(r[0], r[1]): r for r in rows[1:]}
+    assert set(body) == {(d, s) for d in ("2,000", "20,000")
+                         for s in ("in context.state", "offloaded to a file")}
+    for d in ("2,000", "20,000"):
+        assert body[(d, "offloaded to a file")][6].endswith(" B")
+        kept = body[(d, "in context.state")][6]
+        assert kept.endswith("KB") and float(kept.split()[0]) * 1e3 >= 4 * 8 * int(
+            d.replace(",", ""))
+
+
+def test_offload_mac() -> None:
+    """benchmarks/offload_mac.py at toy size (docs/benchmarks.md quotes it): every
+    operation measured per d, the library's MAC named, the commit and load going through
+    LearnerStorage (so through the owner, newest-file and MAC checks). Timings are not
+    compared."""
+    from flwr_corrnoise.state_offload import MAC
+
+    rows = run("offload_mac.py", "--dims", "2000", "20000", "--repeats", "2")
+    body = {(r[0], r[2]): r for r in rows[1:]}
+    operations = {"write (no MAC)", "read (no MAC)", "MAC: Poly1305 (one-time key)",
+                  "MAC: HMAC-SHA256", "MAC: SHA-256 digest", "MAC: BLAKE2b-256 digest",
+                  f"LearnerStorage commit (write + {MAC})",
+                  f"LearnerStorage load (read + checks + {MAC})"}
+    assert set(body) == {(d, op) for d in ("2,000", "20,000") for op in operations}
+    assert body[("20,000", "write (no MAC)")][1] == "0.6 MB"
+    assert all(float(r[3]) >= 0 and float(r[4]) >= 0 for r in body.values())
+    assert body[("2,000", "write (no MAC)")][4] == "1.00"
+
+
+def test_server_aggregate() -> None:
+    """benchmarks/server_aggregate.py at toy size: the aggregation's peak memory is a few
+    updates' worth, not the replies' (40 replies of 20 000 floats: 6.1 MiB all at once).
+    Timings are not compared."""
+    rows = run("server_aggregate.py", "--dim", "20000", "--replies", "40", "--repeats", "1")
+    (row,) = rows[1:]
+    assert row[0] == "40 × 20,000"
+    peak, update = float(row[2]), float(row[3])
+    assert update == pytest.approx(20000 * 8 / 2**20, abs=0.05)
+    assert peak < 10 * update  # held one at a time (all 40 at once: ≥ 40 × update)
+
+
+def test_stream_contract() -> None:
+    """benchmarks/stream_contract.py at toy size: the commit before issue 33's pure streams
+    and this checkout time the same steps, one table row per case."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "stream_contract.py"),
+                          "--toy", "--repeats", "1"], capture_output=True, text=True,
+                         check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "ms" not in line]
+    assert [r.split(" | ")[0].strip("| ") for r in rows] == ["blt", "tree", "banded-inverse"]
+    assert all(float(r.rstrip(" |").split(" | ")[-1]) > 0 for r in rows)
+

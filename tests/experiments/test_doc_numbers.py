@@ -1,0 +1,157 @@
+"""simulations/doc_numbers.py at toy size, and the docs' numbers against its committed CSVs
+(issue 36 item 3: every number in README.md and docs/ comes from a committed CSV)."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+
+from simulations import doc_numbers
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_calibration_rows_compare_zcdp_with_exact() -> None:
+    rows = doc_numbers.calibration_rows([("page", "blt", 50, 2.0, 1e-3)])
+    exact, zcdp = rows
+    assert exact[5] == "exact" and zcdp[5] == "zcdp"
+    assert float(exact[8]) == 1.0
+    assert float(zcdp[6]) > float(exact[6])  # zCDP is the looser calibration
+    assert float(zcdp[8]) == pytest.approx(float(zcdp[6]) / float(exact[6]), rel=1e-3)
+
+
+def test_demo_tuning_marks_each_methods_best_mean(tmp_path: Path) -> None:
+    out = tmp_path / "tuning.csv"
+    assert doc_numbers.main(["demo-tuning", "--out", str(out), "--methods", "none", "blt",
+                             "--grid", "0.1", "1", "--seeds", "100", "101",
+                             "--rounds", "2"]) == 0
+    rows = _read(out)
+    assert len(rows) == 2 * 2 * 2
+    for method in ("none", "blt"):
+        mine = [r for r in rows if r["method"] == method]
+        chosen = {r["eta"] for r in mine if r["chosen"] == "1"}
+        assert len(chosen) == 1
+        best = max(mine, key=lambda r: float(r["mean_final_accuracy"]))
+        assert best["eta"] in chosen
+
+
+def test_logreg_norms_at_toy_size() -> None:
+    (row,) = doc_numbers.logreg_norms_rows([0], points=40, learners=3, dim=10)
+    values = dict(zip(doc_numbers.NORMS_HEADER, row, strict=True))
+    assert 0.0 < float(values["share_of_squared_norm_in_learner_mean"]) <= 1.0
+    q = [float(values[f"feature_norm_q{p}"]) for p in (10, 50, 90)]
+    assert q == sorted(q)
+    # a per-datum logistic gradient at x = 0 is half the feature's norm
+    assert float(values["grad_norm_at_zero_q50"]) == pytest.approx(
+        0.5 * float(values["feature_norm_q50"]), rel=0.3)
+
+
+def test_paired_counts_seeds(tmp_path: Path) -> None:
+    runs = tmp_path / "runs.csv"
+    header = "method,epsilon,delta,seed,eta,final_accuracy,avg_online_loss,dynamic_regret\n"
+    lines = ["none,,,0,1,0.9,0.1,1", "none,,,1,1,0.9,0.1,1",
+             "a,2.0,0.001,0,1,0.6,0.5,1", "a,2.0,0.001,1,1,0.7,0.5,1",
+             "b,2.0,0.001,0,1,0.65,0.5,1", "b,2.0,0.001,1,1,0.65,0.5,1"]
+    runs.write_text(header + "\n".join(lines) + "\n")
+    rows = doc_numbers.paired_rows(runs, ["final_accuracy"])
+    ab = next(r for r in rows if r[3:5] == ["a", "b"])
+    assert ab[5:9] == [2, 1, 0, 1]  # seeds, a above b, equal, a below b
+    assert float(ab[9]) == pytest.approx(0.0)
+
+
+def test_readme_demo_numbers_are_the_committed_summary() -> None:
+    summary = {r["method"]: float(r["final_accuracy_mean"])
+               for r in _read(DOCS / "results-demo-summary.csv")}
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"no noise ([\d.]+), correlated noise ([\d.]+), independent noise ([\d.]+)",
+                  text)
+    assert m is not None
+    assert [float(x) for x in m.groups()] == [
+        round(summary[k], 2) for k in ("noiseless", "blt", "independent")]
+
+
+def test_demo_step_sizes_are_the_committed_tuning() -> None:
+    from experiments.demo import ETAS
+
+    chosen = {r["method"]: float(r["eta"]) for r in _read(DOCS / "results-demo-tuning.csv")
+              if r["chosen"] == "1"}
+    assert chosen == {m: ETAS[m] for m in chosen}
+    summary = {r["method"]: float(r["eta"]) for r in _read(DOCS / "results-demo-summary.csv")}
+    assert summary == {"noiseless": ETAS["none"], "independent": ETAS["independent"],
+                       "blt": ETAS["blt"]}
+
+
+def test_cnn_calibration_numbers_are_the_committed_csv() -> None:
+    rows = {(r["mechanism"], r["steps"], r["calibration"]): r
+            for r in _read(DOCS / "results-calibration.csv")}
+    exact, zcdp = rows[("blt", "5000", "exact")], rows[("blt", "5000", "zcdp")]
+    text = (DOCS / "results-cnn.md").read_text()
+    assert f"{float(exact['noise_multiplier']):.3f}" in text  # 1.445
+    assert f"{float(zcdp['noise_multiplier']):.2f}" in text  # 1.98
+    assert f"{float(zcdp['std_over_exact']):.2f}× less" in text  # 1.37
+    assert f"V = {float(exact['std_per_coordinate_clip1']):.2f}" in text  # 5.45
+
+
+def _marked_blocks(text: str) -> dict[str, str]:
+    return dict(re.findall(r"<!-- BEGIN (\S+) -->\n(.*?)\n<!-- END \1 -->", text, re.S))
+
+
+#: the results pages whose tables are generated into marked blocks
+MARKED_PAGES = sorted(p.name for p in DOCS.glob("results-*.md") if "<!-- BEGIN " in p.read_text())
+
+
+def test_marked_pages_are_the_three_sweeps() -> None:
+    assert MARKED_PAGES == ["results-cnn.md", "results-logreg.md", "results-multi-epoch.md"]
+
+
+@pytest.mark.parametrize("page", MARKED_PAGES)
+def test_every_generated_table_is_its_committed_csv_rendered(page: str) -> None:
+    """Each block between ``<!-- BEGIN table:NAME -->`` markers equals what the sweep's own
+    table code renders from the committed CSVs (no hand-edited or stale table)."""
+    found = _marked_blocks((DOCS / page).read_text())
+    rendered = doc_numbers.doc_blocks(page)
+    assert set(found) == set(rendered)
+    for name, text in found.items():
+        assert text == rendered[name], f"{page} {name} is not its CSV rendered"
+
+
+def test_doc_blocks_see_a_changed_csv(tmp_path: Path) -> None:
+    """The check can fail: one accuracy changed in a copy of the CSV changes the block."""
+    import shutil
+
+    for path in DOCS.glob("results-cnn*.csv"):
+        shutil.copy(path, tmp_path / path.name)
+    before = doc_numbers.doc_blocks("results-cnn.md", tmp_path)["table:cnn"]
+    with open(tmp_path / "results-cnn.csv") as fh:
+        rows = list(csv.reader(fh))
+    rows[1][7] = "0.1"
+    with open(tmp_path / "results-cnn.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    assert doc_numbers.doc_blocks("results-cnn.md", tmp_path)["table:cnn"] != before
+    with pytest.raises(KeyError):
+        doc_numbers.doc_blocks("results-wang.md", tmp_path)
+
+
+def test_cnn_noise_rows_follow_the_independent_closed_form() -> None:
+    """Independent noise: ``‖b_{N−1}‖² = N``, so the ratio is ``σ·√(d/n)/√(N·B²)`` =
+    ``σ·√(d/n)/√(M·B)`` for ``M = N·B`` images; σ from the public calibration."""
+    pytest.importorskip("torch")
+    from flwr_corrnoise import calibrate_mechanism
+
+    rows = doc_numbers.cnn_noise_rows([40, 80], [1, 4], mechanisms=("independent",))
+    assert len(rows) == 2 * 2 * 2
+    for m_images, b, steps, cal, _, learners, d, ratio in rows:
+        assert steps * b == m_images
+        std = calibrate_mechanism(epsilon=2.0, delta=1e-3, clip_norm=1.0,
+                                  mechanism="independent", steps=steps, method=cal).std
+        expected = std * (d / learners) ** 0.5 / (m_images * b) ** 0.5
+        assert float(ratio) == pytest.approx(expected, rel=1e-3)

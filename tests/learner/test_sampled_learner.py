@@ -1,0 +1,354 @@
+"""Sampling in the learner's loop (issue 35): a learner whose loop draws its batches by
+cyclic Poisson sampling (:class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader`) is
+calibrated to the amplified guarantee of Choquette-Choo et al., "(Amplified) Banded Matrix
+Factorization", and releases nothing that depends on what a step drew.
+
+Each claim against a second computation: the learner's noise std and ε spent against
+``dp_accounting``'s PLD on the same events (both neighbouring relations); the device step
+against a hand computation of ``(Σ clip(g_i) + e)/m`` with ``m`` the expected batch size;
+the Flower front end's replies on neighbouring datasets against each other; refusals.
+"""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+import torch
+from dp_accounting.pld.pld_privacy_accountant import PLDAccountant as DpaPLD
+from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from flwr_corrnoise.data.sampling import CyclicPoissonLoader
+from flwr_corrnoise.flower import PrivateSteps
+from flwr_corrnoise.flower.config import settings_from_config
+from flwr_corrnoise.mechanisms.participation import (
+    Participation,
+    ParticipationError,
+    SampledParticipation,
+)
+from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings
+from flwr_corrnoise.torch import PrivateOptimizer
+
+from ..flower.test_strategy import task_identity  # noqa: F401  (autouse: Flower message identity)
+from ..flower_helpers import fingerprint
+from ..messages import flower_message
+
+RELATIONS = {"replace-one": dpa.NeighboringRelation.REPLACE_ONE,
+             "add-remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE}
+
+
+def dpa_epsilon(sigma: float, q: float, steps: int, delta: float, relation: str) -> float:
+    acc = DpaPLD(RELATIONS[relation], value_discretization_interval=1e-4)
+    acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+    return float(acc.get_epsilon(delta))
+
+
+@pytest.mark.parametrize("relation", sorted(RELATIONS))
+@pytest.mark.parametrize(("mechanism", "bands"), [("independent", 1), ("bandmf", 1),
+                                                  ("bandmf", 3)])
+def test_settings_calibrate_the_amplified_mechanism(relation: str, mechanism: str,
+                                                    bands: int) -> None:
+    """The learner's std is ``σ·ζ·B_g`` with ``σ`` the smallest noise multiplier for which
+    ``⌈N/b⌉`` Poisson-subsampled Gaussian steps meet (ε, δ) by dp_accounting's PLD under
+    the stated relation (1 % less noise breaks it); ε spent after ``k`` steps is
+    dp_accounting's on ``⌈k/b⌉`` of them. ``bands = 1`` is DP-SGD's noise multiplier."""
+    n, q, eps, delta, clip = 24, 0.25, 2.0, 1e-5, 0.7
+    part = SampledParticipation.cyclic_poisson(q, bands, n, 4.0, relation)
+    st = PrivacySettings(mechanism, eps, delta, clip, n, participation=part)
+    cal = st.calibration()
+    fact = st.factorization()
+    cycles = -(-n // bands)
+    sigma = cal.std / (fact.sensitivity * clip)
+    assert cal.relation == relation and cal.accountant == f"pld ({relation})"
+    if bands == 1:
+        assert fact.sensitivity == pytest.approx(1.0)
+    assert dpa_epsilon(sigma, q, cycles, delta, relation) <= eps * (1 + 1e-3)
+    assert dpa_epsilon(0.99 * sigma, q, cycles, delta, relation) > eps
+    for k in (1, bands + 1, n // 2, n):
+        want = dpa_epsilon(sigma, q, -(-k // bands), delta, relation)
+        assert st.epsilon_spent(k) == pytest.approx(min(want, eps), rel=2e-3)
+    assert st.binding()["participation"]["relation"] == relation
+
+
+def test_the_sampled_participation_keeps_the_unamplified_bound() -> None:
+    """Its base fields are the fixed-epoch pattern of the same loop (``⌈N/b⌉`` uses, ``b``
+    apart), so code that ignores the sampling computes a sensitivity that holds whatever
+    was drawn; it round-trips through a binding; bad values are refused."""
+    part = SampledParticipation.cyclic_poisson(0.5, 4, 18, 2.0)
+    assert isinstance(part, Participation)
+    assert (part.max_participations, part.min_sep, part.fixed_epoch) == (5, 4, True)
+    assert Participation.from_dict(part.as_dict()) == part
+    assert part != Participation.epochs(5, 4)
+    for bad in ({"sampling_rate": 0.0}, {"sampling_rate": 1.5}, {"bands": 0},
+                {"expected_batch_size": math.nan}, {"relation": "swap"}):
+        args = {"sampling_rate": 0.5, "bands": 4, "horizon": 18, "expected_batch_size": 2.0,
+                **bad}
+        with pytest.raises(ParticipationError):
+            SampledParticipation.cyclic_poisson(**args)
+
+
+def test_a_non_banded_encoder_is_refused() -> None:
+    """BLT's encoder is dense: one example's uses share rows of ``C·G``, Thm. 4 does not
+    apply, and the calibration refuses rather than print an ε that may not hold."""
+    part = SampledParticipation.cyclic_poisson(0.25, 2, 16, 4.0)
+    with pytest.raises(ValueError, match="bands"):
+        PrivacySettings("blt", 2.0, 1e-5, 1.0, 16, participation=part).calibration()
+
+
+def test_the_loader_tells_the_config_its_participation() -> None:
+    """The loader's config keys give settings whose participation is the loader's."""
+    ld = CyclicPoissonLoader(64, 8, rounds=2, key=7, local_epochs=1, bands=2)
+    cfg = {"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5, **ld.config()}
+    st = settings_from_config(cfg)
+    assert st.participation == ld.participation
+    assert st.mechanism_params() == {"bands": 2}
+    with pytest.raises(PrivacyConfigError, match="declare one"):
+        settings_from_config({**cfg, "epochs": 2})
+    with pytest.raises(PrivacyConfigError, match="expected-batch-size"):
+        settings_from_config({k: v for k, v in cfg.items() if k != "expected-batch-size"})
+
+
+# -- the device step --------------------------------------------------------------------
+
+def _optimizer(settings: PrivacySettings, seed: int) -> PrivateOptimizer:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2, bias=False).double()
+    return PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, settings,
+                            seed=seed)
+
+
+def test_the_device_step_divides_by_the_expected_batch_size() -> None:
+    """``(Σ clip(g_i) + e)/m`` with ``m`` the expected batch size whatever the step drew
+    (0, 1 or 5 examples): the noise ``e/m`` is read off a twin that drew nothing, the sum
+    of clipped per-example gradients is computed by hand."""
+    part = SampledParticipation.cyclic_poisson(0.5, 1, 8, 2.5)
+    st = PrivacySettings("bandmf", 4.0, 1e-5, 0.3, 8, participation=part)
+    x = torch.linspace(-1, 1, 15, dtype=torch.float64).reshape(5, 3)
+    y = torch.tensor([0, 1, 1, 0, 1])
+    for size in (1, 5):
+        empty, full = _optimizer(st, 11), _optimizer(st, 11)
+        empty.zero_grad()
+        empty.backward(x[:0], y[:0])
+        empty.step()
+        full.zero_grad()
+        full.backward(x[:size], y[:size])
+        full.step()
+        clipped = torch.zeros(2, 3, dtype=torch.float64)
+        w = full.model.weight.detach() + 0.1 * full.model.weight.grad  # before the step
+        for i in range(size):
+            wi = w.clone().requires_grad_(True)
+            loss = torch.nn.functional.cross_entropy((x[i:i + 1] @ wi.T), y[i:i + 1])
+            (g,) = torch.autograd.grad(loss, wi)
+            clipped += g * min(1.0, 0.3 / float(g.norm()))
+        got = (full.model.weight.grad - empty.model.weight.grad) * 2.5
+        torch.testing.assert_close(got, clipped)
+        assert empty.diagnostics()["failed-examples"] == 0.0  # drawing nothing is no failure
+        assert empty.metrics() == full.metrics()
+
+
+# -- the Flower front end ---------------------------------------------------------------
+
+N_EX, BATCH, ROUNDS, D = 12, 3, 3, 4
+
+
+def dataset(kind: str) -> tuple[np.ndarray, np.ndarray]:
+    x = 0.5 * np.sin(np.arange(N_EX * D, dtype=float)).reshape(N_EX, D) + 0.2
+    y = np.arange(N_EX) % 2
+    if kind == "odd":
+        x[5] = 40.0  # the neighbouring dataset: example 5 replaced
+        y[5] = 0
+    return x, y
+
+
+def loader(key: int = 99) -> CyclicPoissonLoader:
+    return CyclicPoissonLoader(N_EX, BATCH, rounds=ROUNDS, key=key, bands=2)
+
+
+def app(kind: str, skip_draw: bool = False) -> ClientApp:
+    """The user's NumPy loop over the loader's sampled batches: the batch's summed
+    gradient over the expected batch size."""
+    client = ClientApp(mods=[PrivateSteps.guard()])
+    x, y = dataset(kind)
+
+    @client.train()
+    def train(msg: Message, ctxt: Context) -> Message:
+        ld = loader()
+        private = PrivateSteps(msg, ctxt, loader=ld)
+        w = msg.content["arrays"].to_numpy_ndarrays()[0]
+        batches = private.batches()
+        for t in range(ld.local_steps):
+            idx = next(batches) if not (skip_draw and t == 1) else np.arange(0)
+            g = sum((np.outer(np.tanh(x[i] @ w) - y[i], x[i]).sum(axis=0)
+                     for i in idx), np.zeros(D))
+            w = w - 0.1 * private.step(g / ld.expected_batch_size)
+        return private.reply([w])
+
+    return client
+
+
+def message(w: np.ndarray, server_round: int) -> Message:
+    return flower_message(w, server_round=server_round)
+
+
+def conversation(client: ClientApp) -> list[dict]:
+    ctxt = Context(run_id=1, node_id=1, node_config={
+        "mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5, "noise-seed": 5,
+        "partition-id": 0}, state=RecordDict(), run_config={})
+    w, prints = np.zeros(D), []
+    for r in range(1, ROUNDS + 1):
+        reply = client(message(w, r), ctxt)
+        prints.append(fingerprint(reply))
+        if not reply.has_error():
+            w = reply.content["arrays"].to_numpy_ndarrays()[0]
+    return prints
+
+
+def test_neighbouring_datasets_give_the_same_replies(simulated: None) -> None:
+    """Two learners with the same key whose data differ in one example: every non-array
+    part of every reply is identical (no batch size, nothing drawn-dependent), and ε spent
+    is the amplified one."""
+    same, odd = conversation(app("same")), conversation(app("odd"))
+    assert same == odd
+    metrics = same[-1]["metrics"]
+    assert "error" not in same[-1] and metrics["steps"] == loader().horizon
+    st = settings_from_config({"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5,
+                               **loader().config()})
+    assert metrics["epsilon-spent"] == pytest.approx(st.epsilon_spent(loader().horizon))
+    assert metrics["num-examples"] == 1.0  # the FedAvg weight, the same for every learner
+    assert not any("batch" in k for k in metrics)
+
+
+def test_a_step_outside_the_sampler_s_schedule_is_refused(simulated: None) -> None:
+    """A step taken without the loader's batch for it: an error reply, nothing released."""
+    prints = conversation(app("same", skip_draw=True))
+    assert all("error" in p for p in prints)
+
+
+# -- the auditor with the sampler ---------------------------------------------------------
+
+def test_the_auditor_runs_the_amplified_mechanism_with_its_sampler() -> None:
+    """BandMF (2 bands) under cyclic Poisson sampling at q = 1/4, claimed ε = 1: the
+    empirical lower bound stays below the claim and the noise law holds. Fault: a loop
+    that ignores the sampler (the canary at every eligible step, ``drawn_rate = 1``) while
+    the settings claim the amplification — the auditor proves ε > 1."""
+    from flwr_corrnoise.audit import audit
+
+    kwargs = {"steps": 16, "sampling_rate": 0.25, "sampling_cycle": 2, "epsilon": 1.0,
+              "delta": 1e-5, "runs": 1000, "seed": 3}
+    honest = audit("bandmf", **kwargs)
+    assert not honest.falsified and honest.epsilon_lower_bound < 1.0
+    assert "cyclic Poisson" in honest.participation
+    fault = audit("bandmf", drawn_rate=1.0, **kwargs)
+    assert fault.exceeds_claim, fault.verdict
+
+
+# -- the CLI and the loop choice ----------------------------------------------------------
+
+def test_cli_calibrate_takes_the_sampling(capsys: pytest.CaptureFixture[str]) -> None:
+    """``calibrate --sampling-rate --sampling-cycle --relation`` is the learner's
+    calibration; a sampling rate beside --epochs is refused."""
+    import json
+
+    from flwr_corrnoise.cli import main
+
+    assert main(["calibrate", "--epsilon", "2", "--delta", "1e-5", "--clip-norm", "1",
+                 "--mechanism", "bandmf", "--steps", "24", "--sampling-rate", "0.25",
+                 "--sampling-cycle", "2", "--relation", "add-remove", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    part = SampledParticipation.cyclic_poisson(0.25, 2, 24, 1.0, "add-remove")
+    cal = PrivacySettings("bandmf", 2.0, 1e-5, 1.0, 24, participation=part).calibration()
+    assert out["std"] == pytest.approx(cal.std) and out["relation"] == "add-remove"
+    assert out["encoder_bands"] == 2
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--epsilon", "2", "--delta", "1e-5", "--clip-norm", "1",
+              "--mechanism", "bandmf", "--steps", "24", "--sampling-rate", "0.25",
+              "--epochs", "2"])
+
+
+def test_choose_loop_picks_the_smallest_noise() -> None:
+    """The three loops' prefix-sum RMSE: DP-SGD's is ``σ·√mean(t)`` with ``σ`` meeting
+    the budget by dp_accounting (and 1 % less not), BLT's is the fixed-epoch calibration's;
+    the pick is the smallest."""
+    from flwr_corrnoise.plan import AMPLIFIED_BANDMF, DP_SGD, FIXED_ORDER_BLT, choose_loop
+    from flwr_corrnoise.privacy import calibrate_mechanism
+
+    s, k, eps, delta = 4, 3, 4.0, 1e-5
+    choice = choose_loop(eps, delta, s, k, candidates=[1, 2, 4])
+    n = s * k
+    sigma = choice.rmse[DP_SGD] / math.sqrt(np.mean(np.arange(1, n + 1)))
+    assert dpa_epsilon(sigma, 1 / s, n, delta, "replace-one") <= eps * (1 + 1e-3)
+    assert dpa_epsilon(0.99 * sigma, 1 / s, n, delta, "replace-one") > eps
+    cal = calibrate_mechanism(eps, delta, 1.0, "blt", n,
+                              participation=Participation.epochs(k, s),
+                              params={"min_sep": s, "max_participations": k})
+    from flwr_corrnoise.mechanisms import build_factorization
+
+    blt = build_factorization("blt", n, min_sep=s, max_participations=k)
+    assert choice.rmse[FIXED_ORDER_BLT] == pytest.approx(
+        cal.std * math.sqrt(np.mean(blt.row_errors())))
+    assert choice.rmse[AMPLIFIED_BANDMF] <= choice.rmse[DP_SGD]
+    assert choice.rmse[choice.best] == min(choice.rmse.values()) and choice.reason
+
+
+# -- the torch ClientApp (private_training) ------------------------------------------------
+
+def torch_app(kind: str, criterion: bool = True) -> ClientApp:
+    """Flower's quickstart shape: the app's DataLoader, ``private_training`` with a
+    sampling cycle, the loop over its batches with ``private_optimizer``."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from flwr_corrnoise.flower import private_optimizer, private_training
+
+    client = ClientApp(mods=[PrivateSteps.guard()])
+    x, y = dataset(kind)
+    data = TensorDataset(torch.tensor(x, dtype=torch.float32), torch.tensor(y))
+
+    @client.train()
+    def train(msg: Message, ctxt: Context) -> Message:
+        model = torch.nn.Linear(D, 2, bias=False)
+        w = msg.content["arrays"].to_numpy_ndarrays()[0]
+        with torch.no_grad():
+            model.weight.copy_(torch.as_tensor(w.reshape(2, D)))
+        loader = private_training(msg, ctxt, model, DataLoader(data, batch_size=BATCH),
+                                  epochs=1, sampling_cycle=2)
+        loss = torch.nn.CrossEntropyLoss()
+        opt = private_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
+                                loss if criterion else None)
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss(model(xb), yb).backward()
+            opt.step()
+        return loader.reply(ArrayRecord([model.weight.detach().numpy()]))
+
+    return client
+
+
+def torch_conversation(client: ClientApp) -> list[dict]:
+    ctxt = Context(run_id=1, node_id=1, node_config={
+        "mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5, "noise-seed": 5,
+        "partition-id": 0}, state=RecordDict(), run_config={"num-server-rounds": ROUNDS})
+    w, prints = np.zeros((2, D), dtype=np.float32), []
+    for r in range(1, ROUNDS + 1):
+        reply = client(message(w, r), ctxt)
+        prints.append(fingerprint(reply))
+        if not reply.has_error():
+            w = reply.content["arrays"].to_numpy_ndarrays()[0]
+    return prints
+
+
+def test_private_training_samples_and_neighbours_get_the_same_replies(
+        simulated: None) -> None:
+    """``private_training(..., sampling_cycle=2)``: the learner's sampler keyed by its
+    noise seed, ε spent the amplified one, neighbouring datasets the same replies apart
+    from the arrays; without per-example clipping the sampled round is refused."""
+    same, odd = torch_conversation(torch_app("same")), torch_conversation(torch_app("odd"))
+    assert same == odd and "error" not in same[-1]
+    ld = CyclicPoissonLoader(N_EX, BATCH, rounds=ROUNDS, key=None, bands=2)
+    st = settings_from_config({"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5,
+                               **ld.config()})
+    assert same[-1]["metrics"]["epsilon-spent"] == pytest.approx(st.epsilon_spent(ld.horizon))
+    refused = torch_conversation(torch_app("same", criterion=False))
+    assert all("error" in p for p in refused)
