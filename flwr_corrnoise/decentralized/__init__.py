@@ -10,6 +10,8 @@ accountants and a vectorized in-process engine. Nothing here imports Flower; the
 
 # One `import name as name` line per public name (the rest is one level down: `graphs`,
 # `laplace`, `sets`, `gossip`, `tasks`, …, imported as submodules).
+# imported for its registration of the "synthetic-multiclass" task (the class stays one level down)
+from flwr_corrnoise.decentralized import multiclass as _multiclass  # noqa: F401
 from flwr_corrnoise.decentralized.baselines import DOLA as DOLA
 from flwr_corrnoise.decentralized.baselines import DSGD as DSGD
 from flwr_corrnoise.decentralized.baselines import PDOP as PDOP

@@ -101,12 +101,14 @@ SUPERLINK_SLOW = "Failed to start local SuperLink within"
 
 
 def flwr_run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    """``flwr run ARGS`` — once more if the only failure was Flower's 15 s wait for the
-    local SuperLink it started (the SuperLink keeps starting, and the second ``flwr run``
-    finds it running); any other failure is returned as it is."""
+    """``flwr run ARGS`` — again (twice at most) if the only failure was Flower's 15 s wait
+    for the local SuperLink it started (the SuperLink keeps starting, and the next ``flwr
+    run`` finds it running); any other failure is returned as it is."""
     run = [str(FLWR), "run", *args]
     proc = subprocess.run(run, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0 and SUPERLINK_SLOW in proc.stdout + proc.stderr:
+    for _ in range(2):  # twice at most: a loaded CI host has missed the 15 s twice in a row
+        if proc.returncode == 0 or SUPERLINK_SLOW not in proc.stdout + proc.stderr:
+            break
         deadline = time.monotonic() + 60
         while not superlink_pids(Path(env["FLWR_HOME"])) and time.monotonic() < deadline:
             time.sleep(0.5)
