@@ -264,14 +264,21 @@ def _plan(args: argparse.Namespace) -> dict[str, object]:
               + f"\n  why: {choice.reason}\n  prefix-sum noise RMSE × clip norm: "
               + ", ".join(f"{k} {v:.3g}" for k, v in choice.rmse.items()))
         return {}
-    plan = make_plan(PlanInput(
+    inputs = PlanInput(
         model_size=args.model_size, examples=args.examples, batch_size=args.batch_size,
         epochs=args.epochs, learners=args.learners, mechanism=args.mechanism,
         epsilon=args.epsilon, delta=args.delta, clip_norm=args.clip_norm, method=args.method,
         rounds=args.rounds, learning_rate=args.learning_rate, signal=args.signal,
         mode=args.mode, momentum=args.momentum, adaptive_quantile=args.adaptive_clip_quantile,
-        adaptive_noise=args.adaptive_clip_noise),
-        levers=not args.no_levers)
+        adaptive_noise=args.adaptive_clip_noise)
+    if args.grad_norm_sample:  # the measured signal term (a local file, never sent)
+        from .plan import read_signal_sample, with_signal
+
+        if args.signal != 1.0:
+            raise ValueError("plan: give --signal or --grad-norm-sample, not both")
+        inputs = with_signal(inputs, read_signal_sample(args.grad_norm_sample,
+                                                        args.clip_norm))
+    plan = make_plan(inputs, levers=not args.no_levers)
     if not args.json:
         print(format_plan(plan))
         return {}
@@ -530,6 +537,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="warn if the noise would blow the model up at this step size")
     pln.add_argument("--signal", type=float, default=1.0,
                      help="‖mean clipped gradient‖ / clip norm (default 1: its upper bound)")
+    pln.add_argument("--grad-norm-sample", metavar="FILE", default=None,
+                     help="measure the signal term from a local sample: per-example gradient "
+                          "norms (one column) or gradients (one a row; .npy or text), "
+                          "clipped at --clip-norm (for --mode round/central: round updates)")
     pln.add_argument("--mode", default="step", choices=("step", "round", "central"),
                      help="where the noise is added: every local step (default), the "
                           "learner's round update (CorrNoiseRoundMod; --rounds is the "

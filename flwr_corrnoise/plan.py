@@ -33,8 +33,13 @@ Two more terms (issue 32), each a closed form the tests check:
   the calibration includes the noised clip counts (the gradient noise at unit clip grows
   by ``1/√(1 − share)``), and ``B_g`` still cancels (the noise moves with ``C_t``).
 
-The verdict reads the end-of-run NSR: ``< 0.5`` signal dominates, ``< 2`` noisy, ``< 20``
-noise dominates early (expect slow learning), else no learning. The levers (double the
+The verdict reads the end-of-run NSR: ``< 0.15`` signal dominates, ``< 1`` noisy, ``< 20``
+noise dominates (little learning), else no learning — thresholds set against measured runs
+with a *measured* signal (docs/results-plan-check.md). The signal term is either measured
+(:func:`estimate_signal`: from a local, never-released sample of the learner's clipped
+gradients before training, ``‖E clip(g)‖ / B_g``: what clipping leaves of the norms times
+how well the directions agree) or, as the fallback, the upper bound ``1`` — a verdict the
+plan labels optimistic. The levers (double the
 batch, the learners or ε; halve the epochs; another mechanism) are ranked by the NSR each
 would give, recomputed by the same code. ``safe_learning_rate`` is the step size at which
 the model's accumulated noise has per-coordinate std ``0.1`` at its largest (a scale at
@@ -44,9 +49,11 @@ model up, which is what the per-step helpers warn about.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,10 +70,18 @@ PLAN_MODES = ("step", "round", "central")
 #: the end-of-run noise-to-signal from which a run is expected not to learn (the verdict
 #: "noise dominates: expect no learning"; the servers warn before round 1)
 NO_LEARNING_NSR = 20.0
-VERDICTS = ((0.5, "signal dominates: expect learning close to the noiseless run"),
-            (2.0, "noisy: expect slower learning than without noise"),
+#: the verdict's thresholds on the end-of-run noise-to-signal, recalibrated (issue 32)
+#: against the measured runs of docs/results-plan-check.md with the *measured* signal term:
+#: the runs at ≤ 0.12 lost ≤ 1 point beyond clipping's own cost, those at 0.16–0.36 lost
+#: 3–11 points, the one at 1.7 was near chance; Flower's quickstart per-round and central
+#: runs (no learning) are in the hundreds
+SIGNAL_DOMINATES_NSR = 0.15
+NOISY_NSR = 1.0
+VERDICTS = ((SIGNAL_DOMINATES_NSR,
+             "signal dominates: expect accuracy close to the noiseless run with clipping"),
+            (NOISY_NSR, "noisy: expect clearly lower accuracy than without noise"),
             (NO_LEARNING_NSR,
-             "noise dominates early: expect slow learning, tune the levers below"),
+             "noise dominates: expect little learning, tune the levers below"),
             (math.inf, "noise dominates: expect no learning"))
 
 
@@ -91,6 +106,9 @@ class PlanInput:
     #: gradient at the clip norm, all aligned — an upper bound; measure it on a noiseless
     #: step of your model for a realistic figure
     signal: float = 1.0
+    #: where ``signal`` came from, as the plan prints it (:attr:`SignalEstimate.basis`);
+    #: ``None``: the upper bound (``signal = 1``) or a figure the caller stated
+    signal_basis: str | None = None
     #: where the noise is added: ``step`` (every local step, per-example clipping),
     #: ``round`` (the learner's round update, :class:`~flwr_corrnoise.flower.
     #: CorrNoiseRoundMod`) or ``central`` (the server, on the average of the clipped round
@@ -127,6 +145,14 @@ class PlanInput:
                              "central DP clips to a fixed norm")
         if self.mode == "step":  # round/central plans carry no data size (examples = 1)
             check_delta_for(self.delta, self.examples, " per learner")
+
+    @property
+    def signal_kind(self) -> str:
+        """``"measured"`` (:class:`SignalEstimate`), ``"stated"`` (a figure given) or
+        ``"upper-bound"`` (``signal = 1``, the fallback)."""
+        if self.signal_basis is not None:
+            return "measured"
+        return "upper-bound" if self.signal == 1.0 else "stated"
 
     @property
     def steps_per_epoch(self) -> int:
@@ -212,15 +238,22 @@ def noise_to_signal(inputs: PlanInput) -> tuple[PrivacySettings, float, float, f
 def momentum_rows(settings: PrivacySettings, beta: float) -> tuple[np.ndarray, np.ndarray]:
     """``(‖Σ_t (w_t − w_{t+1})·b_t‖, Σ_t w_t)`` for ``k = 1..N`` under heavy-ball momentum
     ``β`` (module docstring): the model's noise per unit ``V`` and its signal bound per unit
-    ``B_g`` after ``k`` steps. Materializes ``B`` (``N × N``)."""
+    ``B_g`` after ``k`` steps. Materializes ``B`` (``N × N``).
+
+    ``w_t − w_{t+1} = β^{k−t}`` (and ``w_k = 1``), so the noise vector after ``k`` steps is
+    ``z_k = Σ_{t≤k} β^{k−t}·b_t = β·z_{k−1} + b_k``: one pass over the rows, ``O(N²)``
+    (the quickstart's 2250 steps in well under a second), and
+    ``Σ_t w_t = (k − β(1 − β^k)/(1 − β)) / (1 − β)``."""
     B, _ = settings.factorization().matrices()
     n = B.shape[0]
-    noise, signal = np.empty(n), np.empty(n)
-    for k in range(1, n + 1):
-        w = (1.0 - beta ** np.arange(k, 0, -1)) / (1.0 - beta)  # w_1..w_k
-        diff = w - np.append(w[1:], 0.0)
-        noise[k - 1] = float(np.linalg.norm(diff @ B[:k]))
-        signal[k - 1] = float(w.sum())
+    noise = np.empty(n)
+    z = np.zeros(B.shape[1])
+    for k in range(n):
+        z *= beta
+        z += B[k]
+        noise[k] = float(np.linalg.norm(z))
+    k = np.arange(1.0, n + 1)
+    signal = (k - beta * (1.0 - beta ** k) / (1.0 - beta)) / (1.0 - beta)
     return noise, signal
 
 
@@ -242,6 +275,116 @@ def safe_learning_rate(settings: PrivacySettings, batch_size: int, learners: int
 
 def verdict(nsr: float) -> str:
     return next(text for limit, text in VERDICTS if nsr < limit)
+
+
+@dataclass(frozen=True)
+class SignalEstimate:
+    """A measured signal term for :attr:`PlanInput.signal`: the norm of the *expected*
+    clipped gradient over the clip norm, ``‖E[clip(g)]‖ / B_g``, from a local sample of
+    per-example gradients (or of round updates, for the per-round and central modes).
+
+    Computed on the learner, before training, on its own data; **nothing of it is
+    released** — it only sets what the plan prints locally. Its parts:
+    ``norm_fraction = mean_i min(‖g_i‖, B_g) / B_g`` (what clipping leaves of the norms)
+    and ``alignment = fraction / norm_fraction`` (how much of that survives averaging the
+    directions; ``None`` when only norms were given, counted as 1: aligned)."""
+
+    fraction: float
+    norm_fraction: float
+    alignment: float | None
+    examples: int
+
+    @property
+    def basis(self) -> str:
+        """How the plan labels the signal it used."""
+        if self.alignment is None:
+            return (f"measured on {self.examples} gradient norms (directions assumed "
+                    "aligned: still an upper bound)")
+        return (f"measured on {self.examples} gradients (norm fraction "
+                f"{self.norm_fraction:.3g} × alignment {self.alignment:.3g})")
+
+
+def estimate_signal(clipped_sum: np.ndarray, clipped_norms: np.ndarray,
+                    clip_norm: float) -> SignalEstimate:
+    """The signal term from the sufficient statistics of ``n`` clipped gradients
+    ``c_i = g_i·min(1, B_g/‖g_i‖)``: their sum ``S`` and their norms ``‖c_i‖``.
+
+    Why not ``‖S/n‖``: the mean of a sample is longer than the mean of the distribution —
+    ``E‖S/n‖² = ‖μ‖² + tr(Σ)/n`` — so gradients that disagree would still look aligned
+    on a small sample. ``Σ_{i≠j} c_i·c_j = ‖S‖² − Σ_i ‖c_i‖²`` has expectation
+    ``n(n−1)·‖μ‖²`` (independent examples), the unbiased estimate used here. When it is
+    not positive, the sample cannot tell the mean gradient from zero: an error, since no
+    figure would be honest (measure more examples, or plan with the upper bound)."""
+    norms = np.asarray(clipped_norms, dtype=float).ravel()
+    n = norms.size
+    b = float(clip_norm)
+    if not (math.isfinite(b) and b > 0):
+        raise ValueError(f"signal: clip norm must be positive, got {clip_norm!r}")
+    if n < 2:
+        raise ValueError(f"signal: need at least 2 gradients, got {n}")
+    if not np.all(np.isfinite(norms)) or np.any(norms < 0) or np.any(norms > b * (1 + 1e-9)):
+        raise ValueError("signal: clipped norms must be finite, in [0, clip norm]")
+    total = float(np.sum(np.asarray(clipped_sum, dtype=float) ** 2))
+    if not math.isfinite(total):
+        raise ValueError("signal: the clipped sum is not finite")
+    cross = (total - float(np.sum(norms ** 2))) / (n * (n - 1))  # ≈ ‖E c‖²
+    norm_fraction = float(np.mean(norms)) / b
+    if cross <= 0.0 or norm_fraction == 0.0:
+        raise ValueError(
+            f"signal: in these {n} examples the mean clipped gradient cannot be told from "
+            "zero; measure more examples, or plan with the upper bound (signal 1)")
+    fraction = min(1.0, math.sqrt(cross) / b)
+    return SignalEstimate(fraction=fraction, norm_fraction=norm_fraction,
+                          alignment=min(1.0, fraction / norm_fraction), examples=n)
+
+
+def signal_from_gradients(gradients: np.ndarray, clip_norm: float) -> SignalEstimate:
+    """:func:`estimate_signal` from per-example gradients (or round updates), one a row
+    (``n × d``), clipped here at ``clip_norm``."""
+    g = np.asarray(gradients, dtype=float)
+    if g.ndim != 2:
+        raise ValueError(f"signal: gradients must be n × d, got shape {g.shape}")
+    norms = np.linalg.norm(g, axis=1)
+    if not np.all(np.isfinite(norms)):
+        raise ValueError("signal: a gradient is not finite")
+    factor = np.minimum(1.0, float(clip_norm) / np.maximum(norms, np.finfo(float).tiny))
+    return estimate_signal((g * factor[:, None]).sum(axis=0), norms * factor, clip_norm)
+
+
+def signal_from_norms(norms: np.ndarray, clip_norm: float) -> SignalEstimate:
+    """The signal term from per-example gradient *norms* only: clipping's share
+    ``mean min(‖g_i‖, B_g) / B_g``, the directions assumed aligned (an upper bound that
+    still counts what clipping removes)."""
+    raw = np.asarray(norms, dtype=float).ravel()
+    b = float(clip_norm)
+    if raw.size < 1 or not np.all(np.isfinite(raw)) or np.any(raw < 0):
+        raise ValueError("signal: norms must be a non-empty list of finite values ≥ 0")
+    if not (math.isfinite(b) and b > 0):
+        raise ValueError(f"signal: clip norm must be positive, got {clip_norm!r}")
+    frac = float(np.mean(np.minimum(raw, b))) / b
+    if frac == 0.0:
+        raise ValueError("signal: every gradient norm is 0")
+    return SignalEstimate(fraction=frac, norm_fraction=frac, alignment=None,
+                          examples=int(raw.size))
+
+
+def read_signal_sample(path: str, clip_norm: float) -> SignalEstimate:
+    """The CLI's ``--grad-norm-sample FILE``: a ``.npy`` array or a text file (one value
+    or one row a line, commas or spaces): one column is gradient norms
+    (:func:`signal_from_norms`), more are per-example gradients
+    (:func:`signal_from_gradients`)."""
+    try:
+        if str(path).endswith(".npy"):
+            data = np.load(path, allow_pickle=False)
+        else:
+            text = Path(path).read_text().replace(",", " ")
+            data = np.loadtxt(io.StringIO(text), ndmin=2)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"signal: cannot read {path}: {exc}") from exc
+    data = np.asarray(data, dtype=float)
+    if data.ndim == 1 or (data.ndim == 2 and data.shape[1] == 1):
+        return signal_from_norms(data.ravel(), clip_norm)
+    return signal_from_gradients(data, clip_norm)
 
 
 def make_plan(inputs: PlanInput, *, levers: bool = True) -> Plan:
@@ -277,13 +420,32 @@ def make_plan(inputs: PlanInput, *, levers: bool = True) -> Plan:
                 verdict=verdict(nsr_final), levers=ranked)
 
 
+def with_signal(inputs: PlanInput, estimate: SignalEstimate) -> PlanInput:
+    """``inputs`` with the measured signal term (its fraction and how it was measured)."""
+    return replace(inputs, signal=estimate.fraction, signal_basis=estimate.basis)
+
+
+def signal_label(inputs: PlanInput) -> str:
+    """Which signal the figures used: the upper bound, a stated fraction or a measured
+    one (:class:`SignalEstimate`)."""
+    if inputs.signal_kind == "measured":
+        return f"fraction {inputs.signal:.3g}, {inputs.signal_basis}"
+    if inputs.signal_kind == "upper-bound":
+        return ("at its upper bound (every gradient at the clip norm, all aligned): the "
+                "verdict is optimistic; measure it (plan --grad-norm-sample, "
+                "flwr_corrnoise.torch.measure_signal)")
+    return f"fraction {inputs.signal:g} (as stated)"
+
+
 def format_plan(plan: Plan) -> str:
     """The plan as the CLI prints it (and the learner logs it)."""
     i = plan.inputs
     lines = [
         f"plan: {i.mechanism}, ε = {i.epsilon:g}, δ = {i.delta:g}, clip norm {i.clip_norm:g}; "
-        f"d = {i.model_size}, {i.examples} examples per learner, batch {i.batch_size}, "
-        f"{i.epochs} epoch(s), {i.learners} learner(s) averaged per round",
+        f"d = {i.model_size}, "
+        + (f"{i.examples} examples per learner, batch {i.batch_size}, {i.epochs} epoch(s), "
+           if i.mode == "step" else "")
+        + f"{i.learners} learner(s) averaged per round",
         (f"  horizon: {plan.horizon} steps ({i.epochs} × {i.steps_per_epoch}); "
          if i.mode == "step" else
          f"  noise on the {'round update' if i.mode == 'round' else 'server average'}; "
@@ -292,9 +454,10 @@ def format_plan(plan: Plan) -> str:
         f"({'exact' if plan.sensitivity_exact else 'certified bound'}), "
         f"noise std V = {plan.std:.4g} (noise multiplier {plan.noise_multiplier:.3g})",
         f"  noise-to-signal of the averaged update: {plan.nsr_first_round:.3g} after the first "
-        f"round, {plan.nsr_final:.3g} at the end (signal "
-        + ("counted at its upper bound)" if i.signal == 1.0 else f"fraction {i.signal:g})"),
-        f"  verdict: {plan.verdict}",
+        f"round, {plan.nsr_final:.3g} at the end",
+        f"  signal: {signal_label(i)}",
+        f"  verdict: {plan.verdict} ({i.signal_kind} signal"
+        + (", optimistic" if i.signal_kind == "upper-bound" else "") + ")",
     ]
     if math.isfinite(plan.safe_learning_rate):
         lines.append(f"  safe learning rate ≤ {plan.safe_learning_rate:.3g} (model noise std ≤ "

@@ -21,7 +21,8 @@ Two paths, one algorithm (``docs/pytorch.md``):
 Importing this package registers the ``"torch"`` stream backend
 (:func:`flwr_corrnoise.streams.restore_stream` then reads learner states holding a torch
 stream). Modules: :mod:`.params` (parameter I/O), :mod:`.grad_sample`, :mod:`.optimizer`,
-:mod:`.streams`, :mod:`.engine`, :mod:`.host`.
+:mod:`.streams`, :mod:`.engine`, :mod:`.host`, :mod:`.signal` (the plan's measured
+signal term).
 """
 
 from .engine import run_inprocess_device
@@ -29,6 +30,7 @@ from .grad_sample import register_grad_sampler
 from .host import ModuleGradient, torch_local_round
 from .optimizer import PrivateOptimizer, device_local_round
 from .params import BatchStream, get_parameters, set_parameters
+from .signal import measure_signal
 from .streams import TorchNoiseStream
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "TorchNoiseStream",
     "device_local_round",
     "get_parameters",
+    "measure_signal",
     "register_grad_sampler",
     "run_inprocess_device",
     "set_parameters",
