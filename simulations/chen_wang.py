@@ -63,16 +63,11 @@ from flwr_corrnoise.decentralized.chen_wang_privacy import (
 from flwr_corrnoise.decentralized.engine import run
 from flwr_corrnoise.decentralized.graphs import laplacian_weights, ring
 from flwr_corrnoise.decentralized.tasks import LogisticTask
+from simulations import chen_wang_tables as tables
+from simulations.chen_wang_tables import NAMES, N
 
 ROOT = Path(__file__).resolve().parents[1]
-N = 5
-NAMES = {"chen-wang": "Algorithm 1 (Chen & Wang)", "chen-wang-tuned": "Algorithm 1, λ₀ tuned",
-         "dsgd": "DSGD", "dola": "DOLA [inferred form]", "pdop": "PDOP [inferred form]"}
 BASES = {"chen-wang-tuned": 1.0, "dsgd": 1.0, "dola": 0.1, "pdop": 0.5}
-#: Chen & Wang's Table I: noise multiplier → (cumulative privacy budget, iterations to ≤ 1)
-PAPER_TABLE1 = {1.0: (23.34, 8), 1.5: (16.59, 11), 2.0: (12.65, 12), 2.5: (11.97, 34),
-                3.0: (11.54, 127), 3.5: (10.50, 269), 4.0: (9.64, 575), 4.5: (8.79, 934),
-                5.0: (7.98, 1119), 5.5: (7.47, 2292), 6.0: (7.03, 4999)}
 
 
 def log(msg: str) -> None:
@@ -685,25 +680,22 @@ def write_docs(args: argparse.Namespace, out: Path, source: str, res: dict) -> N
         f"    {cmd}",
         "",
         f"(CSV files `docs/results-chen-wang{tag}-*.csv`, figures "
-        f"`docs/figures/chen-wang{tag}-*.png`.)",
+        f"`docs/figures/chen-wang{tag}-*.png`. Every",
+        "table between `BEGIN`/`END` markers is rendered from its CSV —",
+        f"`python -m simulations.doc_numbers blocks results-chen-wang{tag}.md` rewrites them "
+        "without a run —",
+        "and `tests/experiments/test_doc_numbers.py` fails if a table and its CSV disagree.)",
         "",
     ]
     if "fig1" in res:
-        f = res["fig1"]
         lines += ["## Fig. 1: tracking error, regret, cumulative ε", "",
                   f"![fig1](figures/chen-wang{tag}-fig1.png)", "",
                   f"At t = T = {args.steps} (mean ± std over seeds):", "",
-                  "| algorithm | noise | step₀ | seeds | ‖θ−θ*‖² | regret |",
-                  "|---|---|---|---|---|---|"]
-        for name, noise, s0, k, em, es, gm, gs in f["rows"]:
-            lines.append(f"| {NAMES[name]} | {noise} | {s0 if s0 else 'paper'} | {k} | "
-                         f"{em:.4g} ± {es:.2g} | {gm:.4g} ± {gs:.2g} |")
-        lines += ["", "Cumulative ε at T, mean over the 5 learners (range), per accountant:",
-                  "", "| algorithm | accountant | ε(T) mean | min–max |", "|---|---|---|---|"]
-        for (name, acc), arr in f["eps"]["values"].items():
-            lines.append(f"| {NAMES[name]} | {acc} | {arr[:, -1].mean():.4g} | "
-                         f"{arr[:, -1].min():.4g}–{arr[:, -1].max():.4g} |")
-        lines.append("")
+                  *block("table:fig1", tables.fig1_table(tables.read_csv(out / "fig1.csv"))),
+                  "",
+                  "Cumulative ε at T, mean over the 5 learners (range), per accountant:", "",
+                  *block("table:epsilon",
+                         tables.epsilon_table(tables.read_csv(out / "epsilon.csv"))), ""]
     if "table1" in res:
         lines += ["## Table I: budget vs iterations", "",
                   f"![table1](figures/chen-wang{tag}-table1.png)", "",
@@ -711,14 +703,8 @@ def write_docs(args: argparse.Namespace, out: Path, source: str, res: dict) -> N
                   f"r = {args.reg:g}; iterations until ‖mean θ − θ*‖ ≤ "
                   f"{args.threshold:g} (T if never), mean over {args.table_seeds} seed(s); "
                   "the paper's row for comparison.", "",
-                  "| multiplier m | ε tight (mean) | ε Thm 5(i) (mean) | ε best (mean) | "
-                  "iterations | ‖mean θ − θ*‖ at T | paper ε | paper iterations |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for m, et, e5, it, _, eb, fd in res["table1"]:
-            pe, pi = PAPER_TABLE1.get(float(m), ("–", "–"))
-            lines.append(f"| {m:g} | {et:.4g} | {e5:.4g} | {eb:.4g} | {it:.0f} | {fd:.3g} | "
-                         f"{pe} | {pi} |")
-        lines.append("")
+                  *block("table:table1",
+                         tables.table1_table(tables.read_csv(out / "table1.csv"))), ""]
     if "rate" in res:
         r = res["rate"]
         lines += ["## Rate check", "", f"![rate](figures/chen-wang{tag}-rate.png)", "",
@@ -728,7 +714,6 @@ def write_docs(args: argparse.Namespace, out: Path, source: str, res: dict) -> N
                   f"from t = {r['fit_from']}: tracking error {r['slope_error']:.3f} "
                   f"(theorem: ≤ −β = {-r['beta']:.3f}), regret {r['slope_regret']:.3f}.", ""]
     if "sensitivity" in res:
-        rows = res["sensitivity"]
         lines += ["## Sensitivity: regularisation r × row normalisation", "",
                   f"![sensitivity](figures/chen-wang{tag}-sensitivity.png)", "",
                   f"Algorithm 1 with the paper's steps; T = {args.steps}, "
@@ -736,19 +721,8 @@ def write_docs(args: argparse.Namespace, out: Path, source: str, res: dict) -> N
                   "*Table I noise*: its ×1 level, 0.1·(t+1)^(0.1+0.01i). "
                   f"\"first t ≤ {args.threshold:g}\": first t with ‖mean θ − θ*‖ ≤ "
                   f"{args.threshold:g}, per seed. ε: mean over learners, Fig. 1 noise.", "",
-                  "| rows | r | ‖θ*_T‖ | ‖θ−θ*‖² Fig. 1 noise | ‖θ−θ*‖² noise off | "
-                  "‖mean θ − θ*‖ at T | first t ≤ 1, Fig. 1 noise | first t ≤ 1, Table I noise | "
-                  "ε tight (eq. 22) | ε contractive |", "|" + "---|" * 10]
-        for r in rows:
-            lines.append(
-                f"| {r['rows']} | {float(r['reg']):g} | {math.sqrt(float(r['theta_star_sq'])):.3g} "
-                f"| {float(r['error_paper_noise_mean']):.4g} ± "
-                f"{float(r['error_paper_noise_std']):.2g} | {float(r['error_noise_off_mean']):.3g} "
-                f"| {float(r['mean_distance_T']):.3g} | {r['first_t_mean_distance_le_threshold']} "
-                f"| {r['table1_noise_first_t_le_threshold']} "
-                f"| {float(r.get('eps tight (eq. 22) mean', 'nan')):.4g} "
-                f"| {float(r.get('eps contractive (convex, unclipped) mean', 'nan')):.4g} |")
-        lines.append("")
+                  *block("table:sensitivity",
+                         tables.sensitivity_table(tables.read_csv(out / "sensitivity.csv"))), ""]
     marker = "<!-- generated above; analysis below is written by hand -->"
     path = docs / f"results-chen-wang{tag}.md"
     tail, head = "", "\n".join(lines) + "\n"
@@ -757,6 +731,12 @@ def write_docs(args: argparse.Namespace, out: Path, source: str, res: dict) -> N
         head = merge_sections(old_head, head)
     path.write_text(head + marker + tail)
     log(f"wrote {path}")
+
+
+def block(name: str, table: str) -> list[str]:
+    """A table between the markers that tests/experiments/test_doc_numbers.py compares
+    with the committed CSV's rendering (:mod:`simulations.chen_wang_tables`)."""
+    return [f"<!-- BEGIN {name} -->", table, f"<!-- END {name} -->"]
 
 
 def merge_sections(old: str, new: str) -> str:

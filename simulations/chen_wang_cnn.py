@@ -40,6 +40,7 @@ from flwr_corrnoise.decentralized.chen_wang import ChenWang, StepSizes
 from flwr_corrnoise.decentralized.engine import run
 from flwr_corrnoise.decentralized.graphs import laplacian_weights, ring
 from flwr_corrnoise.decentralized.tasks import Task
+from simulations.doc_numbers import write_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 5
@@ -392,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
         if args.docs:
             shutil.copy(out / "dlg.csv", ROOT / "docs" / "results-chen-wang-dlg.csv")
+            write_blocks(["results-chen-wang.md"])  # its tables from the copied CSVs
             log("command: nice -n 10 python -m simulations.chen_wang_cnn " + " ".join(argv_used))
         return 0
     rows = []
@@ -456,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.docs:
         (ROOT / "docs" / "figures").mkdir(parents=True, exist_ok=True)
         shutil.copy(out / "cnn.csv", ROOT / "docs" / "results-chen-wang-cnn.csv")
+        write_blocks(["results-chen-wang.md"])
         if (out / "cnn.png").exists():
             shutil.copy(out / "cnn.png", ROOT / "docs" / "figures" / "chen-wang-cnn.png")
         log("command: nice -n 10 python -m simulations.chen_wang_cnn " + " ".join(argv_used))

@@ -51,6 +51,7 @@ from experiments.cnn import CNNResult, CNNSetup, run_cnn
 from flwr_corrnoise.mechanisms import check_mechanism, mechanism_names
 from flwr_corrnoise.privacy import METHODS as CALIBRATIONS
 from flwr_corrnoise.settings import NOISELESS
+from simulations import marked
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Fig. 4's methods (a deliberate subset of the registry, checked against it)
@@ -295,12 +296,9 @@ def merge_docs_rows(path: Path, new: list[list],
 
 
 def update_marked_section(path: Path, name: str, text: str) -> None:
-    begin, end = f"<!-- BEGIN table:{name} -->", f"<!-- END table:{name} -->"
-    doc = path.read_text()
-    if begin not in doc or end not in doc:
-        raise ValueError(f"{path} has no {begin} … {end} section")
-    head, rest = doc.split(begin, 1)
-    path.write_text(head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1])
+    """The ``table:NAME`` block of a page that must already hold it
+    (:func:`simulations.marked.update_marked_section`)."""
+    marked.update_marked_section(path, f"table:{name}", text, append=False)
 
 
 #: ``--docs-table``: the docs CSV a run's rows are merged into (its tuning rows go to
@@ -324,6 +322,11 @@ def render_blocks(docs: Path = ROOT / "docs") -> dict[str, str]:
             blocks[runs_block] = batch_table(rows) if name == "batch" else table(rows)
         if tuning_block and (docs / f"{stem}-tuning.csv").exists():
             blocks[tuning_block] = tuning_table(read_csv(docs / f"{stem}-tuning.csv"))
+    if (docs / "results-cnn-collapse.csv").exists():
+        from simulations.cnn_collapse import collapse_table
+
+        with open(docs / "results-cnn-collapse.csv", newline="") as fh:
+            blocks["collapse"] = collapse_table(list(csv.DictReader(fh)))
     cnn = read_csv(docs / "results-cnn.csv")
     blocks["snr"] = snr_table(sorted({300, 1000, 5000, *(int(r[8]) for r in cnn)}))
     return blocks

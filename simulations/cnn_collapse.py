@@ -181,3 +181,33 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+#: the steps of each run that docs/results-cnn.md's collapse table shows
+DOC_STEPS = (200, 1000, 2000)
+
+
+def collapse_table(rows: list[dict[str, str]], steps: tuple[int, ...] = DOC_STEPS) -> str:
+    """docs/results-cnn.md's collapse table from ``diagnostics.csv`` rows (the committed
+    ``docs/results-cnn-collapse.csv``): per run (in the CSV's order) and step, the global
+    model's accuracy, logit spread, dead conv2/fc1 units and first-FC-layer norm, and the
+    local iterates' mean drift and raw gradient norm since the previous record."""
+    lines = ["| run (Fashion-MNIST, 10 learners, 1 image/step) | step | accuracy | logit spread "
+             "| dead conv2 / fc1 | mean local drift ‖z − x^r‖ | raw ‖g‖ at the iterates "
+             "| ‖fc1‖ of x^r |", "|" + "---|" * 8]
+    runs = dict.fromkeys((r["method"], r["tau"], r["eta"]) for r in rows)
+    for method, tau, eta in runs:
+        label = f"{'BLT' if method == 'blt' else method} τ = {tau}, η = {float(eta):g}"
+        for r in rows:
+            if (r["method"], r["tau"], r["eta"]) != (method, tau, eta) or \
+                    int(float(r["step"])) not in steps:
+                continue
+            drift = float(r["drift"])
+            lines.append(
+                f"| {label} | {int(float(r['step']))} | {float(r['accuracy']):.3f} | "
+                f"{float(r['logit-std']):.3f} | {float(r['dead-conv2']):.2f} / "
+                f"{float(r['dead-fc1']):.2f} | "
+                f"{'0' if drift == 0 else f'{drift:.2f}' if drift < 1 else f'{drift:.1f}'} | "
+                f"{float(r['grad-norm']):.1f} | {float(r['norm-fc1']):.1f} |")
+            label = ""
+    return "\n".join(lines)

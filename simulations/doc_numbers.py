@@ -13,6 +13,8 @@ command whose output is committed. The sweeps (``simulations.logreg``, ``simulat
     python -m simulations.doc_numbers logreg-norms --out docs/results-logreg-norms.csv
     # the CNN's final noise-to-signal ratio per batch size at fixed images per learner
     python -m simulations.doc_numbers cnn-noise --out docs/results-cnn-noise.csv
+    # rewrite the tables of results pages from their committed CSVs (no run)
+    python -m simulations.doc_numbers blocks results-wang.md results-chen-wang.md
     # per-seed comparison of every pair of methods in a sweep's per-seed CSV
     python -m simulations.doc_numbers paired --runs docs/results-logreg.csv \\
         --out docs/results-logreg-paired.csv
@@ -233,7 +235,27 @@ def doc_blocks(page: str, docs: Path | None = None) -> dict[str, str]:
             tabs["rmse"] = multi_epoch.noise_table(
                 multi_epoch.read_csv(docs / "results-multi-epoch-noise.csv"))
         return {f"table:{k}": v for k, v in tabs.items()}
+    if page == "results-wang.md":
+        from simulations.wang_tables import render_blocks
+
+        return render_blocks(docs)
+    if page.startswith("results-chen-wang"):
+        from simulations.chen_wang_tables import render_blocks
+
+        return render_blocks(page, docs)
     raise KeyError(f"no renderer for the generated blocks of {page}")
+
+
+def write_blocks(pages: Sequence[str], docs: Path | None = None) -> None:
+    """Rewrite every generated block of each page from the committed CSVs (a page must
+    already hold each block's markers: the prose around a table places it)."""
+    from simulations.marked import update_marked_section
+
+    docs = docs or Path(__file__).resolve().parents[1] / "docs"
+    for page in pages:
+        for name, text in doc_blocks(page, docs).items():
+            update_marked_section(docs / page, name, text, append=False)
+        print(f"{page}: blocks rewritten from the committed CSVs", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -257,12 +279,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument("--runs", type=Path, default=Path("docs/results-logreg.csv"))
     q.add_argument("--metrics", nargs="+", default=["final_accuracy", "avg_online_loss"])
     q.add_argument("--out", type=Path, default=Path("docs/results-logreg-paired.csv"))
+    b = sub.add_parser("blocks", help="rewrite a results page's tables from its CSVs")
+    b.add_argument("pages", nargs="+", help="e.g. results-wang.md results-chen-wang.md")
     k = sub.add_parser("cnn-noise", help="the CNN's noise-to-signal ratio per batch size")
     k.add_argument("--out", type=Path, default=Path("docs/results-cnn-noise.csv"))
     k.add_argument("--images", nargs="+", type=int, default=[1000, 5000, 6000])
     k.add_argument("--batches", nargs="+", type=int, default=[1, 10, 50, 100, 200])
     args = p.parse_args(argv)
-    if args.what == "cnn-noise":
+    if args.what == "blocks":
+        write_blocks(args.pages)
+    elif args.what == "cnn-noise":
         _write(args.out, ["images_per_learner", "batch_size", "steps", "calibration",
                           "mechanism", "learners", "dim", "noise_to_signal"],
                cnn_noise_rows(args.images, args.batches))

@@ -65,6 +65,7 @@ from flwr_corrnoise.learner_state import LearnerState  # noqa: E402
 from flwr_corrnoise.mechanisms import check_mechanism  # noqa: E402
 from flwr_corrnoise.metrics import round_optimum  # noqa: E402
 from flwr_corrnoise.settings import NOISELESS  # noqa: E402
+from simulations.marked import update_marked_section  # noqa: E402
 
 #: the paper's methods (a deliberate subset of the registry, checked against it)
 METHODS = [NOISELESS, *(check_mechanism(m)
@@ -635,21 +636,6 @@ def table(rows: list[list], etas: dict, budgets: list[tuple[float, float]]) -> s
                 f"{mean[2]:.0f} ± {std[2]:.0f} |"
             )
     return "\n".join(lines)
-
-
-def update_marked_section(path: Path, name: str, text: str) -> None:
-    """Replace what lies between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` in
-    ``path`` (appending the section if absent), so the hand-written discussion around a
-    generated table survives a rerun and the table can never drift from the CSV."""
-    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
-    doc = path.read_text() if path.exists() else ""
-    block = f"{begin}\n{text}\n{end}"
-    if begin in doc and end in doc:
-        head, rest = doc.split(begin, 1)
-        doc = head + block + rest.split(end, 1)[1]
-    else:
-        doc = doc.rstrip("\n") + ("\n\n" if doc else "") + block + "\n"
-    path.write_text(doc)
 
 
 def parse_budget(text: str) -> tuple[float, float]:

@@ -54,6 +54,7 @@ from flwr_corrnoise.decentralized.engine import build_from_config
 from flwr_corrnoise.decentralized.multiclass import MulticlassTask
 from flwr_corrnoise.decentralized.protocol import Inbox, NodeAlgorithm
 from flwr_corrnoise.decentralized.sets import NuclearBall
+from simulations.wang_tables import report, slopes
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGOS = ("pd-ftgl", "pd-ocg", "pd-ogd")
@@ -486,19 +487,6 @@ def rate_experiment(args: argparse.Namespace) -> None:
     plot_rate(out)
 
 
-def slopes(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], float]:
-    """Least-squares slope of log regret vs log T per (algorithm, ε, h multiplier)."""
-    out = {}
-    groups = dict.fromkeys((r["algorithm"], r["epsilon"], r["h_multiplier"]) for r in rows)
-    for key in groups:
-        sel = [r for r in rows if (r["algorithm"], r["epsilon"], r["h_multiplier"]) == key]
-        Ts = sorted({int(r["T"]) for r in sel})
-        reg = [np.mean([float(r["regret_mean"]) for r in sel if int(r["T"]) == T]) for T in Ts]
-        if len(Ts) >= 2 and min(reg) > 0:
-            out[key] = float(np.polyfit(np.log(Ts), np.log(reg), 1)[0])
-    return out
-
-
 def plot_rate(out: Path) -> None:
     import matplotlib
 
@@ -545,61 +533,6 @@ def timing_experiment(args: argparse.Namespace) -> None:
                          "cpu_ms_per_round": 1000 * res["seconds"] / args.timing_rounds})
             log(f"  timing {dataset} {algorithm}: {rows[-1]['cpu_ms_per_round']:.3f} ms/round")
     write_csv(out / "timing.csv", rows)
-
-
-def report(out: Path) -> str:
-    """Markdown tables of whatever CSVs ``out`` holds (pasted into docs/results-wang.md)."""
-    lines: list[str] = []
-    if (out / "main-summary.csv").exists():
-        lines += ["| dataset | algorithm | T | C | multiplier | final AL | accuracy | ms/round "
-                  "| ε (paper) | ε (exact) | ε PD-OGD comp./per-datum |", "|" + "---|" * 11]
-        for r in read_csv(out / "main-summary.csv"):
-            ogd = "/".join(f"{float(r[k]):.3g}" for k in ("eps paper-basic-composition",
-                                                          "eps per-datum") if r.get(k))
-            lines.append(
-                f"| {r['dataset']} | {r['algorithm']} | {r['rounds']} | {r['clip']} | "
-                f"{r['multiplier']} | {float(r['final_AL']):.4f} | {float(r['accuracy']):.3f} | "
-                f"{float(r['ms_per_round']):.3f} | {float(r['eps paper-thm-3.6']):.3g} | "
-                f"{float(r['eps exact-gossip-sensitivity']):.3g} |" if r.get(
-                    "eps exact-gossip-sensitivity") else
-                f"| {r['dataset']} | {r['algorithm']} | {r['rounds']} | {r['clip']} | "
-                f"{r['multiplier']} | {float(r['final_AL']):.4f} | {float(r['accuracy']):.3f} | "
-                f"{float(r['ms_per_round']):.3f} | – | – | {ogd} |")
-        lines.append("")
-    if (out / "timing.csv").exists():
-        lines += ["| dataset | algorithm | horizon | L | CPU ms per round (9 learners) |",
-                  "|---|---|---|---|---|"]
-        for r in read_csv(out / "timing.csv"):
-            lines.append(f"| {r['dataset']} | {r['algorithm']} | {r['horizon']} | {r['L']} | "
-                         f"{float(r['cpu_ms_per_round']):.3f} |")
-        lines.append("")
-    if (out / "sweeps.csv").exists():
-        lines += ["| sweep | algorithm | graph | n | ε | ρ | L | gossip steps | final AL |",
-                  "|" + "---|" * 9]
-        seen = set()
-        for r in read_csv(out / "sweeps.csv"):
-            key = (r["sweep"], r["algorithm"], r["graph"], r["n"], r["epsilon"])
-            if key in seen:
-                continue
-            seen.add(key)
-            lines.append(f"| {r['sweep']} | {r['algorithm']} | {r['graph']} | {r['n']} | "
-                         f"{r['epsilon']} | {float(r['rho']):.3f} | {r['L']} | "
-                         f"{r['gossip_steps']} | {float(r['final_AL']):.4f} |")
-        lines.append("")
-    if (out / "rate.csv").exists():
-        rows = read_csv(out / "rate.csv")
-        lines += ["| algorithm | ε | h multiplier | T | L | regret (mean over learners) | "
-                  "corollary bound | regret / bound |", "|" + "---|" * 8]
-        for r in rows:
-            lines.append(f"| {r['algorithm']} | {r['epsilon']} | {r['h_multiplier']} | "
-                         f"{r['T']} | {r['L']} | {float(r['regret_mean']):.4g} | "
-                         f"{float(r['bound']):.4g} | "
-                         f"{float(r['regret_mean']) / float(r['bound']):.2e} |")
-        lines += ["", "| algorithm | ε | h multiplier | slope of log regret vs log T |",
-                  "|---|---|---|---|"]
-        for (alg, eps, mult), sl in slopes(rows).items():
-            lines.append(f"| {alg} | {eps} | {mult} | {sl:.3f} |")
-    return "\n".join(lines)
 
 
 def copy_to_docs(out: Path, tag: str = "") -> None:

@@ -11,6 +11,8 @@ import pytest
 from flwr_corrnoise.decentralized.chen_wang import StepSizes
 from flwr_corrnoise.decentralized.chen_wang_privacy import TIGHT, chen_wang_epsilon
 from simulations import chen_wang as sim
+from simulations.chen_wang_tables import render_blocks
+from simulations.marked import marked_blocks
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -19,11 +21,13 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
-def test_toy_run_writes_consistent_outputs(tmp_path: Path) -> None:
+def test_toy_run_writes_consistent_outputs(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "cw"
+    monkeypatch.setattr(sim, "ROOT", tmp_path)  # --docs writes tmp_path/docs, not the repo's
     assert sim.main(["--steps", "40", "--seeds", "1", "--tune-doublings", "2", "--synthetic",
                      "--small-standin", "--table-multipliers", "1", "4", "--equal-budget",
-                     "--rate-fit-from", "10", "--out", str(out)]) == 0
+                     "--rate-fit-from", "10", "--out", str(out), "--docs"]) == 0
     for name in ("fig1.csv", "epsilon.csv", "table1.csv", "rate.csv", "fig1.png",
                  "table1.png", "rate.png"):
         assert (out / name).exists(), name
@@ -47,3 +51,9 @@ def test_toy_run_writes_consistent_outputs(tmp_path: Path) -> None:
         float(table[0]["epsilon_tight_mean"]) / 4, rel=1e-5)
     rate = _rows(out / "rate.csv")
     assert all(np.isfinite(float(r["tracking_error"])) for r in rate)
+    # the page's tables are the copied CSVs rendered (issue 36), between their markers
+    page = (tmp_path / "docs" / "results-chen-wang.md").read_text()
+    blocks = marked_blocks(page)
+    assert set(blocks) == {"table:fig1", "table:epsilon", "table:table1"}
+    assert blocks == render_blocks("results-chen-wang.md", tmp_path / "docs")
+    assert "| 1 | " in blocks["table:table1"] and "| 23.34 | 8 |" in blocks["table:table1"]

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import re
 from pathlib import Path
 
 import pytest
 
 from simulations import doc_numbers
+from simulations.marked import marked_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -101,27 +103,79 @@ def test_cnn_calibration_numbers_are_the_committed_csv() -> None:
     assert f"V = {float(exact['std_per_coordinate_clip1']):.2f}" in text  # 5.45
 
 
-def _marked_blocks(text: str) -> dict[str, str]:
-    return dict(re.findall(r"<!-- BEGIN (\S+) -->\n(.*?)\n<!-- END \1 -->", text, re.S))
-
-
 #: the results pages whose tables are generated into marked blocks
 MARKED_PAGES = sorted(p.name for p in DOCS.glob("results-*.md") if "<!-- BEGIN " in p.read_text())
 
+#: tables on a results page that are not generated, each with why. A data table must be in
+#: a generated block; a table listed here is either not data (settings, a method list) or a
+#: known gap on a page another issue owns, said so.
+UNGENERATED = {
+    ("results-chen-wang.md", "| Chen & Wang figure / table | paper | ours"):
+        "a summary: the paper's numbers beside this page's generated tables, with verdicts",
+    ("results-multi-epoch.md", "| method | loop | noise and accounting |"):
+        "not data: the methods and their accounting",
+    ("results-multi-epoch.md", "| ε | ours: `bandmf` at 1 band"):
+        "known gap: a summary of table:accuracy, on a page issue 35 owns (not ours to edit)",
+    ("results-plan-check.md", "| run | noise |"):
+        "known gap: the page and simulations/plan_check.py are issue 32's, which is giving "
+        "the table its own generated block (not yet compared here)",
+}
 
-def test_marked_pages_are_the_three_sweeps() -> None:
-    assert MARKED_PAGES == ["results-cnn.md", "results-logreg.md", "results-multi-epoch.md"]
+
+def unmarked_tables(text: str) -> list[str]:
+    """The header line of every markdown table (a ``| … |`` line followed by ``|---``)
+    outside the generated blocks."""
+    lines = re.sub(r"<!-- BEGIN (\S+) -->\n.*?\n<!-- END \1 -->", "", text,
+                   flags=re.S).splitlines()
+    return [a for a, b in itertools.pairwise(lines)
+            if a.startswith("|") and b.startswith("|---")]
+
+
+def stale_blocks(page: str, text: str, docs: Path = DOCS) -> list[str]:
+    """The blocks of ``text`` (the page ``page``) that differ from what its script renders
+    from the CSVs in ``docs``, and those the page lacks or has in excess."""
+    found, rendered = marked_blocks(text), doc_numbers.doc_blocks(page, docs)
+    return sorted({n for n in found.keys() | rendered.keys()
+                   if found.get(n) != rendered.get(n)})
+
+
+def test_marked_pages_are_every_results_page_but_plan_check() -> None:
+    pages = sorted(p.name for p in DOCS.glob("results-*.md"))
+    assert [p for p in pages if p != "results-plan-check.md"] == MARKED_PAGES
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("results-*.md")))
+def test_every_results_table_is_generated_or_listed_with_why(page: str) -> None:
+    """Every table of every results page lies in a generated block, or is in UNGENERATED
+    with the reason it is not (and nothing stale stays listed)."""
+    headers = unmarked_tables((DOCS / page).read_text())
+    listed = [h for (p, h) in UNGENERATED if p == page]
+    for header in headers:
+        assert any(header.startswith(h) for h in listed), (
+            f"{page}: table {header[:60]!r} is neither generated nor listed with a reason")
+    for h in listed:
+        assert any(x.startswith(h) for x in headers), f"{page}: stale exemption {h[:40]!r}"
 
 
 @pytest.mark.parametrize("page", MARKED_PAGES)
 def test_every_generated_table_is_its_committed_csv_rendered(page: str) -> None:
     """Each block between ``<!-- BEGIN table:NAME -->`` markers equals what the sweep's own
     table code renders from the committed CSVs (no hand-edited or stale table)."""
-    found = _marked_blocks((DOCS / page).read_text())
-    rendered = doc_numbers.doc_blocks(page)
-    assert set(found) == set(rendered)
-    for name, text in found.items():
-        assert text == rendered[name], f"{page} {name} is not its CSV rendered"
+    assert stale_blocks(page, (DOCS / page).read_text()) == []
+
+
+def test_a_hand_edited_number_or_a_stray_table_is_caught() -> None:
+    """The checks can fail: one number edited inside a generated block of a copy of a
+    page is a stale block, and a table pasted outside the blocks is unmarked."""
+    text = (DOCS / "results-wang.md").read_text()
+    assert "| 3.2498 |" in text
+    edited = text.replace("| 3.2498 |", "| 3.2499 |", 1)
+    assert stale_blocks("results-wang.md", edited) == ["table:30k-main"]
+    pasted = text + "\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+    assert unmarked_tables(pasted) == ["| a | b |"]
+    cw = (DOCS / "results-chen-wang.md").read_text()
+    assert stale_blocks("results-chen-wang.md", cw.replace("| 0.741 |", "| 0.742 |", 1)) == [
+        "table:cnn"]
 
 
 def test_doc_blocks_see_a_changed_csv(tmp_path: Path) -> None:
@@ -138,7 +192,7 @@ def test_doc_blocks_see_a_changed_csv(tmp_path: Path) -> None:
         csv.writer(fh).writerows(rows)
     assert doc_numbers.doc_blocks("results-cnn.md", tmp_path)["table:cnn"] != before
     with pytest.raises(KeyError):
-        doc_numbers.doc_blocks("results-wang.md", tmp_path)
+        doc_numbers.doc_blocks("results-plan-check.md", tmp_path)
 
 
 def test_cnn_noise_rows_follow_the_independent_closed_form() -> None:
