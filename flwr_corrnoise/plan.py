@@ -65,6 +65,8 @@ from .settings import PrivacySettings, check_delta_for
 
 #: model-noise per-coordinate std above which training is swamped (safe_learning_rate)
 SAFE_MODEL_NOISE = 0.1
+#: the horizon up to which :func:`momentum_rows` materializes ``B`` (N × N floats)
+MOMENTUM_EXACT_STEPS = 4096
 #: where the noise is added (:attr:`PlanInput.mode`)
 PLAN_MODES = ("step", "round", "central")
 #: the end-of-run noise-to-signal from which a run is expected not to learn (the verdict
@@ -243,15 +245,24 @@ def momentum_rows(settings: PrivacySettings, beta: float) -> tuple[np.ndarray, n
     ``w_t − w_{t+1} = β^{k−t}`` (and ``w_k = 1``), so the noise vector after ``k`` steps is
     ``z_k = Σ_{t≤k} β^{k−t}·b_t = β·z_{k−1} + b_k``: one pass over the rows, ``O(N²)``
     (the quickstart's 2250 steps in well under a second), and
-    ``Σ_t w_t = (k − β(1 − β^k)/(1 − β)) / (1 − β)``."""
-    B, _ = settings.factorization().matrices()
-    n = B.shape[0]
+    ``Σ_t w_t = (k − β(1 − β^k)/(1 − β)) / (1 − β)``. Above :data:`MOMENTUM_EXACT_STEPS`
+    steps ``B`` is not materialized and the noise is the triangle-inequality bound
+    ``Σ_t β^{k−t}·‖b_t‖`` (from the row errors alone): pessimistic, never optimistic."""
+    n = settings.horizon
     noise = np.empty(n)
-    z = np.zeros(B.shape[1])
-    for k in range(n):
-        z *= beta
-        z += B[k]
-        noise[k] = float(np.linalg.norm(z))
+    if n > MOMENTUM_EXACT_STEPS:  # B would not fit: ‖z_k‖ ≤ Σ β^{k−t}·‖b_t‖ (a bound)
+        rows = np.sqrt(settings.factorization().row_errors())
+        acc = 0.0
+        for k in range(n):
+            acc = beta * acc + float(rows[k])
+            noise[k] = acc
+    else:
+        B, _ = settings.factorization().matrices()
+        z = np.zeros(B.shape[1])
+        for k in range(n):
+            z *= beta
+            z += B[k]
+            noise[k] = float(np.linalg.norm(z))
     k = np.arange(1.0, n + 1)
     signal = (k - beta * (1.0 - beta ** k) / (1.0 - beta)) / (1.0 - beta)
     return noise, signal

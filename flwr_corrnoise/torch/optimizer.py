@@ -502,19 +502,26 @@ class PrivateOptimizer:
         """Warn (once) when the step size would let the noise blow the model up: above
         :func:`~flwr_corrnoise.plan.safe_learning_rate` the model's accumulated noise has a
         per-coordinate std above 0.1. A function of the settings, the batch size and the
-        optimizer's step size only (no data)."""
+        optimizer's step size and momentum only (no data): heavy-ball momentum ``β``
+        carries every step's noise into the later steps too, up to ``1/(1 − β)`` times
+        (ten-fold at the quickstart's 0.9), so the safe step size is the plan's under that
+        momentum (:func:`~flwr_corrnoise.plan.momentum_rows`)."""
         from ..plan import safe_learning_rate
 
-        lr = float(self.optimizer.param_groups[0].get("lr", 0.0) or 0.0)
-        safe = safe_learning_rate(self.settings, batch)
-        key = (self.settings, batch, lr)
+        group = self.optimizer.param_groups[0]
+        lr = float(group.get("lr", 0.0) or 0.0)
+        momentum, scale = effective_momentum(group)
+        safe = (safe_learning_rate(self.settings, batch, momentum=momentum) / scale
+                if scale > 0 else float("inf"))
+        key = (self.settings, batch, lr, momentum, scale)
         if lr > safe and key not in _WARNED_STEP_SIZES:  # once per process, not per round
             _WARNED_STEP_SIZES.add(key)
             log.warning(
-                "flwr-corrnoise: learning rate %g with batch %d exceeds the safe %.3g for "
-                "this noise (std %.3g over %d steps): the model's noise would swamp its "
-                "weights. Lower the learning rate, raise the batch size or ε, or run "
-                "`flwr-corrnoise plan` for the levers", lr, batch, safe,
+                "flwr-corrnoise: learning rate %g with batch %d and momentum %g exceeds "
+                "the safe %.3g for this noise (std %.3g over %d steps): the model's noise "
+                "would swamp its weights. Lower the learning rate or the momentum, raise "
+                "the batch size or ε, or run `flwr-corrnoise plan` for the levers", lr,
+                batch, momentum, safe,
                 self.settings.calibration().std, self.settings.horizon)  # type: ignore[union-attr]
 
     def _clip_whole(self, grads: list[torch.Tensor], loss: torch.Tensor | None
@@ -587,6 +594,21 @@ class PrivateOptimizer:
         settings it was made with), for ``context.state`` or disk. The wrapped optimizer's
         own state (momentum buffers) is yours to keep (``optimizer.state_dict()``)."""
         return self.state.to_bytes()
+
+
+def effective_momentum(group: dict[str, Any]) -> tuple[float, float]:
+    """``(β, scale)`` of an optimizer's parameter group as the noise sees it: torch's
+    ``SGD(momentum=β, dampening=τ_d)`` keeps ``v ← β·v + (1 − τ_d)·u``, the heavy ball of
+    :func:`~flwr_corrnoise.plan.momentum_rows` on ``(1 − τ_d)·u``, so the step size counts
+    as ``lr·scale`` with ``scale = 1 − τ_d`` (1 without momentum). Nesterov's look-ahead
+    (``u + β·v``) has the same ``1/(1 − β)`` limit and is counted at ``β``. A group without
+    ``momentum`` (Adam's betas normalize the step by the gradient's own statistics, which
+    this bound does not describe) counts as ``β = 0``."""
+    beta = float(group.get("momentum", 0.0) or 0.0)
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {beta}")
+    scale = 1.0 - float(group.get("dampening", 0.0) or 0.0) if beta else 1.0
+    return beta, scale
 
 
 @dataclass

@@ -76,9 +76,14 @@ def test_verdicts_follow_the_noise() -> None:
         PlanInput(model_size=10, examples=5, batch_size=1, epochs=1, signal=0.0)
 
 
-@pytest.mark.parametrize("lr, warned", [(50.0, True), (1e-4, False)])
+@pytest.mark.parametrize("lr, momentum, warned", [
+    (50.0, 0.0, True), (1e-4, 0.0, False),
+    # issue 32: between the safe step size with momentum 0.9 and without, only the
+    # heavy ball (which carries each step's noise into the next ~10) is warned of
+    ("between", 0.9, True), ("between", 0.0, False)])
 def test_the_device_step_warns_when_the_step_size_would_blow_the_model_up(
-        monkeypatch: pytest.MonkeyPatch, lr: float, warned: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, lr: float | str, momentum: float,
+        warned: bool) -> None:
     import logging
 
     import torch
@@ -106,8 +111,11 @@ def test_the_device_step_warns_when_the_step_size_would_blow_the_model_up(
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 2)
         settings = PrivacySettings(mechanism="toeplitz", horizon=8)
-        opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=lr), model, settings,
-                               seed=3)
+        if lr == "between":
+            lr = math.sqrt(safe_learning_rate(settings, 5) *
+                           safe_learning_rate(settings, 5, momentum=0.9))
+        opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum),
+                               model, settings, seed=3)
         x, y = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 1])
         for _ in range(2):
             opt.zero_grad()
@@ -118,4 +126,5 @@ def test_the_device_step_warns_when_the_step_size_would_blow_the_model_up(
         logger.setLevel(old_level)
     hits = [r for r in records if "exceeds the safe" in r.getMessage()]
     assert len(hits) == (1 if warned else 0)  # once, not every step
-    assert (lr > safe_learning_rate(settings, 5)) == warned
+    assert (lr > safe_learning_rate(settings, 5, momentum=momentum)) == warned
+    assert safe_learning_rate(settings, 5, momentum=0.9) < safe_learning_rate(settings, 5)

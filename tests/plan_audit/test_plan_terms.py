@@ -87,3 +87,16 @@ def test_cli_plan_takes_momentum_and_adaptive_clipping() -> None:
 def _json(args):  # the parsed namespace with --json on
     args.json = True
     return args
+
+
+def test_momentum_rows_above_the_exact_horizon_bound_the_noise(monkeypatch) -> None:
+    """Past MOMENTUM_EXACT_STEPS the plan bounds ‖Σ β^{k−t} b_t‖ by Σ β^{k−t}‖b_t‖: never
+    below the exact figure, equal to it for k = 1."""
+    from flwr_corrnoise import plan as plan_module
+
+    settings = dataclasses.replace(BASE, mechanism="toeplitz").settings()
+    exact, signal = momentum_rows(settings, 0.9)
+    monkeypatch.setattr(plan_module, "MOMENTUM_EXACT_STEPS", 1)
+    bound, signal_b = momentum_rows(settings, 0.9)
+    assert np.all(bound >= exact * (1 - 1e-12)) and bound[0] == pytest.approx(exact[0])
+    np.testing.assert_array_equal(signal, signal_b)
