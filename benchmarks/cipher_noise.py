@@ -10,12 +10,25 @@ Philox ziggurat of the same dtype in the same run:
 * ``Philox ziggurat``: ``Generator(Philox).standard_normal(out=…, dtype=…)`` (the noise of
   the streams before issue 34);
 * ``ChaCha20Gaussian``: :mod:`flwr_corrnoise.secure_noise`'s sampler (float64);
-* ``cipher row``: :meth:`flwr_corrnoise.cipher_noise.CipherGaussian.row` (the new kernel).
+* ``cipher row``: :meth:`flwr_corrnoise.cipher_noise.CipherGaussian.row` (the kernel:
+  Box–Muller on the AES-128-CTR keystream);
+* ``ziggurat (candidate)``: a vectorized ziggurat on 32-bit (float32) or 64-bit (float64)
+  words of an AES-128-CTR row, its rare fallbacks from counters of their own included
+  (``benchmarks/ziggurat_candidate.py``, beside this script) — measured, not adopted;
+* ``--before DIR``: ``CipherGaussian.row`` of an earlier copy of the package (for example
+  ``git archive 8fbfb73 flwr_corrnoise | tar -x -C /tmp/before``: float64 rows by
+  Box–Muller), loaded under another name and timed in the same round-robin.
+
+``--cpu-time`` times each call by its thread's CPU time instead of the wall clock (on a
+shared machine whose load is far above its cores, the wall clock counts other processes'
+time slices; CPU time does not, though caches are still shared).
 
 ``--floor`` adds where a kernel normal's time goes, on hot buffers of one chunk: the
-keystream per pair (AES-128-CTR and ChaCha20, the bytes the kernel reads), the transform at
-several chunk sizes, and the elementary functions the transform could use (float32 and
-float64 ``log``, ``sin``+``cos`` against the float64 table rotation).
+keystream per pair (AES-128-CTR and ChaCha20, the bytes the kernel reads), the transforms
+(Box–Muller float32, the ziggurat's main path in both dtypes and each of its NumPy passes,
+its fallback per pending normal), and the elementary functions a transform could use —
+NumPy's and torch's (SLEEF-vectorized) ``log``, ``sin``, ``cos`` in both dtypes — with
+torch's ``randn`` (Mersenne Twister: neither keyed nor secure) for scale.
 
 ``--stream-dims D …`` adds a stream's whole step, ``NoiseStream.next()`` of a ``blt`` stream
 (N = 4000) at small ``d`` — where a row is short and a transform's fixed ≈ 35 NumPy calls
@@ -46,18 +59,23 @@ suite keeps to 10⁶).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 
 import cryptography
 import numpy as np
+import ziggurat_candidate as zg  # beside this script (python benchmarks/cipher_noise.py)
 from cryptography.hazmat.backends.openssl.backend import backend as openssl_backend
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from flwr_corrnoise import cipher_noise as cn
 from flwr_corrnoise.secure_noise import ChaCha20Gaussian
+
+CLOCK: Callable[[], float] = time.perf_counter
 
 
 def best_of(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -68,13 +86,29 @@ def best_of(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, flo
     best = dict.fromkeys(fns, math.inf)
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = CLOCK()
             fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+            best[name] = min(best[name], CLOCK() - start)
     return best
 
 
-def draws(dims: list[int], repeats: int) -> None:
+def load_before(path: str) -> object:
+    """``CipherGaussian`` of an earlier copy of the package at ``path`` (its directory
+    ``flwr_corrnoise``), imported as ``flwr_corrnoise_before``."""
+    pkg = os.path.join(path, "flwr_corrnoise")
+    spec = importlib.util.spec_from_file_location(
+        "flwr_corrnoise_before", os.path.join(pkg, "__init__.py"),
+        submodule_search_locations=[pkg])
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"no package at {pkg}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["flwr_corrnoise_before"] = module
+    spec.loader.exec_module(module)
+    from flwr_corrnoise_before import cipher_noise as before  # type: ignore[import-not-found]
+    return before.CipherGaussian
+
+
+def draws(dims: list[int], repeats: int, before: object = None) -> None:
     print("| d | generator | dtype | ns per normal | × Philox (same dtype) |")
     print("|---|---|---|---|---|")
     for d in dims:
@@ -82,6 +116,7 @@ def draws(dims: list[int], repeats: int) -> None:
         philox = np.random.Generator(np.random.Philox(key=0x5EED))
         cipher = cn.CipherGaussian.from_os_entropy()
         chacha = ChaCha20Gaussian.from_os_entropy()
+        zig = zg.Rows(cn.os_entropy_key())
         fns = {
             ("Philox ziggurat", "float32"):
                 lambda: philox.standard_normal(out=out32, dtype=np.float32),  # noqa: B023
@@ -92,7 +127,17 @@ def draws(dims: list[int], repeats: int) -> None:
                 lambda: cipher.row(1, d, np.float32, out=out32),  # noqa: B023
             ("cipher row (AES-128-CTR)", "float64"):
                 lambda: cipher.row(1, d, np.float64, out=out64),  # noqa: B023
+            ("ziggurat (candidate, AES-128-CTR)", "float32"):
+                lambda: zig.row(1, out32),  # noqa: B023
+            ("ziggurat (candidate, AES-128-CTR)", "float64"):
+                lambda: zig.row(1, out64),  # noqa: B023
         }
+        if before is not None:
+            old = before.from_os_entropy()  # type: ignore[attr-defined]
+            fns[("cipher row before (--before)", "float32")] = \
+                lambda: old.row(1, d, np.float32, out=out32)  # noqa: B023
+            fns[("cipher row before (--before)", "float64")] = \
+                lambda: old.row(1, d, np.float64, out=out64)  # noqa: B023
         best = best_of({f"{k[0]}|{k[1]}": fn for k, fn in fns.items()}, repeats)
         for (name, dtype) in fns:
             ns = 1e9 * best[f"{name}|{dtype}"] / d
@@ -185,45 +230,95 @@ def floor(repeats: int) -> None:
     ws = cn._workspace()
     key = cn.os_entropy_key()
     zeros = bytes(16 * k)
-    ks = np.empty(16 * k, dtype=np.uint8)
+    ks = np.empty(16 * k + 16, dtype=np.uint8)
     aes = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
     chacha = Cipher(algorithms.ChaCha20(key * 2, bytes(16)), mode=None).encryptor()
     aes.update_into(zeros, ks)
     out32, out64 = np.empty(2 * k, dtype=np.float32), np.empty(2 * k)
     x64 = np.random.default_rng(0).random(k) + 1e-3
     x32, y32, y64 = x64.astype(np.float32), np.empty(k, dtype=np.float32), np.empty(k)
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    zc = zg.CHUNK
+    w32, w64 = ks[: 4 * zc].view("<u4"), ks[: 8 * zc].view("<u8")
+    zws = zg.Workspace(zc)
+    t = zg.tables()
+    index, ok = zws.index[:zc], zws.ok[:zc]
+    pending = zg.main_path(w64, out64[:zc], zws)
+    pend_words = w64[pending] if pending is not None else w64[:0]
+    ecb = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
     cos_t, sin_t = cn.direction_table()
-    index = np.random.default_rng(1).integers(0, 1 << cn.TABLE_BITS, k)
+    index_t = np.random.default_rng(1).integers(0, 1 << cn.TABLE_BITS, k)
 
-    def transform(dtype: type, m: int) -> Callable[[], None]:
-        out = out32 if dtype is np.float32 else out64
-        dt = np.dtype(dtype)
-        return lambda: cn.pairs_from_keystream(ks, m, dt, lambda i, j: 0, out[:m],
-                                               out[m:2 * m], ws)
+    def fallback() -> None:  # every pending normal of a chunk, AES blocks included
+        js = np.arange(len(pend_words), dtype=np.uint64)
+        zg.finish(pend_words, f64, lambda p, step: zg.fallback_blocks(
+            ecb, 0, np.zeros(len(p), dtype=np.uint64), js[p], step))
 
     pieces: dict[str, tuple[Callable[[], object], int]] = {
-        "AES-128-CTR keystream, 12 B a pair (float32)":
+        "AES-128-CTR keystream, 4 B a normal (float32 ziggurat)":
+            (lambda: aes.update_into(memoryview(zeros)[:4 * zc], ks), zc),
+        "AES-128-CTR keystream, 6 B a normal (float32 Box–Muller, the kernel)":
             (lambda: aes.update_into(memoryview(zeros)[:12 * k], ks), 2 * k),
-        "AES-128-CTR keystream, 16 B a pair (float64)": (lambda: aes.update_into(zeros, ks),
-                                                          2 * k),
-        "ChaCha20 keystream, 12 B a pair":
+        "AES-128-CTR keystream, 8 B a normal (float64 Box–Muller and ziggurat)":
+            (lambda: aes.update_into(memoryview(zeros)[:8 * zc], ks), zc),
+        "ChaCha20 keystream, 6 B a normal":
             (lambda: chacha.update_into(memoryview(zeros)[:12 * k], ks), 2 * k),
-        "ChaCha20 keystream, 16 B a pair": (lambda: chacha.update_into(zeros, ks), 2 * k),
-        "float32 log (one a pair)": (lambda: np.log(x32, out=y32), 2 * k),
-        "float64 log (one a pair)": (lambda: np.log(x64, out=y64), 2 * k),
-        "float32 sin + cos (a pair)":
+        "ChaCha20 keystream, 8 B a normal":
+            (lambda: chacha.update_into(memoryview(zeros)[:16 * k], ks), 2 * k),
+        "NumPy float32 log (one a pair)": (lambda: np.log(x32, out=y32), 2 * k),
+        "NumPy float64 log (one a pair)": (lambda: np.log(x64, out=y64), 2 * k),
+        "NumPy float32 sin + cos (a pair)":
             (lambda: (np.sin(x32, out=y32), np.cos(x32, out=y32)), 2 * k),
-        "float64 sin + cos (a pair)":
+        "NumPy float64 sin + cos (a pair)":
             (lambda: (np.sin(x64, out=y64), np.cos(x64, out=y64)), 2 * k),
-        "float64 table gathers (cos, sin; a pair)":
-            (lambda: (np.take(cos_t, index, out=y64), np.take(sin_t, index, out=y64)), 2 * k),
+        "Box–Muller transform, float32 (the kernel's)": (
+            lambda: cn.pairs_from_keystream(ks, k, f32, lambda i, j: 0, out32[:k],
+                                            out32[k:], ws), 2 * k),
+        "Box–Muller transform, float64 (the kernel's: log, table rotation)": (
+            lambda: cn.pairs_from_keystream(ks, k, f64, lambda i, j: 0, out64[:k],
+                                            out64[k:], ws), 2 * k),
+        "float64 table gathers (cos, sin; a pair)": (lambda: (
+            np.take(cos_t, index_t, out=y64), np.take(sin_t, index_t, out=y64)), 2 * k),
         "float32 table rotation instead of sin + cos (a pair; not the kernel's)":
             (_table_rotation32(k), 2 * k),
+        "ziggurat main path, float32 (candidate)":
+            (lambda: zg.main_path(w32, out32[:zc], zws), zc),
+        "ziggurat main path, float64 (candidate)":
+            (lambda: zg.main_path(w64, out64[:zc], zws), zc),
+        "  its pass: layer + sign bits → index (and, to intp)":
+            (lambda: np.bitwise_and(w64, np.uint64(0x1FF), out=index.view(np.uint64)), zc),
+        "  its pass: gather of K (np.take, 512 entries)":
+            (lambda: np.take(t.accept[f64], index, out=zws.limit[:zc], mode="clip"), zc),
+        "  its pass: gather of ±X·2⁻⁵² (np.take)":
+            (lambda: np.take(t.scale[f64], index, out=out64[:zc], mode="clip"), zc),
+        "  its pass: mantissa < K (compare)":
+            (lambda: np.less(zws.mant[:zc], zws.limit[:zc], out=ok), zc),
+        "  its pass: all accepted? (reduce)": (lambda: ok.all(), zc),
+        f"ziggurat fallback (candidate), float64: its {len(pend_words)} pending normals, "
+        "per chunk normal":
+            (fallback, zc),
     }
-    for m in sorted({1024, 4096, 8192, 16384, k}):
-        for dtype in (np.float32, np.float64):
-            pieces[f"transform, chunk of {m} pairs, {np.dtype(dtype).name}"] = (
-                transform(dtype, m), 2 * m)
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        tx32, tx64 = torch.from_numpy(x32), torch.from_numpy(x64)
+        ty32, ty64 = torch.from_numpy(y32), torch.from_numpy(y64)
+        big32, big64 = torch.empty(2 * k), torch.empty(2 * k, dtype=torch.float64)
+        pieces.update({
+            "torch float32 log (one a pair)": (lambda: torch.log(tx32, out=ty32), 2 * k),
+            "torch float64 log (one a pair)": (lambda: torch.log(tx64, out=ty64), 2 * k),
+            "torch float32 sin + cos (a pair)":
+                (lambda: (torch.sin(tx32, out=ty32), torch.cos(tx32, out=ty32)), 2 * k),
+            "torch float64 sin + cos (a pair)":
+                (lambda: (torch.sin(tx64, out=ty64), torch.cos(tx64, out=ty64)), 2 * k),
+            "torch randn float32 (Mersenne Twister, unkeyed)":
+                (lambda: torch.randn(2 * k, out=big32), 2 * k),
+            "torch randn float64 (Mersenne Twister, unkeyed)":
+                (lambda: torch.randn(2 * k, out=big64), 2 * k),
+        })
+    except ImportError:
+        pass
     best = best_of({name: fn for name, (fn, _) in pieces.items()}, repeats)
     print()
     print("| piece (hot buffers) | ns per normal |")
@@ -233,7 +328,8 @@ def floor(repeats: int) -> None:
 
 
 def _table_rotation32(k: int) -> Callable[[], None]:
-    """What float32 ``sin`` + ``cos`` would cost as the float64 path computes them: the
+    """What float32 ``sin`` + ``cos`` would cost as a table rotation (the float64 Box–Muller
+    computes them so): the
     angle word's top 11 bits pick ``(cos, sin)`` of a sector from float32 tables, the rest
     is a small angle φ whose ``sin φ ≈ φ − φ³/6`` and ``cos φ − 1 ≈ −φ²/2`` rotate it, times
     the radius — about fifteen float32 passes and two gathers, to set beside the two
@@ -315,6 +411,10 @@ def main() -> None:
                    help="steps a repeat times (--stream-dims)")
     p.add_argument("--grid-dims", type=int, nargs="*", default=[], metavar="D",
                    help="the floating-point defence's cost against a learner step at these d")
+    p.add_argument("--before", metavar="DIR",
+                   help="also time CipherGaussian.row of the package copy DIR/flwr_corrnoise")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time by the thread's CPU time instead of the wall clock")
     p.add_argument("--ks", type=int, default=0, metavar="N",
                    help="moments and a KS test of N draws of each dtype")
     args = p.parse_args()
@@ -323,7 +423,13 @@ def main() -> None:
     print(f"numpy {np.__version__} ({simd()}), cryptography {cryptography.__version__} "
           f"({openssl_backend.openssl_version_text()}), {os.cpu_count()} CPUs; "
           f"best of {args.repeats} round-robin repeats; one thread")
-    draws(args.dims, args.repeats)
+    if args.cpu_time:
+        global CLOCK
+        CLOCK = time.thread_time
+    before = load_before(args.before) if args.before else None
+    print(f"clock: {'thread CPU time' if args.cpu_time else 'wall'}; load average "
+          f"{os.getloadavg()[0]:.1f} at the start")
+    draws(args.dims, args.repeats, before)
     if args.stream_dims:
         if not 1 <= args.stream_steps <= 4000:
             p.error("--stream-steps must be in [1, 4000]")
@@ -334,6 +440,7 @@ def main() -> None:
         floor(args.repeats)
     if args.ks:
         ks_check(args.ks)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
