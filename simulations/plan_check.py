@@ -7,13 +7,14 @@ Learning With Correlated Noise") synthetic logistic regression, the library's re
 (``experiments.logreg.run_logreg_inprocess``: the same learner and server code as the
 Flower app): each learner's stream used once (``examples = rounds × τ``, batches of 1), the
 noise added per step, per round (the learner's round update) or centrally. For every run
-the plan is made from the run's own settings (:func:`flwr_corrnoise.plan.make_plan`, the
-signal at its upper bound) and the run's final test accuracy is measured (mean over
-``--seeds`` noise seeds). Then the levers: from the per-step base, change one thing at a
+the plan is made from the run's own settings (:func:`flwr_corrnoise.plan.make_plan`) twice —
+with the signal at its upper bound (the fallback) and with the signal measured at the
+initial model (:func:`signal_sample`) — and the run's final test accuracy is measured (mean
+over ``--seeds`` noise seeds). Then the levers: from the per-step base, change one thing at a
 time (ε ×2, learners ×2, another mechanism, adaptive clipping) and compare the plan's
-ranking (by end-of-run NSR) with the measured one (by accuracy).
+ranking (by end-of-run NSR, measured signal) with the measured one (by accuracy).
 
-    python -m simulations.plan_check --docs          # docs/results-plan-check.csv, plan.md
+    python -m simulations.plan_check --docs   # docs/results-plan-check.csv and the page's table
 
 Toy size (what the test runs): ``--rounds 6 --learners 3 --seeds 1 --out /tmp/pc``.
 """
@@ -36,13 +37,29 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments.logreg import run_logreg_inprocess  # noqa: E402
-from flwr_corrnoise.apps.logreg_task import LogRegEvaluator, LogRegSetup  # noqa: E402
+from flwr_corrnoise.apps.logreg_task import (  # noqa: E402
+    LogRegEvaluator,
+    LogRegSetup,
+    initial_parameters,
+    logistic_gradient,
+)
 from flwr_corrnoise.mechanisms.participation import ONCE  # noqa: E402
-from flwr_corrnoise.plan import PlanInput, make_plan  # noqa: E402
+from flwr_corrnoise.plan import (  # noqa: E402
+    PlanInput,
+    SignalEstimate,
+    make_plan,
+    signal_from_gradients,
+    with_signal,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["name", "mode", "mechanism", "epsilon", "learners", "adaptive", "nsr_first",
-          "nsr_final", "verdict", "accuracy_mean", "accuracy_std", "seeds", "seconds"]
+          "nsr_final", "verdict", "signal", "alignment", "nsr_first_measured",
+          "nsr_final_measured", "verdict_measured", "accuracy_mean", "accuracy_std",
+          "seeds", "seconds"]
+#: gradients (per-step) or noiseless round updates (per-round, central) sampled per learner
+#: for the measured signal term
+SIGNAL_SAMPLE = 64
 
 
 def plan_for(setup: LogRegSetup, adaptive: float | None) -> PlanInput:
@@ -59,6 +76,32 @@ def plan_for(setup: LogRegSetup, adaptive: float | None) -> PlanInput:
                      learners=setup.num_learners, mechanism=setup.mechanism,
                      epsilon=setup.epsilon, delta=setup.delta, clip_norm=setup.round_clip,
                      rounds=setup.rounds, mode=mode, round_participation=ONCE)
+
+
+def signal_sample(setup: LogRegSetup, per_learner: int = SIGNAL_SAMPLE) -> SignalEstimate:
+    """The measured signal term of a run (:func:`flwr_corrnoise.plan.signal_from_gradients`)
+    at the initial model, before training: per-step, each learner's first ``per_learner``
+    per-example gradients, clipped at the clip norm; per-round and central, ``per_learner``
+    noiseless local rounds (τ SGD steps from ``x⁰`` on consecutive data), clipped at the
+    round clip. Pooled over the learners, so that it measures the signal of the *averaged*
+    update — a deployed learner samples only its own data, and its figure leaves out how
+    the learners disagree."""
+    x0 = initial_parameters(setup)
+    # the data the run itself uses (each datum once): at most its horizon's
+    per_learner = min(per_learner, setup.horizon if setup.noise_at == "step" else setup.rounds)
+    rows = []
+    for learner in range(setup.num_learners):
+        grad = logistic_gradient(setup, learner)
+        for j in range(per_learner):
+            if setup.noise_at == "step":
+                rows.append(grad(x0, j)[0])
+                continue
+            x = x0[0].copy()
+            for s in range(setup.tau):
+                x = x - setup.eta * grad([x], j * setup.tau + s)[0]
+            rows.append(x - x0[0])
+    clip = setup.clip if setup.noise_at == "step" else setup.round_clip
+    return signal_from_gradients(np.array(rows), clip)
 
 
 def measure(setup: LogRegSetup, seeds: int) -> tuple[float, float, float]:
@@ -98,11 +141,20 @@ def run_one(name: str, setup: LogRegSetup, adaptive: float | None, seeds: int) -
                  "epsilon": setup.epsilon, "learners": setup.num_learners,
                  "adaptive": "" if adaptive is None else adaptive}
     if setup.mechanism != "none":
-        plan = make_plan(plan_for(setup, adaptive), levers=False)
+        inputs = plan_for(setup, adaptive)
+        plan = make_plan(inputs, levers=False)
+        est = signal_sample(setup)
+        measured = make_plan(with_signal(inputs, est), levers=False)
         row.update(nsr_first=f"{plan.nsr_first_round:.4g}", nsr_final=f"{plan.nsr_final:.4g}",
-                   verdict=plan.verdict)
+                   verdict=plan.verdict, signal=f"{est.fraction:.4g}",
+                   alignment=f"{est.alignment:.4g}",
+                   nsr_first_measured=f"{measured.nsr_first_round:.4g}",
+                   nsr_final_measured=f"{measured.nsr_final:.4g}",
+                   verdict_measured=measured.verdict)
     else:
-        row.update(nsr_first="", nsr_final="", verdict="(no noise)")
+        row.update(nsr_first="", nsr_final="", verdict="(no noise)", signal="",
+                   alignment="", nsr_first_measured="", nsr_final_measured="",
+                   verdict_measured="(no noise)")
     if adaptive is not None:  # the adaptive run: the learners' settings carry the quantile
         setup = _adaptive(setup, adaptive)
     mean, std, secs = measure(setup, seeds)
@@ -131,20 +183,49 @@ def _adaptive(setup: LogRegSetup, quantile: float) -> LogRegSetup:
     return out
 
 
+def _short(verdict: str) -> str:
+    return verdict.split(":")[0]
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| run | noise | plan: NSR first / final | plan's verdict | measured accuracy |",
-             "|---|---|---|---|---|"]
+    """The page's table: each run's plan with the upper-bound signal (the fallback) and
+    with the measured one, beside its measured accuracy."""
+    lines = ["| run | noise | end-of-run NSR, upper bound → verdict | measured signal "
+             "(alignment) | NSR first round / end, measured signal → verdict | "
+             "measured accuracy |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
-        nsr = f"{r['nsr_first']} / {r['nsr_final']}" if r["nsr_final"] else "—"
-        lines.append(f"| {r['name']} | {r['mode'] if r['mechanism'] != 'none' else '—'} | "
-                     f"{nsr} | {r['verdict']} | {r['accuracy_mean']} ± {r['accuracy_std']} |")
+        if not r["nsr_final"]:
+            lines.append(f"| {r['name']} | — | — | — | — | "
+                         f"{r['accuracy_mean']} ± {r['accuracy_std']} |")
+            continue
+        lines.append(
+            f"| {r['name']} | {r['mode']} | {r['nsr_final']} → {_short(r['verdict'])} | "
+            f"{r['signal']} ({r['alignment']}) | {r['nsr_first_measured']} / "
+            f"{r['nsr_final_measured']} → {_short(r['verdict_measured'])} | "
+            f"{r['accuracy_mean']} ± {r['accuracy_std']} |")
     return "\n".join(lines) + "\n"
+
+
+#: the generated block of docs/results-plan-check.md
+START, END = "<!-- plan-check-table:start -->", "<!-- plan-check-table:end -->"
+
+
+def write_docs_table(rows: list[dict], page: Path) -> None:
+    """Replace the block between :data:`START` and :data:`END` of ``page`` with the table
+    of ``rows`` (the CSV's), so the page's figures are the CSV's."""
+    text = page.read_text()
+    if START not in text or END not in text:
+        raise ValueError(f"{page}: no {START} … {END} block")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    page.write_text(f"{head}{START}\n{table(rows)}{END}{tail}")
 
 
 def lever_ranks(rows: list[dict]) -> str:
     """The levers ranked by the plan (lower NSR first) and by the measured accuracy."""
     levers = [r for r in rows if r["name"].startswith("lever") or r["name"] == "per-step"]
-    by_plan = sorted(levers, key=lambda r: float(r["nsr_final"]))
+    by_plan = sorted(levers, key=lambda r: float(r["nsr_final_measured"]))
     by_acc = sorted(levers, key=lambda r: -float(r["accuracy_mean"]))
     return ("plan, best first: " + "; ".join(r["name"] for r in by_plan) + "\n"
             + "measured, best first: " + "; ".join(r["name"] for r in by_acc) + "\n")
@@ -181,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             w = csv.DictWriter(f, fieldnames=FIELDS)
             w.writeheader()
             w.writerows(rows)
+    if args.docs:
+        write_docs_table(rows, ROOT / "docs" / "results-plan-check.md")
     text = table(rows) + "\n" + lever_ranks(rows)
     (out / "plan-check.md").write_text(text)
     print(text)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from flwr_corrnoise.plan import make_plan
+from flwr_corrnoise.plan import make_plan, with_signal
 from simulations import plan_check
 
 
@@ -27,7 +27,20 @@ def test_plan_check_toy(tmp_path: Path) -> None:
         if setup.mechanism == "none":
             assert row["nsr_final"] == ""
             continue
-        plan = make_plan(plan_check.plan_for(setup, adaptive), levers=False)
+        inputs = plan_check.plan_for(setup, adaptive)
+        plan = make_plan(inputs, levers=False)
         assert float(row["nsr_final"]) == float(f"{plan.nsr_final:.4g}")
+        est = plan_check.signal_sample(setup)
+        measured = make_plan(with_signal(inputs, est), levers=False)
+        assert float(row["signal"]) == float(f"{est.fraction:.4g}")
+        assert float(row["nsr_final_measured"]) == float(f"{measured.nsr_final:.4g}")
+        assert row["verdict_measured"] == measured.verdict
     text = (tmp_path / "plan-check.md").read_text()
     assert "plan, best first:" in text and "measured, best first:" in text
+    # the docs page's table is a generated block: replaced, the text around it kept
+    page = tmp_path / "page.md"
+    page.write_text(f"before\n{plan_check.START}\nold\n{plan_check.END}\nafter\n")
+    plan_check.write_docs_table(rows, page)
+    out = page.read_text()
+    assert out.startswith("before\n") and out.endswith("after\n") and "old" not in out
+    assert plan_check.table(rows) in out
