@@ -13,6 +13,8 @@ command whose output is committed. The sweeps (``simulations.logreg``, ``simulat
     python -m simulations.doc_numbers logreg-norms --out docs/results-logreg-norms.csv
     # the CNN's final noise-to-signal ratio per batch size at fixed images per learner
     python -m simulations.doc_numbers cnn-noise --out docs/results-cnn-noise.csv
+    # the zero decision's and the class prior's loss on Wang et al.'s data sets
+    python -m simulations.doc_numbers class-prior --out docs/results-wang-class-prior.csv
     # rewrite the tables of results pages from their committed CSVs (no run)
     python -m simulations.doc_numbers blocks results-wang.md results-chen-wang.md
     # per-seed comparison of every pair of methods in a sweep's per-seed CSV
@@ -187,6 +189,32 @@ def cnn_noise_rows(images: Sequence[int], batches: Sequence[int],
     return rows
 
 
+def class_prior_rows() -> list[list]:
+    """Wang et al.'s data sets: the multiclass logistic loss of the zero decision (``ln k``)
+    and of always predicting the class prior (its entropy), the two levels a learned model
+    must beat. Poker from its exact class law (what the stand-in draws; the real set's
+    law), letter from its rows where the data is on the machine (skipped, and said so,
+    where it is not)."""
+    from experiments.data.poker import CLASS_COUNTS
+
+    def entropy(counts: np.ndarray) -> float:
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * np.log(p)).sum())
+
+    rows = [["poker", len(CLASS_COUNTS), f"{np.log(len(CLASS_COUNTS)):.4f}",
+             f"{entropy(CLASS_COUNTS):.4f}", "exact class law (experiments/data/poker.py)"]]
+    try:
+        from experiments.data.letter import load_letter
+
+        _, y, source = load_letter(None)
+    except FileNotFoundError as err:
+        print(f"letter skipped: {err}", flush=True)
+    else:
+        counts = np.bincount(y, minlength=26)
+        rows.append(["letter", 26, f"{np.log(26):.4f}", f"{entropy(counts):.4f}", source])
+    return rows
+
+
 def _logreg_rows(path: Path) -> list[list]:
     """A ``simulations.logreg`` per-seed CSV read back into the rows its ``table`` takes."""
     with open(path) as fh:
@@ -279,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     q.add_argument("--runs", type=Path, default=Path("docs/results-logreg.csv"))
     q.add_argument("--metrics", nargs="+", default=["final_accuracy", "avg_online_loss"])
     q.add_argument("--out", type=Path, default=Path("docs/results-logreg-paired.csv"))
+    w = sub.add_parser("class-prior", help="Wang et al.'s data: zero-decision and prior loss")
+    w.add_argument("--out", type=Path, default=Path("docs/results-wang-class-prior.csv"))
     b = sub.add_parser("blocks", help="rewrite a results page's tables from its CSVs")
     b.add_argument("pages", nargs="+", help="e.g. results-wang.md results-chen-wang.md")
     k = sub.add_parser("cnn-noise", help="the CNN's noise-to-signal ratio per batch size")
@@ -288,6 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.what == "blocks":
         write_blocks(args.pages)
+    elif args.what == "class-prior":
+        _write(args.out, ["dataset", "classes", "zero_decision_loss", "class_prior_loss",
+                          "source"], class_prior_rows())
     elif args.what == "cnn-noise":
         _write(args.out, ["images_per_learner", "batch_size", "steps", "calibration",
                           "mechanism", "learners", "dim", "noise_to_signal"],

@@ -209,3 +209,21 @@ def test_cnn_noise_rows_follow_the_independent_closed_form() -> None:
                                   mechanism="independent", steps=steps, method=cal).std
         expected = std * (d / learners) ** 0.5 / (m_images * b) ** 0.5
         assert float(ratio) == pytest.approx(expected, rel=1e-3)
+
+
+def test_class_prior_rows_are_the_poker_laws_entropy() -> None:
+    """The poker row against an independent computation: the law counts every 5-card hand
+    once (C(52, 5)), and its loss is the law's entropy (scipy), below ln 10."""
+    import math
+
+    from scipy.stats import entropy
+
+    from experiments.data.poker import CLASS_COUNTS
+
+    poker = next(r for r in doc_numbers.class_prior_rows() if r[0] == "poker")
+    assert int(CLASS_COUNTS.sum()) == math.comb(52, 5)
+    assert float(poker[3]) == pytest.approx(entropy(CLASS_COUNTS), abs=1e-4)
+    assert float(poker[2]) == pytest.approx(math.log(10), abs=1e-4)
+    assert float(poker[3]) < float(poker[2])
+    committed = {r["dataset"]: r for r in _read(DOCS / "results-wang-class-prior.csv")}
+    assert committed["poker"]["class_prior_loss"] == poker[3]
