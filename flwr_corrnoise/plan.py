@@ -482,23 +482,40 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def round_plan_warning(mode: str, settings: PrivacySettings, model_size: int,
-                       learners: int) -> str | None:
-    """The servers' check before round 1 for the round-level modes (``round``: the
-    per-round mod, ``central``): the plan of ``settings`` (its horizon in rounds) at this
-    model size and number of learners averaged per round, and a loud warning text if it
-    says the run cannot learn (end-of-run noise-to-signal ≥ :data:`NO_LEARNING_NSR`);
-    ``None`` otherwise. Why the servers ask: the per-round and central runs of Flower's
-    quickstart (d = 62k, 2 learners) destroyed the model without a word."""
+def round_plan(mode: str, settings: PrivacySettings, model_size: int,
+               learners: int) -> Plan | None:
+    """The plan of a round-level mode (``round``: the per-round mod, ``central``) for
+    ``settings`` (its horizon in rounds) at this model size and number of learners averaged
+    per round (the signal at its upper bound: the server has no data); ``None`` without
+    noise."""
     if not settings.private:
         return None
-    plan = make_plan(PlanInput(
+    return make_plan(PlanInput(
         model_size=max(1, int(model_size)), examples=1, batch_size=1, epochs=1,
         learners=max(1, int(learners)), mechanism=settings.mechanism,
         epsilon=settings.epsilon, delta=settings.delta, clip_norm=settings.clip_norm,
         method=settings.method, rounds=settings.horizon, mode=mode,
         round_participation=settings.participation))
-    if plan.nsr_final < NO_LEARNING_NSR:
+
+
+def summary_line(plan: Plan) -> str:
+    """The plan in one line, for a server's start-up summary."""
+    i = plan.inputs
+    return (f"plan (d = {i.model_size}, {i.learners} learner(s) averaged per round): "
+            f"noise-to-signal {plan.nsr_first_round:.3g} after the first round, "
+            f"{plan.nsr_final:.3g} at the end → {plan.verdict} ({i.signal_kind} signal"
+            + (", optimistic" if i.signal_kind == "upper-bound" else "") + ")")
+
+
+def round_plan_warning(mode: str, settings: PrivacySettings, model_size: int,
+                       learners: int) -> str | None:
+    """The servers' check before round 1 for the round-level modes: the
+    :func:`round_plan`, and a loud warning text if it says the run cannot learn
+    (end-of-run noise-to-signal ≥ :data:`NO_LEARNING_NSR`, even at the upper-bound
+    signal); ``None`` otherwise. Why the servers ask: the per-round and central runs of
+    Flower's quickstart (d = 62k, 2 learners) destroyed the model without a word."""
+    plan = round_plan(mode, settings, model_size, learners)
+    if plan is None or plan.nsr_final < NO_LEARNING_NSR:
         return None
     return ("flwr-corrnoise: this run is not expected to learn — " + format_plan(plan)
             + "\n  (the noise is calibrated for the whole run; the levers above are what "

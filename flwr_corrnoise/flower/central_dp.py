@@ -74,7 +74,7 @@ from flwr.serverapp.strategy import Strategy
 from ..aggregation import check_update
 from ..learner import clip_by_global_norm
 from ..mechanisms.participation import ONCE, Participation
-from ..plan import round_plan_warning
+from ..plan import round_plan, round_plan_warning, summary_line
 from ..privacy import Calibration, epsilon_spent
 from ..settings import PrivacyConfigError, PrivacySettings
 from ..settings_keys import lookup, reading, require
@@ -328,6 +328,13 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
     def _weight_key(self) -> str:
         return str(getattr(self.strategy, "weighted_by_key", "num-examples"))
 
+    def plan_line(self) -> str:
+        """The plan's verdict for the summary (:func:`~flwr_corrnoise.plan.round_plan`) at
+        the model size being started."""
+        plan = (None if self.model_size is None else
+                round_plan("central", self.settings, self.model_size, self.min_learners))
+        return "plan: none (no model yet)" if plan is None else summary_line(plan)
+
     def learnability(self, model_size: int) -> str | None:
         """The plan's warning for central noise on the average of ``min-learners``
         updates at this model size (:func:`~flwr_corrnoise.plan.round_plan_warning`)."""
@@ -341,7 +348,10 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
             f"({self.calibration.epsilon:g}, {self.calibration.delta:g}), clip "
             f"{self.calibration.clip_norm:g} per round update",
             f"released only with ≥ {self.min_learners} replies; std on the average "
-            f"{self.noise_std:.4g}",
+            f"{self.noise_std:.4g}; each datum used ≤ "
+            f"{self.settings.participation.participations(self.num_rounds)}× "
+            f"({self.calibration.participation})",
+            self.plan_line(),
             f"the run fails after {self.watch.max_idle_rounds} consecutive round(s) without "
             f"a release",
             "client-side evaluation: off (not covered by central DP; use evaluate_fn)",

@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..plan import round_plan_warning
+from ..plan import round_plan, round_plan_warning, summary_line
 from ..settings import NOISELESS, PrivacyConfigError, PrivacySettings
 from ..settings_keys import lookup, require, summarized
 from .config import privacy_proposal, settings_from_config
@@ -147,9 +147,23 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
                                     or "none (each learner's own settings)"),
             *privacy_lines(self.settings, self.left_to_learners,
                            "rounds" if self.per_round else "steps"),
+            self.plan_line(),
             f"the run fails after {self.watch.max_idle_rounds} consecutive round(s) without "
             f"a released update",
         ])
+
+    def plan_line(self) -> str:
+        """The plan's verdict for the summary: per round, the server's own plan
+        (:func:`~flwr_corrnoise.plan.round_plan`) at the model size being started; per
+        step, where each learner prints it (its batch and data size fix the noise)."""
+        if not self.per_round:
+            return ("plan: each learner logs its own on its first round (its batch and data "
+                    "size set the noise-to-signal); `flwr-corrnoise plan` before the run")
+        if self.settings is None or self.model_size is None:
+            return "plan: none (the noise is set by each learner)"
+        learners = int(getattr(self.strategy, "min_train_nodes", 1) or 1)
+        plan = round_plan("round", self.settings, self.model_size, learners)
+        return "plan: none (no noise)" if plan is None else summary_line(plan)
 
     def learnability(self, model_size: int) -> str | None:
         """Per-round noise (the mod): the plan's warning at this model size with the

@@ -321,13 +321,17 @@ class WrappedStrategy:
         size (:func:`~flwr_corrnoise.plan.round_plan_warning`); ``None`` by default."""
         return None
 
+    #: the model size of the run being started (:meth:`start` sets it before Flower's
+    #: start-up summary, whose plan line needs it); ``None`` before a run
+    model_size: int | None = None
+
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
         """Flower's loop, and a failure if the run released nothing at all. Before round 1,
         a loud warning if the plan says the run cannot learn (:meth:`learnability`)."""
-        warning = self.learnability(
-            sum(int(np.prod(a.shape)) for a in initial_arrays.values()))
+        self.model_size = sum(int(np.prod(a.shape)) for a in initial_arrays.values())
+        warning = self.learnability(self.model_size)
         if warning:  # in Flower's own log, which `flwr run --stream` shows
             flwr_log(logging.WARNING, "%s", warning)
         result = super().start(grid, initial_arrays, num_rounds, timeout,  # type: ignore[misc]

@@ -75,3 +75,38 @@ def test_per_round_local_dp_warns_and_start_logs_it(caplog, monkeypatch) -> None
     with flower_log(caplog, logging.WARNING), pytest.raises(StopError):
         strategy.start(None, ArrayRecord([np.zeros(D)]), num_rounds=R)  # type: ignore[arg-type]
     assert any("not expected to learn" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("mode", ["round", "central"])
+def test_start_up_summary_shows_the_figures_and_the_plans_verdict(mode, caplog,
+                                                                  monkeypatch) -> None:
+    """Flower's own start (which logs the summary before round 1, in the log that
+    `flwr run --stream` shows) at the quickstart's size: ε, δ, the noise std, the uses of a
+    datum and the plan's verdict, "expect no learning", labelled with its signal."""
+    cfg = {"num-server-rounds": R, "min-learners": M, "mechanism": "blt", "epsilon": 2.0,
+           "delta": 1e-5, "clip-norm": 1.0, "data-reuse": "every-round"}
+    strategy = (CorrNoiseLocalDPStrategy(FedAvg(min_train_nodes=M), cfg, per_round=True)
+                if mode == "round" else
+                CorrNoiseCentralDPStrategy.from_run_config(FedAvg(), cfg, seed=1))
+
+    class StopError(Exception):
+        pass
+
+    def summary_then_stop(self, *args, **kwargs):
+        self.summary()  # what Flower's Strategy.start does first
+        raise StopError
+
+    monkeypatch.setattr(Strategy, "start", summary_then_stop)
+    with flower_log(caplog, logging.INFO), pytest.raises(StopError):
+        strategy.start(None, ArrayRecord([np.zeros(D)]), num_rounds=R)  # type: ignore[arg-type]
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    plan = make_plan(PlanInput(model_size=D, examples=1, batch_size=1, epochs=1, learners=M,
+                               mechanism="blt", epsilon=2.0, delta=1e-5, rounds=R,
+                               mode=mode, round_participation=Participation.every_step(R)),
+                     levers=False)
+    assert f"{plan.nsr_final:.3g} at the end → noise dominates: expect no learning " \
+           "(upper-bound signal, optimistic)" in text
+    assert f"plan (d = {D}, {M} learner(s)" in text
+    assert "each datum used ≤ 3×" in text and "1e-05" in text
+    std = plan.std if mode == "round" else plan.std / M
+    assert f"{std:.4g}" in text
