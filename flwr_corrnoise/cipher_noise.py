@@ -539,6 +539,9 @@ class CipherGaussian:
     """
 
     __slots__ = ("_cache", "_cache_at", "_cache_fill", "_position", "_stream", "sequential")
+    #: :attr:`position` is the row counter (one row a :meth:`next_row`): a stream may go
+    #: back rows by moving it (:meth:`flwr_corrnoise.streams.RowCursor.rows_back`)
+    rows_by_counter = True
 
     def __init__(self, key: bytes, position: int = 0, sequential: int = 0) -> None:
         self._stream = _Keystream(_check_key(key))

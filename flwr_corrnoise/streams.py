@@ -141,12 +141,28 @@ def split_flat(flat: np.ndarray, shapes: Sequence[Sequence[int]]) -> list[np.nda
     return out
 
 
+#: generators a backend registers (:func:`register_generator`: the torch device's), by the
+#: first word of their packed state: how to unpack one
+_BACKEND_RNGS: dict[int, Callable[[np.ndarray], Any]] = {}
+
+
+def register_generator(tag: int, unpack: Callable[[np.ndarray], Any],
+                       key_slots: Sequence[int]) -> None:
+    """Let streams hold a backend's generator (:mod:`flwr_corrnoise.torch` registers its
+    device ChaCha20 one): packed words whose first is ``tag`` unpack with ``unpack``, and
+    ``key_slots`` are the words a :class:`RowCursor` position leaves out. The generator
+    packs itself (``pack()``) and reads and sets its ``state``; one whose ``position`` is
+    its row counter says so with a true class attribute ``rows_by_counter``."""
+    _BACKEND_RNGS[int(tag)] = unpack
+    _KEY_SLOTS[int(tag)] = list(key_slots)
+
+
 def pack_rng(gen: Rng) -> np.ndarray:
     """A stream generator's state as uint64 words (the ``rng`` entry of a stream's state):
-    AES-128-CTR, the keyed Philox of format 2, or ChaCha20."""
-    if isinstance(gen, CipherGaussian | ChaCha20Gaussian):  # AES: tag, key, row, sequential;
-        return gen.pack()  # secure: tag, 256-bit key, block counter
-    return pack_generator(gen)  # Philox: tag, counter, 128-bit key, buffer (noise_keys.py)
+    AES-128-CTR, the keyed Philox of format 2, ChaCha20, or a registered backend's."""
+    if isinstance(gen, np.random.Generator):  # Philox: tag, counter, key, buffer (noise_keys)
+        return pack_generator(gen)
+    return gen.pack()  # AES: tag, key, row, sequential; secure: tag, 256-bit key, block
 
 
 def unpack_rng(words: np.ndarray, secure: bool = False) -> Rng:
@@ -158,6 +174,8 @@ def unpack_rng(words: np.ndarray, secure: bool = False) -> Rng:
         raise ValueError("this is a secure (ChaCha20) generator state, not a Philox one")
     if w.size == 5 and int(w[0]) == CIPHER_TAG:
         return CipherGaussian.unpack(w)
+    if w.size and int(w[0]) in _BACKEND_RNGS:
+        return _BACKEND_RNGS[int(w[0])](w)
     return unpack_generator(w)
 
 
@@ -238,8 +256,8 @@ class RowCursor:
             raise ValueError("a saved generator position of another generator type")
         words[free] = position
         gen = unpack_rng(words, secure=self._stream.secure)
-        self._stream._set_rng_state(gen.state if isinstance(gen, CipherGaussian | ChaCha20Gaussian)
-                                    else gen.bit_generator.state)
+        self._stream._set_rng_state(gen.bit_generator.state
+                                    if isinstance(gen, np.random.Generator) else gen.state)
 
     def rows_back(self, count: int) -> bool:
         """Move the generator back ``count`` rows, where its position *is* a row counter
@@ -250,7 +268,7 @@ class RowCursor:
         (:mod:`~flwr_corrnoise.mechanisms.banded`) then keeps no generator position at all
         — it goes back by the number of rows it needs again. ``rows_back(0)`` asks."""
         rng = self._stream._rng
-        if not isinstance(rng, CipherGaussian):
+        if not getattr(type(rng), "rows_by_counter", False):  # AES; the torch device's
             return False
         if count:
             if not 0 <= count <= rng.position:
@@ -528,15 +546,15 @@ class NoiseStream:
 
     def _rng_state(self) -> object:
         # AES: (key, row, sequential); secure (ChaCha20): (key, block); Philox: its dict
-        if isinstance(self._rng, CipherGaussian | ChaCha20Gaussian):
-            return self._rng.state
-        return self._rng.bit_generator.state
+        if isinstance(self._rng, np.random.Generator):
+            return self._rng.bit_generator.state
+        return self._rng.state
 
     def _set_rng_state(self, state: object) -> None:
-        if isinstance(self._rng, CipherGaussian | ChaCha20Gaussian):
-            self._rng.state = state  # type: ignore[assignment]
-        else:
+        if isinstance(self._rng, np.random.Generator):
             self._rng.bit_generator.state = state
+        else:
+            self._rng.state = state  # type: ignore[assignment]
 
     # -- state --------------------------------------------------------------------------
     @property

@@ -199,6 +199,9 @@ class DeviceGaussian:
     """
 
     __slots__ = ("_key", "device", "position")
+    #: :attr:`position` is the row counter (one row a :meth:`next_row`): a stream may go
+    #: back rows by moving it (:meth:`flwr_corrnoise.streams.RowCursor.rows_back`)
+    rows_by_counter = True
 
     def __init__(self, key: bytes, position: int = 0,
                  device: torch.device | str = "cpu") -> None:
@@ -253,6 +256,23 @@ class DeviceGaussian:
         out = self.row(self.position, d, dtype)
         self.position += 1
         return out
+
+    @property
+    def state(self) -> tuple[bytes, int]:
+        """``(key, position)``; setting it rewinds, seeks or re-keys (the device stays)."""
+        return self._key, self.position
+
+    @state.setter
+    def state(self, value: tuple[bytes, int]) -> None:
+        key, position = value
+        _key_words(key)
+        if not 0 <= int(position) < _MAX_T:
+            raise ValueError(f"row position {position} outside [0, 2^64)")
+        self._key, self.position = bytes(key), int(position)
+
+    def __reduce__(self) -> tuple:
+        """Pickle (e.g. to a Ray worker) as key, position and the device's name."""
+        return (type(self), (self._key, self.position, str(self.device)))
 
     def pack(self) -> np.ndarray:
         """Six uint64 words: :data:`STATE_TAG`, the key (4 words, little-endian), the next

@@ -8,17 +8,30 @@ over their array namespace (:class:`TorchOps` here), so the NumPy and the torch 
 release the same law — and, fed the same standard normals, the same values to float
 tolerance (``tests/torch/test_torch_streams.py``).
 
-Where the normals come from: the same 128-bit-keyed generator as the NumPy stream (the
-AES-128-CTR kernel of :mod:`~flwr_corrnoise.cipher_noise` since noise-state format 3; a
-restored format-2 stream continues its keyed Philox), drawn on the host in the stream's
-dtype and moved to the device (on a CPU model: no copy, ``torch.from_numpy``). Why not
+Where the normals come from, by the stream's device (issue 34, item 3):
+
+* **on a CUDA device: on the device** — :class:`~flwr_corrnoise.torch.device_noise.DeviceGaussian`,
+  ChaCha20 (RFC 8439) in torch integer ops and Box–Muller in torch float ops, so no row
+  crosses the bus; the same key policy (256 bits of OS entropy, or for a reproducible
+  simulation a hash of every bit of the seed) and rows by counter (row ``t`` of the
+  generator is step ``t``'s ``ξ``, so a regenerating mechanism, ``banded-inverse``, goes
+  back rows by moving the counter as on the host). ``device_noise=`` in :meth:`create`
+  chooses it anywhere (on a CPU it runs the same code on CPU tensors, which the tests
+  check bit for bit against the transform of OpenSSL's ChaCha20 keystream); its state is
+  the generator's six words (key, row) and continues bit for bit on any device of the
+  same type (CPU and GPU ``log``/``cos``/``sin`` may differ in the last bit);
+* **on the CPU (the default there)**: the same 128-bit-keyed generator as the NumPy
+  stream (the AES-128-CTR kernel of :mod:`~flwr_corrnoise.cipher_noise` since noise-state
+  format 3; a restored format-2 stream continues its keyed Philox), drawn on the host in
+  the stream's dtype (no copy, ``torch.from_numpy``) — AES-NI makes it the faster one
+  there. Why not
 torch's generators: the CPU one (Mersenne Twister) keeps 32 bits of its seed and its
 outputs reveal its state, the CUDA one (Philox4x32) takes a 64-bit key; a learner's seed
 was recovered from one release by a 2³² search. So a torch stream and a NumPy stream of
 the same seed and dtype draw the same ``ξ`` (float64: bit for bit; a test checks it), and
-the state holds no device-specific generator: a stream saved on a GPU continues on the CPU
-and back. The cost: on a GPU, ``d`` floats cross to the device per step
-(``benchmarks/noise_keys.py`` measures the host draw; no GPU figure was taken yet). The
+a host-drawn stream's state holds no device-specific generator: it continues on the CPU or
+a GPU. No GPU figure of either path was taken yet (no GPU was lent the sessions that wrote
+them; ``tests/noise/test_device_noise.py`` has the CUDA test, skipped without one). The
 buffers and counters serialize to the same array dict as the NumPy stream's (plus
 ``backend``, ``dtype`` and ``device`` keys), and a restored stream continues bit for bit.
 
@@ -46,9 +59,12 @@ from ..streams import (
     NoiseStream,
     Shapes,
     normalize_shapes,
+    register_generator,
     register_stream_backend,
     unpack_rng,
 )
+from .device_noise import STATE_TAG as DEVICE_TAG
+from .device_noise import DeviceGaussian
 
 __all__ = ["TorchNoiseStream", "TorchOps"]
 
@@ -122,6 +138,8 @@ class TorchNoiseStream(NoiseStream):
         self.device = torch.device(device)
         self._np_dtype = np.dtype(str(dtype).removeprefix("torch."))
         self._ops = TorchOps(dtype, self.device)  # type: ignore[assignment]
+        if isinstance(rng, DeviceGaussian):  # its rows are made where the stream's state is
+            rng.device = self.device
         super().__init__(mechanism, horizon, shapes, std, rng, step, levels,
                          rows, factorization)  # type: ignore[arg-type]
 
@@ -138,14 +156,25 @@ class TorchNoiseStream(NoiseStream):
         *,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        device_noise: bool | None = None,
     ) -> TorchNoiseStream:
-        """A fresh stream at step 0 on ``device``; ``seed=None`` draws one from OS entropy."""
+        """A fresh stream at step 0 on ``device``; ``seed=None`` draws a key from OS
+        entropy. ``device_noise``: draw on the device (ChaCha20 in torch ops,
+        :class:`~flwr_corrnoise.torch.device_noise.DeviceGaussian`) rather than on the
+        host (AES-128-CTR); by default on a CUDA device, not on the CPU."""
         if secure:
             raise ValueError("secure noise (ChaCha20 on a grid) is NumPy-only; use "
                              "NoiseStream.create(..., secure=True) on the host")
         if seed is not None and int(seed) < 0:
             raise ValueError("the seed must be a non-negative integer")
-        gen = CipherGaussian.from_seed(None if seed is None else int(seed))  # AES-128
+        dev = torch.device(device)
+        if device_noise is None:
+            device_noise = dev.type == "cuda"
+        gen: CipherGaussian | DeviceGaussian
+        if device_noise:  # ChaCha20, a 256-bit key: OS entropy, or every bit of the seed
+            gen = DeviceGaussian.from_seed(None if seed is None else int(seed), device=dev)
+        else:  # AES-128 on the host
+            gen = CipherGaussian.from_seed(None if seed is None else int(seed))
         return cls(mechanism, horizon, normalize_shapes(dim), std, gen, device=device,
                    dtype=dtype, factorization=factorization)
 
@@ -156,6 +185,8 @@ class TorchNoiseStream(NoiseStream):
         return torch.from_numpy(arr.copy()).to(self.device)
 
     def _draw(self) -> torch.Tensor:  # type: ignore[override]
+        if isinstance(self._rng, DeviceGaussian):  # made on the stream's device
+            return self._rng.next_row(self.dim, self.dtype)
         # the keyed draw on the host, in the stream's dtype (the NumPy stream's row); on the
         # CPU a view
         if isinstance(self._rng, CipherGaussian):
@@ -169,6 +200,18 @@ class TorchNoiseStream(NoiseStream):
     def next(self) -> torch.Tensor:  # type: ignore[override]
         """The flat increment ``e[step]`` (length ``d``, a tensor on the stream's device)."""
         return super().next()  # type: ignore[return-value]
+
+    @property
+    def device_noise(self) -> bool:
+        """Whether the normals are made on the device (:class:`DeviceGaussian`)."""
+        return isinstance(self._rng, DeviceGaussian)
+
+    def fork(self) -> TorchNoiseStream:  # type: ignore[override]
+        """:meth:`NoiseStream.fork`; a device generator's copy stays on the device."""
+        twin = super().fork()
+        if isinstance(self._rng, DeviceGaussian):
+            self._rng.device = self.device
+        return twin  # type: ignore[return-value]
 
     # -- state ---------------------------------------------------------------------------
     def _rows_array(self, saved: list) -> np.ndarray:  # type: ignore[override]
@@ -208,7 +251,7 @@ class TorchNoiseStream(NoiseStream):
                     "this torch noise state holds a torch generator (32/64-bit seed, written "
                     "before keyed generators); its noise may be predictable, so it is not "
                     "continued: start a new learner state")
-            gen = unpack_rng(np.asarray(state["rng"]))
+            gen = unpack_rng(np.asarray(state["rng"]))  # a DeviceGaussian moves to ``dev``
             stream = cls(rng=gen, rows=np.asarray(state["rows"]), dtype=dtype, device=dev,
                          **cls._parse_state(state))
         except (KeyError, TypeError, IndexError, RuntimeError) as err:
@@ -229,3 +272,5 @@ class TorchNoiseStream(NoiseStream):
 
 
 register_stream_backend("torch", TorchNoiseStream.from_state_dict)
+# the device generator's packed state: tag, 256-bit key (4 words), row — a position is the row
+register_generator(DEVICE_TAG, DeviceGaussian.unpack, key_slots=[0, 1, 2, 3, 4])
