@@ -99,8 +99,11 @@ def test_pd_ocg_noise_off_equals_reference_and_many_cg_iterations_reach_projecti
         return conditional_gradient(algo.K, zprev, 2 * algo.h, x, 5)
 
     np.testing.assert_allclose(res.decisions, _reference_blocked(algo, cg), rtol=0, atol=1e-10)
-    many = _build("pd-ocg", **{"cg-iters": 1000})  # measured: 2.7e-3 of the scale off
-    res_many = run(many, BASE["steps"], 3, {"epsilon": np.full(4, np.inf)})
+    # the CG error falls as O(1/iterations) (measured, of the scale: 1.4e-2 at 100,
+    # 9.0e-3 at 200, 5.5e-3 at 400, 2.7e-3 at 1000 — 11 s of CPU): 200 iterations
+    # must be within 1.2e-2 and closer than 20
+    few = _build("pd-ocg", **{"cg-iters": 20})
+    many = _build("pd-ocg", **{"cg-iters": 200})
 
     def prox_delayed(z, _zhat, zprev, _x):
         return many.K.project(-zprev / (2 * many.h))
@@ -108,7 +111,9 @@ def test_pd_ocg_noise_off_equals_reference_and_many_cg_iterations_reach_projecti
     ref = _reference_blocked(many, prox_delayed)
     scale = np.abs(ref).max()
     assert scale > 1e-3
-    np.testing.assert_allclose(res_many.decisions, ref, rtol=0, atol=5e-3 * scale)
+    err = {a: np.abs(run(a, BASE["steps"], 3, {"epsilon": np.full(4, np.inf)}).decisions
+                     - ref).max() / scale for a in (few, many)}
+    assert err[many] < 1.2e-2 and err[many] < err[few] / 2
 
 
 @pytest.mark.parametrize("K", [L2Ball(6, 1.0), NuclearBall((3, 4), 1.0)],
