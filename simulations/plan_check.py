@@ -214,12 +214,17 @@ START, END = "<!-- plan-check-table:start -->", "<!-- plan-check-table:end -->"
 def write_docs_table(rows: list[dict], page: Path) -> None:
     """Replace the block between :data:`START` and :data:`END` of ``page`` with the table
     of ``rows`` (the CSV's), so the page's figures are the CSV's."""
+    replace_block(page, START, END, table(rows))
+
+
+def replace_block(page: Path, start: str, end: str, body: str) -> None:
+    """``page`` with the text between the markers ``start`` and ``end`` replaced."""
     text = page.read_text()
-    if START not in text or END not in text:
-        raise ValueError(f"{page}: no {START} … {END} block")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    page.write_text(f"{head}{START}\n{table(rows)}{END}{tail}")
+    if start not in text or end not in text:
+        raise ValueError(f"{page}: no {start} … {end} block")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    page.write_text(f"{head}{start}\n{body}{end}{tail}")
 
 
 def lever_ranks(rows: list[dict]) -> str:

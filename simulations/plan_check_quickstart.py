@@ -19,7 +19,9 @@ the average (what ``CorrNoiseCentralDPStrategy`` adds). Fashion-MNIST is padded 
 
     python -m simulations.plan_check_quickstart --examples 6000 --docs
 
-writes ``docs/results-plan-check-quickstart.csv`` (``--docs``) and prints its table.
+writes ``docs/results-plan-check-quickstart.csv`` (``--docs``: that partition size's rows
+replaced, the other sizes' kept) and the quickstart table of docs/results-plan-check.md
+from it (``--docs-table`` does only the latter), and prints each run's row.
 Toy size (the test): ``--examples 64 --test-size 64 --signal-examples 16``.
 """
 
@@ -209,7 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/plan-check-quickstart")
     p.add_argument("--docs", action="store_true",
                    help="write docs/results-plan-check-quickstart.csv")
+    p.add_argument("--docs-table", action="store_true",
+                   help="only regenerate the page's table from the docs CSV (no run)")
     args = p.parse_args(argv)
+    if args.docs_table:
+        write_docs_table()
+        return 0
     torch.set_num_threads(1)
     net_cls = quickstart_net()
     xs, ys = fashion("train", Path(args.data))
@@ -243,13 +250,54 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {mode}: {row}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for path in [out / "plan-check-quickstart.csv"] + (
-            [ROOT / "docs" / "results-plan-check-quickstart.csv"] if args.docs else []):
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS)
-            w.writeheader()
-            w.writerows(rows)
+    write_csv(out / "plan-check-quickstart.csv", rows)
+    if args.docs:  # one CSV for every partition size run: this size's rows replaced
+        docs = ROOT / "docs" / "results-plan-check-quickstart.csv"
+        kept = ([r for r in csv.DictReader(docs.open()) if int(r["examples"]) != args.examples]
+                if docs.exists() else [])
+        write_csv(docs, sorted(kept + rows, key=lambda r: int(r["examples"])))
+        write_docs_table()
     return 0
+
+
+#: the generated block of docs/results-plan-check.md
+START, END = "<!-- plan-check-quickstart:start -->", "<!-- plan-check-quickstart:end -->"
+
+
+def table(rows: list[dict]) -> str:
+    """The page's quickstart table, from the CSV's rows."""
+    lines = ["| examples per learner | run | end-of-run NSR, upper bound → verdict | "
+             "measured signal | NSR first round / end, measured signal → verdict | "
+             "safe lr (plan) | measured accuracy |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r["nsr_final"]:
+            lines.append(f"| {r['examples']} | {r['name']} (lr {r['learning_rate']}) | — | — | "
+                         f"— | — | {r['accuracy']} |")
+            continue
+        lines.append(
+            f"| {r['examples']} | {r['name']} | {r['nsr_final']} → "
+            f"{r['verdict'].split(':')[0]}: {r['verdict'].split(': ')[1].split(',')[0]} | "
+            f"{r['signal']} | {r['nsr_first_measured']} / {r['nsr_final_measured']} → "
+            f"{r['verdict_measured'].split(':')[0]}: "
+            f"{r['verdict_measured'].split(': ')[1].split(',')[0]} | "
+            f"{r['safe_learning_rate']} | {r['accuracy']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_docs_table() -> None:
+    """docs/results-plan-check.md's quickstart block from the docs CSV."""
+    from simulations.plan_check import replace_block
+
+    rows = list(csv.DictReader((ROOT / "docs" / "results-plan-check-quickstart.csv").open()))
+    replace_block(ROOT / "docs" / "results-plan-check.md", START, END, table(rows))
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
 
 
 def signal_estimate(mode: str, args: argparse.Namespace, parts, net_cls,  # type: ignore[no-untyped-def]
