@@ -1,9 +1,11 @@
 """Device noise: a ChaCha20 keystream and Box–Muller normals computed in torch integer and
 float ops, so on a GPU the noise is made where the model is and never crosses the bus.
 
-Why this module exists (issue 34, item 3): the torch streams draw their normals on the host
-(:mod:`~flwr_corrnoise.cipher_noise`, AES-128-CTR through OpenSSL) and copy ``d`` floats to
-the device every step. AES-NI is a CPU instruction; a GPU has none, but ChaCha20 (Bernstein,
+Why this module exists (issue 34, item 3): a torch stream that draws its normals on the host
+(:mod:`~flwr_corrnoise.cipher_noise`, AES-128-CTR through OpenSSL) copies ``d`` floats to
+the device every step. :class:`~flwr_corrnoise.torch.streams.TorchNoiseStream` draws from
+:class:`DeviceGaussian` instead on a CUDA device (by default) or wherever
+``device_noise=True`` asks for it. AES-NI is a CPU instruction; a GPU has none, but ChaCha20 (Bernstein,
 "ChaCha, a variant of Salsa20", 2008; RFC 8439) is built from 32-bit additions, rotations
 and XORs only, which any tensor library has. Here every ChaCha20 block of a row is computed
 side by side: the state is a ``16 × blocks`` int64 tensor of 32-bit words (int64 so that an
