@@ -262,6 +262,9 @@ def doc_blocks(page: str, docs: Path | None = None) -> dict[str, str]:
         if (docs / "results-multi-epoch-noise.csv").exists():
             tabs["rmse"] = multi_epoch.noise_table(
                 multi_epoch.read_csv(docs / "results-multi-epoch-noise.csv"))
+        if (docs / "results-multi-epoch-bands.csv").exists():
+            tabs["bands"] = multi_epoch.bands_table(
+                multi_epoch.read_csv(docs / "results-multi-epoch-bands.csv"))
         return {f"table:{k}": v for k, v in tabs.items()}
     if page == "results-wang.md":
         from simulations.wang_tables import render_blocks
@@ -271,6 +274,10 @@ def doc_blocks(page: str, docs: Path | None = None) -> dict[str, str]:
         from simulations.chen_wang_tables import render_blocks
 
         return render_blocks(page, docs)
+    if page == "results-plan-check.md":  # issue 32's
+        from simulations.plan_check import render_blocks as plan_check_blocks
+
+        return plan_check_blocks(docs)
     raise KeyError(f"no renderer for the generated blocks of {page}")
 
 

@@ -84,6 +84,7 @@ NAMES = {
     NOISELESS: "noiseless",
     "bandmf": "amplified BandMF, cyclic Poisson, library's bands (ours)",
     "bandmf-b1": "BandMF at 1 band = DP-SGD, Poisson (ours)",
+    "bandmf-b2": "BandMF at 2 bands, cyclic Poisson (ours; the prefix-sum RMSE's choice)",
     "blt": "BLT for k epochs (ours)",
     "independent": "independent noise, fixed order",
     "opacus": "Opacus DP-SGD (Poisson, PRV, add/remove)",
@@ -99,7 +100,7 @@ RUN_HEADER = [
     "seconds",
 ]
 ROUND_HEADER = ["dataset", "method", "epsilon", "seed", "eta", "round", "test_accuracy",
-                "test_loss"]
+                "test_loss", "batch_size"]
 
 
 class SmallCNN(torch.nn.Module):
@@ -183,12 +184,14 @@ class Setup:
 
     @property
     def bands(self) -> int:
-        """``bandmf``'s bands: the library's choice for this (ε, δ, N, steps per epoch)
-        (:func:`~flwr_corrnoise.amplification.choose_bands`, replace-one)."""
+        """``bandmf``'s bands: the library's choice for this (ε, δ, N, steps per epoch,
+        steps per round, learners) (:func:`~flwr_corrnoise.amplification.choose_bands`,
+        replace-one)."""
         if self.bandmf_bands:
             return self.bandmf_bands
         s = CyclicLoader(self.examples, self.batch_size, self.rounds, self.local_epochs)
-        return chosen_bands(self.epsilon, self.delta, s.horizon, s.steps_per_epoch)
+        return chosen_bands(self.epsilon, self.delta, s.horizon, s.steps_per_epoch,
+                            s.steps_per_epoch * self.local_epochs, self.learners)
 
     def settings(self) -> PrivacySettings:
         """Ours: the loader's horizon and participation (all learners share them)."""
@@ -254,10 +257,13 @@ def initial_model(s: Setup) -> torch.nn.Module:
 # -- accounting ---------------------------------------------------------------------------
 
 @cache
-def chosen_bands(epsilon: float, delta: float, horizon: int, steps_per_epoch: int) -> int:
-    """The bands :func:`~flwr_corrnoise.amplification.choose_bands` picks (smallest
-    prefix-sum noise RMSE)."""
-    return choose_bands(epsilon, delta, horizon, steps_per_epoch)[0].bands
+def chosen_bands(epsilon: float, delta: float, horizon: int, steps_per_epoch: int,
+                 steps_per_round: int | None = None, learners: int = 1) -> int:
+    """The bands :func:`~flwr_corrnoise.amplification.choose_bands` picks for this FedAvg
+    loop (the iterate noise of ``learners`` learners restarting every ``steps_per_round``
+    steps; ``b > 1`` only 10 % below DP-SGD's)."""
+    return choose_bands(epsilon, delta, horizon, steps_per_epoch,
+                        steps_per_round=steps_per_round, learners=learners)[0].bands
 
 
 @cache
@@ -426,6 +432,49 @@ def noise_table(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+BANDS_HEADER = ["epsilon", "delta", "steps_per_epoch", "steps", "steps_per_round",
+                "learners", "bands", "sampling_rate", "noise_multiplier", "column_norm",
+                "prefix_rmse", "iterate_rmse", "chosen"]
+
+
+def band_rows(cases: list[tuple[float, int]], delta: float, epochs_per_round: int,
+              rounds: int, learners: int) -> list[dict[str, Any]]:
+    """No training: every candidate :func:`~flwr_corrnoise.amplification.choose_bands`
+    weighs for each trained (ε, steps per epoch) — σ by the PLD, the prefix-sum RMSE (the
+    paper's criterion) and the FedAvg iterate RMSE it compares — and which it picks."""
+    rows = []
+    for e, s in cases:
+        n, per = s * epochs_per_round * rounds, s * epochs_per_round
+        best, table = choose_bands(e, delta, n, s, steps_per_round=per, learners=learners)
+        for c in table:
+            rows.append({"epsilon": e, "delta": delta, "steps_per_epoch": s, "steps": n,
+                         "steps_per_round": per, "learners": learners, "bands": c.bands,
+                         "sampling_rate": c.sampling_rate,
+                         "noise_multiplier": c.noise_multiplier,
+                         "column_norm": c.column_norm, "prefix_rmse": c.rmse,
+                         "iterate_rmse": c.error, "chosen": int(c.bands == best.bands)})
+        print(f"  ε={e:g} s={s}: {best.bands} bands", file=sys.stderr, flush=True)
+    return rows
+
+
+def bands_table(rows: list[dict[str, str]]) -> str:
+    """Per (ε, steps per epoch): each candidate's prefix-sum and iterate RMSE relative to
+    DP-SGD's (b = 1), the choice in bold."""
+    lines = ["| ε | steps/epoch | bands b | σ_b | prefix-sum RMSE / DP-SGD's | iterate RMSE / "
+             "DP-SGD's | chosen |", "|---|---|---|---|---|---|---|"]
+    for key in dict.fromkeys((r["epsilon"], r["steps_per_epoch"]) for r in rows):
+        sub = [r for r in rows if (r["epsilon"], r["steps_per_epoch"]) == key]
+        one = next(r for r in sub if int(r["bands"]) == 1)
+        for r in sub:
+            mark = "**yes**" if int(r["chosen"]) else ""
+            lines.append(
+                f"| {float(key[0]):g} | {key[1]} | {r['bands']} | "
+                f"{float(r['noise_multiplier']):.3f} | "
+                f"{float(r['prefix_rmse']) / float(one['prefix_rmse']):.3f} | "
+                f"{float(r['iterate_rmse']) / float(one['iterate_rmse']):.3f} | {mark} |")
+    return "\n".join(lines)
+
+
 # -- the runs -----------------------------------------------------------------------------
 
 class Evaluator:
@@ -547,7 +596,7 @@ def _run_one(s: Setup, progress: bool) -> tuple[dict[str, Any], list[list]]:
            "examples": s.examples, "batch_size": s.batch_size, "learners": s.learners,
            "model": s.model, "clip_norm": s.clip_norm, "steps": s.steps, **cols,
            "seconds": seconds}
-    rounds = [[s.dataset, s.label, row["epsilon"], s.seed, s.eta, r, a, lo]
+    rounds = [[s.dataset, s.label, row["epsilon"], s.seed, s.eta, r, a, lo, s.batch_size]
               for r, a, lo in evaluate.rows]
     if progress:
         print(f"  {label}: final accuracy {accs[-1]:.3f} ({seconds:.0f} s)", file=sys.stderr,
@@ -639,13 +688,17 @@ def plot(runs: list[dict[str, str]], rounds: list[dict[str, str]], path: Path) -
     import matplotlib.pyplot as plt
 
     eps = sorted({float(r["epsilon"]) for r in runs} - {math.inf})
+    r0 = runs[0]
     fig, axes = plt.subplots(1, len(eps), figsize=(4.8 * len(eps), 3.8), squeeze=False,
                              sharey=True)
-    methods = sorted({r["method"] for r in runs}, key=order)
+    keys = row_keys(runs)
+    several = len({k[1] for k in keys}) > 1
+    spes = sorted({k[1] for k in keys})
     for ax, e in zip(axes[0], eps, strict=True):
-        for m in methods:
+        for m, b in keys:
             sub = [c for c in rounds if c["method"] == m
-                   and (float(c["epsilon"]) == e or m == NOISELESS)]
+                   and (float(c["epsilon"]) == e or m == NOISELESS)
+                   and steps_per_epoch_of({**r0, "batch_size": c["batch_size"]}) == b]
             if not sub:
                 continue
             seeds = sorted({c["seed"] for c in sub})
@@ -654,19 +707,20 @@ def plot(runs: list[dict[str, str]], rounds: list[dict[str, str]], path: Path) -
                 (c for c in sub if c["seed"] == sd), key=lambda c: int(c["round"]))]
                 for sd in seeds])
             mean, std = acc.mean(axis=0), acc.std(axis=0)
-            style = "--" if m == NOISELESS else "-"
+            style = "--" if m == NOISELESS else ("-" if b == spes[0] else ":")
             color = f"C{order(m) % 10}"  # one colour per method in every panel
-            ax.plot(xs, mean, style, marker="o", ms=3, label=NAMES.get(m, m), color=color)
+            ax.plot(xs, mean, style, marker="o", ms=3, label=key_name((m, b), several),
+                    color=color)
             ax.fill_between(xs, mean - std, mean + std, alpha=0.2, color=color)
         ax.set_title(f"ε = {e:g}, δ = {runs[0]['delta']}")
         ax.set_xlabel("FedAvg round")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-    r0 = runs[0]
     axes[0][0].set_ylabel(f"test accuracy ({r0['dataset']})")
     axes[0][-1].legend(fontsize=7, loc="lower right")
+    batches = "/".join(sorted({r["batch_size"] for r in runs}, key=int))
     fig.suptitle(f"{r0['learners']} learners × {r0['examples']} examples, batch "
-                 f"{r0['batch_size']}, {r0['rounds']} rounds × {r0['local_epochs']} local "
+                 f"{batches}, {r0['rounds']} rounds × {r0['local_epochs']} local "
                  f"epochs; bands: ± std over {len({r['seed'] for r in runs})} seeds",
                  fontsize=9)
     fig.tight_layout()
@@ -674,47 +728,111 @@ def plot(runs: list[dict[str, str]], rounds: list[dict[str, str]], path: Path) -
     plt.close(fig)
 
 
-def tables(runs: list[dict[str, str]], tuning: list[dict[str, str]]) -> dict[str, str]:
-    """The doc's tables: accuracy (mean ± std per method × ε) and privacy/noise per cell."""
+def steps_per_epoch_of(row: dict[str, str]) -> int:
+    """A run's steps per epoch (``⌈examples/batch⌉``), from its CSV row."""
+    return -(-int(row["examples"]) // int(row["batch_size"]))
+
+
+def row_keys(rows: list[dict[str, str]]) -> list[tuple[str, int]]:
+    """(method, steps per epoch) in table order: by steps per epoch, then method."""
+    keys = {(r["method"], steps_per_epoch_of(r)) for r in rows}
+    return sorted(keys, key=lambda k: (k[1], order(k[0])))
+
+
+def key_name(key: tuple[str, int], several: bool) -> str:
+    """A row's name; with more than one steps-per-epoch in the tables, the steps too."""
+    name = NAMES.get(key[0], key[0])
+    return f"{name}, {key[1]} steps/epoch" if several else name
+
+
+def _cell(rows: list[dict[str, str]], key: tuple[str, int], e: float) -> list[dict[str, str]]:
+    return [r for r in rows if r["method"] == key[0] and steps_per_epoch_of(r) == key[1]
+            and (float(r["epsilon"]) == e or key[0] == NOISELESS)]
+
+
+def versus_table(runs: list[dict[str, str]]) -> str:
+    """The library's choice (``bandmf``) against Opacus replace-one (like for like) per
+    (steps per epoch, ε), where both ran: the difference of the means and whether it is
+    within the spread (the larger of the two stds over seeds)."""
+    lines = ["| steps/epoch | ε | library's bands | ours: `bandmf`, library's choice | "
+             "Opacus DP-SGD, replace-one | ours − Opacus | spread (larger std) | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    spe = sorted({steps_per_epoch_of(r) for r in runs})
     eps = sorted({float(r["epsilon"]) for r in runs} - {math.inf})
-    methods = sorted({r["method"] for r in runs}, key=order)
+    for b in spe:
+        for e in eps:
+            ours = _cell(runs, ("bandmf", b), e)
+            them = _cell(runs, ("opacus-replace-one", b), e)
+            if not ours or not them:
+                continue
+            a = np.array([float(r["final_accuracy"]) for r in ours])
+            o = np.array([float(r["final_accuracy"]) for r in them])
+            diff, spread = float(a.mean() - o.mean()), float(max(a.std(), o.std()))
+            verdict = ("within the spread" if abs(diff) <= spread else
+                       "ahead beyond the spread" if diff > 0 else "behind beyond the spread")
+            bands = ours[0]["accountant"].rsplit("b=", 1)[-1]
+            lines.append(f"| {b} | {e:g} | {bands} | {a.mean():.3f} ± {a.std():.3f} | "
+                         f"{o.mean():.3f} ± {o.std():.3f} | {diff:+.3f} | {spread:.3f} | "
+                         f"{verdict} |")
+    return "\n".join(lines)
+
+
+def tables(runs: list[dict[str, str]], tuning: list[dict[str, str]]) -> dict[str, str]:
+    """The doc's tables: accuracy (mean ± std per method × ε, per steps per epoch), the
+    privacy/noise per cell, the library's choice against Opacus replace-one, tuning."""
+    eps = sorted({float(r["epsilon"]) for r in runs} - {math.inf})
+    keys = row_keys(runs)
+    several = len({k[1] for k in keys}) > 1
     acc = ["| method | " + " | ".join(f"ε = {e:g}" for e in eps) + " |",
            "|---|" + "---|" * len(eps)]
     noise = ["| method | ε | accountant (relation) | ε reported | ε replace-one (PLD) | "
              "noise std / B_g per step | sensitivity (×2B_g) | prefix-sum noise RMSE / B_g |",
              "|---|---|---|---|---|---|---|---|"]
-    for m in methods:
+    for key in keys:
         row = []
         for e in eps:
-            sub = [r for r in runs if r["method"] == m
-                   and (float(r["epsilon"]) == e or m == NOISELESS)]
+            sub = _cell(runs, key, e)
             a = np.array([float(r["final_accuracy"]) for r in sub])
             etas = ", ".join(sorted({r["eta"] for r in sub}))
             row.append(f"{np.mean(a):.3f} ± {np.std(a):.3f} (η = {etas})" if len(a) else "")
-            if m != NOISELESS and sub:
+            if key[0] != NOISELESS and sub:
                 r = sub[0]
                 noise.append(
-                    f"| {NAMES.get(m, m)} | {e:g} | {r['accountant']} ({r['relation']}) | "
+                    f"| {key_name(key, several)} | {e:g} | {r['accountant']} "
+                    f"({r['relation']}) | "
                     f"{float(r['epsilon_reported']):.3f} | "
                     f"{float(r['epsilon_replace_one']):.3f} | "
                     f"{float(r['noise_multiplier']):.3f} | "
                     + (f"{float(r['sensitivity']):.3f}" if float(r["sensitivity"]) else "—")
                     + f" | {float(r['noise_rmse']):.1f} |")
-        acc.append(f"| {NAMES.get(m, m)} | " + " | ".join(row) + " |")
-    out = {"accuracy": "\n".join(acc), "noise": "\n".join(noise)}
+        acc.append(f"| {key_name(key, several)} | " + " | ".join(row) + " |")
+    out = {"accuracy": "\n".join(acc), "noise": "\n".join(noise),
+           "versus": versus_table(runs)}
     if tuning:
         grid = sorted({float(r["eta"]) for r in tuning})
         lines = ["| method | ε | " + " | ".join(f"η = {g:g}" for g in grid) + " |",
                  "|---|---|" + "---|" * len(grid)]
-        for key in dict.fromkeys((r["method"], r["epsilon"]) for r in tuning):
+        tkeys = row_keys(tuning)
+        tseveral = len({k[1] for k in tkeys}) > 1
+        for key in dict.fromkeys((r["method"], steps_per_epoch_of(r), r["epsilon"])
+                                 for r in tuning):
             sub = {float(r["eta"]): float(r["final_accuracy"]) for r in tuning
-                   if (r["method"], r["epsilon"]) == key}
-            lines.append(f"| {NAMES.get(key[0], key[0])} | "
-                         f"{'∞' if key[0] == NOISELESS else key[1]} | "
+                   if (r["method"], steps_per_epoch_of(r), r["epsilon"]) == key}
+            lines.append(f"| {key_name(key[:2], tseveral)} | "
+                         f"{'∞' if key[0] == NOISELESS else key[2]} | "
                          + " | ".join(f"{sub[g]:.3f}" if g in sub else "" for g in grid)
                          + " |")
         out["tuning"] = "\n".join(lines)
     return out
+
+
+def _batch(d: Path) -> dict[str, str]:
+    """The batch size of a directory's runs, for round rows written before rounds.csv had
+    the column (each such directory ran one batch size; an error if it did not)."""
+    if not (d / "runs.csv").exists():
+        return {}
+    sizes = {r["batch_size"] for r in read_csv(d / "runs.csv")}
+    return {"batch_size": sizes.pop()} if len(sizes) == 1 else {}
 
 
 def merge(dirs: list[Path], out: Path) -> None:
@@ -725,7 +843,8 @@ def merge(dirs: list[Path], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, header in (("runs.csv", RUN_HEADER), ("rounds.csv", ROUND_HEADER),
                          ("tuning.csv", RUN_HEADER)):
-        rows = [r for d in dirs if (d / name).exists() for r in read_csv(d / name)]
+        rows = [{**_batch(d), **r} for d in dirs if (d / name).exists()
+                for r in read_csv(d / name)]
         if name == "runs.csv":
             keys = [(r["method"], r["epsilon"], r["seed"], r["batch_size"]) for r in rows]
             twice = {k for k in keys if keys.count(k) > 1}
@@ -733,9 +852,10 @@ def merge(dirs: list[Path], out: Path) -> None:
                 raise ValueError(f"runs held by more than one directory: {sorted(twice)}")
         if rows:
             write_csv(out / name, header, rows)
-    noise = [d / "noise.csv" for d in dirs if (d / "noise.csv").exists()]
-    if noise:  # the noise table (no training) of the last directory that has one
-        shutil.copy(noise[-1], out / "noise.csv")
+    for name in ("noise.csv", "bands.csv"):  # no training: the last directory's
+        found = [d / name for d in dirs if (d / name).exists()]
+        if found:
+            shutil.copy(found[-1], out / name)
 
 
 def finish(out: Path, docs: bool) -> None:
@@ -746,6 +866,8 @@ def finish(out: Path, docs: bool) -> None:
     tabs = tables(runs, tuning)
     if (out / "noise.csv").exists():
         tabs["rmse"] = noise_table(read_csv(out / "noise.csv"))
+    if (out / "bands.csv").exists():
+        tabs["bands"] = bands_table(read_csv(out / "bands.csv"))
     (out / "tables.md").write_text("\n\n".join(tabs.values()) + "\n")
     print((out / "tables.md").read_text())
     if docs:
@@ -755,6 +877,8 @@ def finish(out: Path, docs: bool) -> None:
             shutil.copy(out / "tuning.csv", ROOT / "docs" / "results-multi-epoch-tuning.csv")
         if (out / "noise.csv").exists():
             shutil.copy(out / "noise.csv", ROOT / "docs" / "results-multi-epoch-noise.csv")
+        if (out / "bands.csv").exists():
+            shutil.copy(out / "bands.csv", ROOT / "docs" / "results-multi-epoch-bands.csv")
         shutil.copy(out / "multi_epoch.png", ROOT / "docs" / "figures" / "multi_epoch.png")
         for name, text in tabs.items():
             update_marked_section(ROOT / "docs" / "results-multi-epoch.md", name, text)
@@ -798,6 +922,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--noise-table", action="store_true",
                    help="no training: each method's noise at equal ε over --table-b steps "
                    "per epoch × --table-k epochs (noise.csv), then the docs as --from-runs")
+    p.add_argument("--band-choice", nargs="+", type=str, default=None, metavar="EPS:S",
+                   help="no training: every candidate choose_bands weighs at each ε:steps "
+                   "per epoch for this loop (--rounds, --local-epochs, --learners) "
+                   "(bands.csv), then the docs as --from-runs")
     p.add_argument("--table-b", nargs="+", type=int, default=[16, 64, 256])
     p.add_argument("--table-k", nargs="+", type=int, default=[10])
     p.add_argument("--quick", action="store_true",
@@ -820,9 +948,16 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.out / "runs.csv").exists():
             print(noise_table(read_csv(args.out / "noise.csv")))
             return 0
+    if args.band_choice:
+        cases = [(float(c.split(":")[0]), int(c.split(":")[1])) for c in args.band_choice]
+        write_csv(args.out / "bands.csv", BANDS_HEADER,
+                  band_rows(cases, args.delta, args.local_epochs, args.rounds, args.learners))
+        if not (args.out / "runs.csv").exists():
+            print(bands_table(read_csv(args.out / "bands.csv")))
+            return 0
     if args.merge:
         merge(args.merge, args.out)
-    if args.from_runs or args.noise_table or args.merge:
+    if args.from_runs or args.noise_table or args.merge or args.band_choice:
         finish(args.out, args.docs)
         return 0
     base = base_setup(args)

@@ -166,13 +166,16 @@ def test_opacus_replace_one_epsilon(outputs) -> None:
 def test_bandmf_epsilon(outputs) -> None:
     """The amplified banded run: its σ over ⌈N/b⌉ Poisson-subsampled Gaussian steps at the
     sampler's rate gives the budget by dp_accounting's PLD (replace-one); the bands are the
-    library's choice; the std is σ·ζ·B_g with ζ the encoder's column norm."""
+    library's choice for the run's FedAvg loop (its steps per round and learners); the std
+    is σ·ζ·B_g with ζ the encoder's column norm."""
     from flwr_corrnoise.amplification import choose_bands
 
     r = by_method(outputs[1])["bandmf"]
     examples, batch = int(r["examples"]), int(r["batch_size"])
     s, n = -(-examples // batch), int(r["steps"])
-    best, _ = choose_bands(EPSILON, float(r["delta"]), n, s)
+    best, _ = choose_bands(EPSILON, float(r["delta"]), n, s,
+                           steps_per_round=s * int(r["local_epochs"]),
+                           learners=int(r["learners"]))
     assert r["accountant"].endswith(f"b={best.bands}") and r["relation"] == "replace-one"
     sigma, delta = float(r["noise_multiplier"]), float(r["delta"])
     pld = PLDAccountant(dpa.NeighboringRelation.REPLACE_ONE, 1e-4)
@@ -181,3 +184,33 @@ def test_bandmf_epsilon(outputs) -> None:
     assert pld.get_epsilon(delta) == pytest.approx(EPSILON, abs=2e-3)
     assert float(r["noise_std"]) == pytest.approx(
         sigma * float(r["sensitivity"]) * float(r["clip_norm"]), rel=1e-9)
+
+
+def test_tables_split_steps_per_epoch_and_judge_the_spread() -> None:
+    """Two batch sizes: one row per (method, steps per epoch), named by it; the
+    library-vs-Opacus table's verdict follows the larger std over seeds. Synthetic rows
+    (no run): three cases, one per verdict."""
+    base = {"dataset": "d", "delta": "1e-05", "examples": "512", "eta": "0.3",
+            "accountant": "flwr-corrnoise pld (replace-one) b=4", "relation": "replace-one",
+            "epsilon_reported": "8", "epsilon_replace_one": "8", "noise_multiplier": "1",
+            "sensitivity": "1", "noise_rmse": "9"}
+
+    def rows(method: str, eps: str, batch: str, accs: list[float]) -> list[dict[str, str]]:
+        return [{**base, "method": method, "epsilon": eps, "batch_size": batch,
+                 "seed": str(i), "final_accuracy": str(a)} for i, a in enumerate(accs)]
+
+    runs = (rows("bandmf", "8", "32", [0.60, 0.62]) + rows("opacus-replace-one", "8", "32",
+                                                          [0.60, 0.64])
+            + rows("bandmf", "8", "8", [0.70, 0.72]) + rows("opacus-replace-one", "8", "8",
+                                                           [0.60, 0.62])
+            + rows("bandmf", "4", "8", [0.40, 0.42]) + rows("opacus-replace-one", "4", "8",
+                                                           [0.50, 0.50]))
+    tabs = multi_epoch.tables(runs, [])
+    assert "| amplified BandMF, cyclic Poisson, library's bands (ours), 16 steps/epoch |" \
+        in tabs["accuracy"]
+    assert "Opacus DP-SGD (Poisson, PLD, replace-one), 64 steps/epoch |" in tabs["accuracy"]
+    verdicts = [line.rsplit("|", 2)[-2].strip() for line in tabs["versus"].splitlines()[2:]]
+    assert verdicts == ["within the spread", "behind beyond the spread",
+                        "ahead beyond the spread"]
+    assert "| 16 | 8 | 4 | 0.610 ± 0.010 | 0.620 ± 0.020 | -0.010 | 0.020 |" \
+        in tabs["versus"]

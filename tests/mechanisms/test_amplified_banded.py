@@ -24,6 +24,7 @@ from flwr_corrnoise.amplification import (
     choose_bands,
     encoder_bands,
     epsilon_spent_amplified,
+    iterate_rmse,
 )
 from flwr_corrnoise.data.sampling import CyclicPoissonLoader
 from flwr_corrnoise.mechanisms import build_factorization
@@ -183,22 +184,104 @@ def test_epsilon_spent_grows_to_the_budget() -> None:
 
 
 def test_choose_bands_never_loses_to_dp_sgd() -> None:
-    """Every candidate is calibrated and optimized; the choice has the smallest prefix-sum
-    noise RMSE, so never more than DP-SGD's (b = 1, whose RMSE is σ·√((N+1)/2)); the
-    candidates run from DP-SGD to the fixed partition (rate 1)."""
+    """Every candidate is calibrated and optimized; the choice has the smallest error of
+    the wider bands only if it is 10 % below DP-SGD's, else DP-SGD (b = 1, whose RMSE is
+    σ·√((N+1)/2)); one round: the error is the paper's prefix-sum RMSE; the candidates run
+    from DP-SGD to the fixed partition (rate 1)."""
     best, table = choose_bands(8.0, 1e-5, 64, 16, grid=GRID, rtol=1e-4)
     assert [c.bands for c in table] == [1, 2, 4, 8, 16]
     assert [c.sampling_rate for c in table] == [1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
     assert [c.cycles for c in table] == [64, 32, 16, 8, 4]
     dpsgd = table[0]
     assert dpsgd.unit_rmse == pytest.approx(math.sqrt(65 / 2))
-    assert best.rmse == min(c.rmse for c in table) <= dpsgd.rmse
+    wide = min(table[1:], key=lambda c: c.error)
+    assert best == (wide if wide.error <= 0.9 * dpsgd.error else dpsgd)
+    assert best.error <= dpsgd.error
     for c in table:
         assert c.rmse == pytest.approx(c.noise_multiplier * c.unit_rmse)
+        assert c.error == pytest.approx(c.rmse)  # one learner, one round
     # more bands: a better encoder at unit sensitivity, less amplification
     assert all(a.unit_rmse > b.unit_rmse for a, b in itertools.pairwise(table))
     assert all(a.noise_multiplier < b.noise_multiplier
                for a, b in itertools.pairwise(table))
+
+
+def fedavg_iterate_rms(band: np.ndarray, n: int, per: int, learners: int) -> float:
+    """Brute force of the process :func:`iterate_rmse` summarizes: ``learners`` noise
+    streams ``C⁻¹z_i`` (``C`` materialized, ``ζ`` scaling), each learner's model the global
+    one plus its own noise since the round began, the global one the average at each
+    round's end; every model's noise as an exact linear map of all the z's."""
+    C = np.zeros((n, n))
+    for i, v in enumerate(np.asarray(band, float)[:n]):
+        C += v * np.eye(n, k=-i)
+    zeta = float(np.linalg.norm(C, axis=0).max())
+    E = zeta * np.linalg.inv(C)  # learner i's increment at step t: E[t] · z_i
+    dim = learners * n
+    glob = np.zeros(dim)
+    local = [np.zeros(dim) for _ in range(learners)]
+    total = 0.0
+    for t in range(n):
+        if t % per == 0:
+            local = [glob.copy() for _ in range(learners)]
+        for i in range(learners):
+            local[i][i * n:(i + 1) * n] += E[t]
+        total += float(local[0] @ local[0])
+        if (t + 1) % per == 0 or t == n - 1:
+            glob = sum(local) / learners
+    return math.sqrt(total / n)
+
+
+@pytest.mark.parametrize(("band", "n", "per", "learners"), [
+    ([1.0, 0.79], 12, 4, 3), ([1.0, 0.7, 0.5, 0.3], 13, 5, 4), ([1.0, 0.6], 10, 10, 5),
+    ([1.0, 0.8, 0.6], 9, 2, 1)])
+def test_iterate_rmse_is_the_fedavg_process(band: list[float], n: int, per: int,
+                                            learners: int) -> None:
+    """The closed form against the simulated process (a brute force over the learners'
+    streams), including an unfinished last round; one round or one learner: the paper's
+    prefix-sum RMSE; one band: the closed form √mean(L + u/M)."""
+    got = iterate_rmse(np.array(band), n, per, learners)
+    assert got == pytest.approx(fedavg_iterate_rms(np.array(band), n, per, learners),
+                                rel=1e-10)
+    if per >= n or learners == 1:
+        assert got == pytest.approx(math.sqrt(rmse_squared(np.array(band), n)), rel=1e-10)
+    t = np.arange(n)
+    u, L = t // per * per, t % per + 1
+    assert iterate_rmse(np.array([1.0]), n, per, learners) == pytest.approx(
+        math.sqrt(float(np.mean(L + u / learners))), rel=1e-12)
+
+
+#: σ by the library's PLD at ε = 8 (replace-one, δ = 10⁻⁵) per (rate, steps), as
+#: choose_bands calibrates them (docs/results-multi-epoch-bands.csv); fixed here so the
+#: choice's logic is tested in milliseconds (the calibration has its own tests above)
+TRAINED_SIGMAS = {(1 / 16, 160): 1.0057, (1 / 8, 80): 1.3468, (1 / 64, 640): 0.6752,
+                  (1 / 32, 320): 0.8000}
+
+
+def test_choose_bands_follows_the_trained_evidence(monkeypatch) -> None:
+    """At the trained setting (10 learners, 5 rounds × 2 epochs of 16 steps, ε = 8) the
+    prefix-sum RMSE alone picks 2 bands (3 % below DP-SGD), which trained 0.08 below
+    DP-SGD; the FedAvg iterate error puts 2 bands above DP-SGD, and the margin alone also
+    refuses a 3 % gain: DP-SGD. With 64 steps per epoch, 4 bands are 17 % below DP-SGD by
+    the iterate error: chosen."""
+    from flwr_corrnoise import amplification
+
+    def fixed(eps, delta, q, cycles, relation, grid, rtol):
+        assert eps == 8.0
+        return TRAINED_SIGMAS[(q, cycles)]
+
+    monkeypatch.setattr(amplification, "calibrate_noise_multiplier", fixed)
+    paper, table = choose_bands(8.0, 1e-5, 160, 16, candidates=[2], min_gain=0.0)
+    assert [c.bands for c in table] == [1, 2] and paper.bands == 2
+    assert table[1].rmse / table[0].rmse == pytest.approx(0.968, abs=1e-3)
+    assert choose_bands(8.0, 1e-5, 160, 16, candidates=[2])[0].bands == 1  # the margin
+    loop, table = choose_bands(8.0, 1e-5, 160, 16, candidates=[2], steps_per_round=32,
+                               learners=10, min_gain=0.0)
+    assert loop.bands == 1 and table[1].error > table[0].error  # the iterate error
+    best, table = choose_bands(8.0, 1e-5, 640, 64, candidates=[1, 2, 4, 8],
+                               steps_per_round=128, learners=10)
+    assert best.bands == 4 and best.error / table[0].error == pytest.approx(0.833, abs=2e-3)
+    with pytest.raises(ValueError, match="min_gain"):
+        choose_bands(8.0, 1e-5, 160, 16, min_gain=1.0)
 
 
 def test_band_optimization() -> None:
