@@ -51,6 +51,7 @@ from flwr_corrnoise.plan import (  # noqa: E402
     signal_from_gradients,
     with_signal,
 )
+from simulations.marked import update_marked_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ["name", "mode", "mechanism", "epsilon", "learners", "adaptive", "nsr_first",
@@ -207,24 +208,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: the generated block of docs/results-plan-check.md
-START, END = "<!-- plan-check-table:start -->", "<!-- plan-check-table:end -->"
+#: the generated block of docs/results-plan-check.md (simulations/marked.py's markers)
+BLOCK = "table:plan-check"
+
+
+def render_blocks(docs: Path) -> dict[str, str]:
+    """docs/results-plan-check.md's generated blocks from the committed CSVs alone
+    (simulations/doc_numbers.py's ``doc_blocks`` asks for them): this table and the
+    quickstart's (:mod:`simulations.plan_check_quickstart`)."""
+    from simulations import plan_check_quickstart as quick
+
+    rows = list(csv.DictReader((docs / "results-plan-check.csv").open()))
+    qrows = list(csv.DictReader((docs / "results-plan-check-quickstart.csv").open()))
+    return {BLOCK: table(rows).rstrip("\n"), quick.BLOCK: quick.table(qrows).rstrip("\n")}
 
 
 def write_docs_table(rows: list[dict], page: Path) -> None:
-    """Replace the block between :data:`START` and :data:`END` of ``page`` with the table
-    of ``rows`` (the CSV's), so the page's figures are the CSV's."""
-    replace_block(page, START, END, table(rows))
-
-
-def replace_block(page: Path, start: str, end: str, body: str) -> None:
-    """``page`` with the text between the markers ``start`` and ``end`` replaced."""
-    text = page.read_text()
-    if start not in text or end not in text:
-        raise ValueError(f"{page}: no {start} … {end} block")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    page.write_text(f"{head}{start}\n{body}{end}{tail}")
+    """Replace the page's :data:`BLOCK` with the table of ``rows`` (the CSV's), so the
+    page's figures are the CSV's."""
+    update_marked_section(page, BLOCK, table(rows).rstrip("\n"), append=False)
 
 
 def lever_ranks(rows: list[dict]) -> str:

@@ -260,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-#: the generated block of docs/results-plan-check.md
-START, END = "<!-- plan-check-quickstart:start -->", "<!-- plan-check-quickstart:end -->"
+#: the generated block of docs/results-plan-check.md (simulations/marked.py's markers)
+BLOCK = "table:quickstart"
 
 
 def table(rows: list[dict]) -> str:
@@ -287,10 +287,11 @@ def table(rows: list[dict]) -> str:
 
 def write_docs_table() -> None:
     """docs/results-plan-check.md's quickstart block from the docs CSV."""
-    from simulations.plan_check import replace_block
+    from simulations.marked import update_marked_section
 
     rows = list(csv.DictReader((ROOT / "docs" / "results-plan-check-quickstart.csv").open()))
-    replace_block(ROOT / "docs" / "results-plan-check.md", START, END, table(rows))
+    update_marked_section(ROOT / "docs" / "results-plan-check.md", BLOCK,
+                          table(rows).rstrip("\n"), append=False)
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

@@ -7,7 +7,10 @@ import csv
 from pathlib import Path
 
 from flwr_corrnoise.plan import make_plan, with_signal
-from simulations import plan_check
+from simulations import plan_check, plan_check_quickstart
+from simulations.marked import marked_blocks
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def test_plan_check_toy(tmp_path: Path) -> None:
@@ -39,8 +42,17 @@ def test_plan_check_toy(tmp_path: Path) -> None:
     assert "plan, best first:" in text and "measured, best first:" in text
     # the docs page's table is a generated block: replaced, the text around it kept
     page = tmp_path / "page.md"
-    page.write_text(f"before\n{plan_check.START}\nold\n{plan_check.END}\nafter\n")
+    page.write_text(f"before\n<!-- BEGIN {plan_check.BLOCK} -->\nold\n"
+                    f"<!-- END {plan_check.BLOCK} -->\nafter\n")
     plan_check.write_docs_table(rows, page)
     out = page.read_text()
     assert out.startswith("before\n") and out.endswith("after\n") and "old" not in out
     assert plan_check.table(rows) in out
+
+
+def test_the_pages_tables_are_the_committed_csvs_rendered() -> None:
+    """docs/results-plan-check.md's two generated tables are its committed CSVs rendered
+    by the scripts' own table code (no hand-edited or stale figure)."""
+    blocks = marked_blocks((DOCS / "results-plan-check.md").read_text())
+    assert blocks == plan_check.render_blocks(DOCS)
+    assert set(blocks) == {plan_check.BLOCK, plan_check_quickstart.BLOCK}
