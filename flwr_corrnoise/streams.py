@@ -575,8 +575,8 @@ class NoiseStream:
         shape_dims = np.array([d for s in self.shapes for d in s], dtype=np.int64)
         self._release()
         levels, saved = self._kernel.save(self._state)
-        view = None if copy else self._kernel.rows_view(self._state)
-        rows = view if isinstance(view, np.ndarray) else self._rows_array(saved)
+        view = None if copy else self._rows_view(self._kernel.rows_view(self._state))
+        rows = view if view is not None else self._rows_array(saved)
         out = {
             "format": np.array(STATE_FORMAT, dtype=np.int64),
             "mechanism": np.array(self.mechanism),
@@ -594,6 +594,11 @@ class NoiseStream:
         if self._ops is NUMPY_OPS32:
             out["dtype"] = np.array("float32")
         return out
+
+    def _rows_view(self, view: Any) -> np.ndarray | None:
+        """The kernel's rows as one NumPy array without a copy (a kernel that keeps them
+        so: BLT), or ``None``."""
+        return view if isinstance(view, np.ndarray) else None
 
     def _rows_array(self, saved: list[np.ndarray]) -> np.ndarray:
         dtype = self._ops.dtype  # type: ignore[attr-defined]
@@ -677,8 +682,10 @@ class NoiseStream:
         self._kernel.check(self._state, self.step, self.dim)
 
     def to_bytes(self) -> bytes:
-        """Serialize (for ``context.state`` or disk): :mod:`flwr_corrnoise.arraypack`."""
-        return arraypack.pack(self.state_dict())
+        """Serialize (for ``context.state`` or disk): :mod:`flwr_corrnoise.arraypack`.
+        The rows are packed from the kernel's own buffers (``state_dict(copy=False)``):
+        packing copies them once, into the bytes."""
+        return arraypack.pack(self.state_dict(copy=False))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> NoiseStream:

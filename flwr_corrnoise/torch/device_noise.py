@@ -5,16 +5,16 @@ Why this module exists (issue 34, item 3): a torch stream that draws its normals
 (:mod:`~flwr_corrnoise.cipher_noise`, AES-128-CTR through OpenSSL) copies ``d`` floats to
 the device every step. :class:`~flwr_corrnoise.torch.streams.TorchNoiseStream` draws from
 :class:`DeviceGaussian` instead on a CUDA device (by default) or wherever
-``device_noise=True`` asks for it. AES-NI is a CPU instruction; a GPU has none, but ChaCha20 (Bernstein,
-"ChaCha, a variant of Salsa20", 2008; RFC 8439) is built from 32-bit additions, rotations
-and XORs only, which any tensor library has. Here every ChaCha20 block of a row is computed
-side by side: the state is a ``16 × blocks`` int64 tensor of 32-bit words (int64 so that an
-addition never overflows and a right shift never drags a sign bit; ``& 0xFFFFFFFF`` after
-each addition), the four column quarter-rounds run as one op on four rows, the diagonal
-ones after rolling rows 4–15 — ten double rounds, then the input is added back. The same
-code runs on CPU tensors, where ``tests/noise/test_device_noise.py`` checks the keystream **bit for
-bit** against ``cryptography``'s ChaCha20 (OpenSSL) and the normals against a NumPy
-transform of the same words.
+``device_noise=True`` asks for it. AES-NI is a CPU instruction; a GPU has none, but ChaCha20
+(Bernstein, "ChaCha, a variant of Salsa20", 2008; RFC 8439) is built from 32-bit additions,
+rotations and XORs only, which any tensor library has. Here every ChaCha20 block of a row is
+computed side by side: the state is a ``16 × blocks`` int64 tensor of 32-bit words (int64 so
+that an addition never overflows and a right shift never drags a sign bit; ``& 0xFFFFFFFF``
+after each addition), the four column quarter-rounds run as one op on four rows, the
+diagonal ones after rolling rows 4–15 — ten double rounds, then the input is added back. The
+same code runs on CPU tensors, where ``tests/noise/test_device_noise.py`` checks the
+keystream **bit for bit** against ``cryptography``'s ChaCha20 (OpenSSL) and the normals
+against a NumPy transform of the same words.
 
 **Key policy: the library's.** A 256-bit ChaCha20 key, from OS entropy
 (:func:`secrets.token_bytes`) for every learner outside a reproducible simulation, or a

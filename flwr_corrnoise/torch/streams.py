@@ -131,6 +131,7 @@ class TorchNoiseStream(NoiseStream):
         rows: Sequence[np.ndarray] | np.ndarray | None = None,
         factorization: Factorization | None = None,
         dtype: torch.dtype = torch.float32,
+        adopt_rows: bool = False,
     ) -> None:
         if dtype not in _DTYPES.values():
             raise ValueError(f"a torch noise stream is float32 or float64, not {dtype}")
@@ -140,8 +141,21 @@ class TorchNoiseStream(NoiseStream):
         self._ops = TorchOps(dtype, self.device)  # type: ignore[assignment]
         if isinstance(rng, DeviceGaussian):  # its rows are made where the stream's state is
             rng.device = self.device
+        if (adopt_rows and isinstance(rows, np.ndarray) and rows.ndim == 2
+                and rows.dtype == self._np_dtype and rows.flags.c_contiguous
+                and rows.flags.writeable and rows.flags.aligned):
+            # a fresh array of all the rows (from_bytes): the kernel may keep it as its
+            # buffer, a view on the CPU (BLT) — no copy per row, no stack
+            rows = torch.from_numpy(rows).to(self.device)  # type: ignore[assignment]
         super().__init__(mechanism, horizon, shapes, std, rng, step, levels,
-                         rows, factorization)  # type: ignore[arg-type]
+                         rows, factorization, adopt_rows=adopt_rows)  # type: ignore[arg-type]
+
+    def _adoptable(self, rows: object) -> bool:  # type: ignore[override]
+        """A ``rows × d`` tensor of the stream's dtype on its device, contiguous, for a
+        kernel that keeps its rows as one array (BLT)."""
+        return (self._kernel.adopts_rows and isinstance(rows, torch.Tensor) and rows.ndim == 2
+                and rows.shape[1] == self.dim and rows.dtype == self.dtype
+                and rows.device == self.device and rows.is_contiguous())
 
     @classmethod
     def create(  # type: ignore[override]
@@ -214,16 +228,23 @@ class TorchNoiseStream(NoiseStream):
         return twin  # type: ignore[return-value]
 
     # -- state ---------------------------------------------------------------------------
+    def _rows_view(self, view: object) -> np.ndarray | None:  # type: ignore[override]
+        """The kernel's rows tensor as NumPy: a view on the CPU, one copy from a GPU."""
+        if isinstance(view, torch.Tensor) and view.is_contiguous():
+            return view.detach().cpu().numpy()
+        return None
+
     def _rows_array(self, saved: list) -> np.ndarray:  # type: ignore[override]
         np_dtype = np.dtype(str(self.dtype).removeprefix("torch."))
         if not saved:
             return np.zeros((0, self.dim), dtype=np_dtype)
-        return torch.stack(saved).cpu().numpy()
+        return np.stack([r.detach().cpu().numpy() for r in saved])
 
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self, *, copy: bool = True) -> dict[str, np.ndarray]:
         """The NumPy stream's state keys (rows in the stream's dtype, the generator's
-        state as bytes) plus ``backend``, ``dtype`` and ``device`` (the device type)."""
-        state = super().state_dict()
+        state as bytes) plus ``backend``, ``dtype`` and ``device`` (the device type).
+        ``copy=False``: on the CPU, BLT's ``rows`` is a view of its buffer tensor."""
+        state = super().state_dict(copy=copy)
         state.update({
             "backend": np.array("torch"),
             "dtype": np.array(str(self.dtype).removeprefix("torch.")),
@@ -234,11 +255,13 @@ class TorchNoiseStream(NoiseStream):
 
     @classmethod
     def from_state_dict(  # type: ignore[override]
-        cls, state: dict[str, np.ndarray], device: torch.device | str | None = None
+        cls, state: dict[str, np.ndarray], device: torch.device | str | None = None,
+        *, adopt: bool = False,
     ) -> TorchNoiseStream:
         """Rebuild a stream from :meth:`state_dict` on ``device`` (default: a device of the
-        recorded type). The generator lives on the host, so a stream continues bit for bit
-        on any device."""
+        recorded type). A host generator's stream continues bit for bit on any device.
+        ``adopt=True``: ``state["rows"]`` is the caller's to give away (fresh arrays, as
+        :meth:`from_bytes` unpacks): on the CPU a BLT stream keeps it as its buffer."""
         if str(state.get("backend", "numpy")) != "torch":
             raise ValueError("this is the state of a NumPy noise stream; restore it with "
                              "NoiseStream.from_state_dict")
@@ -253,7 +276,7 @@ class TorchNoiseStream(NoiseStream):
                     "continued: start a new learner state")
             gen = unpack_rng(np.asarray(state["rng"]))  # a DeviceGaussian moves to ``dev``
             stream = cls(rng=gen, rows=np.asarray(state["rows"]), dtype=dtype, device=dev,
-                         **cls._parse_state(state))
+                         adopt_rows=adopt, **cls._parse_state(state))
         except (KeyError, TypeError, IndexError, RuntimeError) as err:
             raise ValueError(f"malformed torch noise-stream state: {err!r}") from err
         stream._check_consistent()
@@ -268,7 +291,7 @@ class TorchNoiseStream(NoiseStream):
             state = arraypack.unpack(data)
         except (OSError, ValueError, EOFError) as err:
             raise ValueError(f"unreadable noise-stream state: {err}") from err
-        return cls.from_state_dict(state, device)
+        return cls.from_state_dict(state, device, adopt=True)  # the unpacked arrays are fresh
 
 
 register_stream_backend("torch", TorchNoiseStream.from_state_dict)

@@ -234,3 +234,26 @@ def test_rows_drawn_ahead_change_no_released_value(name: str, dtype: type,
         assert a.dtype == np.dtype(dtype)
         np.testing.assert_array_equal(a, b)
     assert cached[1] == plain[1]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("bad", [[np.nan], [np.inf], [np.inf, -np.inf]])
+def test_a_blt_state_with_non_finite_buffers_is_refused(backend: str, bad: list[float]) -> None:
+    """A restored BLT state whose buffers hold NaN or ±∞ (both at once: a sum of NaN) is
+    refused, from the NumPy and the torch stream (whose check sums its buffer tensor)."""
+    from flwr_corrnoise import arraypack
+
+    if backend == "torch":
+        pytest.importorskip("torch")
+        from flwr_corrnoise.torch import TorchNoiseStream
+
+        cls: type[NoiseStream] = TorchNoiseStream
+    else:
+        cls = NoiseStream
+    s = cls.create("blt", 6, 50, 1.0, seed=2)
+    s.next()
+    state = arraypack.unpack(s.to_bytes())
+    state["rows"][1, 7 : 7 + len(bad)] = bad
+    with pytest.raises(ValueError, match="non-finite"):
+        cls.from_bytes(arraypack.pack(state))
+    assert cls.from_bytes(s.to_bytes()).step == 1  # the intact state restores
