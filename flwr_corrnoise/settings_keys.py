@@ -111,6 +111,11 @@ KEYS: dict[str, Key] = {k.name: k for k in (
     Key("expected-batch-size", float, None, (APP, RUN, NODE), "both",
         "with `sampling-rate`: what every step's noised sum is divided by (never the "
         "drawn size, which stays secret)"),
+    Key("sampling-relation", str, "replace-one", (APP, RUN, NODE), "both",
+        "with `sampling-rate`: the neighbouring relation the amplified ε is stated for: "
+        "`replace-one` (one example changed, the relation of every other guarantee here) "
+        "or `add-remove` (one example added or removed, what Opacus reports: less noise "
+        "for the same ε); the ε is labelled with it"),
     Key("local-examples", int, None, (APP, NODE), "learner",
         "the learner's declared number of training examples n: with `data-reuse = "
         "'every-round'` a `PrivateSteps` round of more than n steps (each uses an example "

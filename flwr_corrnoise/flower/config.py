@@ -166,14 +166,16 @@ def rounds_bound(cfg: Mapping[str, Any], where: str) -> int | None:
 def sampled_participation(cfg: Mapping[str, Any], where: str,
                           horizon: int) -> SampledParticipation:
     """The participation of a sampling loop (``sampling-rate``, ``sampling-cycle``,
-    ``expected-batch-size``; :class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader`
-    sets all three)."""
+    ``expected-batch-size``: :class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader`
+    sets all three; ``sampling-relation``, the neighbouring relation of the ε, default
+    replace-one)."""
     try:
         return SampledParticipation.cyclic_poisson(
             lookup(cfg, "sampling-rate", where, warn=False),
             lookup(cfg, "sampling-cycle", where, warn=False), horizon,
             require(cfg, "expected-batch-size", where,
-                    "a sampled step's noised sum is divided by it, never by the drawn size"))
+                    "a sampled step's noised sum is divided by it, never by the drawn size"),
+            relation=str(lookup(cfg, "sampling-relation", where, warn=False)).strip().lower())
     except ParticipationError as err:
         raise PrivacyConfigError(f"sampling in the {where}: {err}") from err
 

@@ -111,6 +111,33 @@ def test_the_loader_tells_the_config_its_participation() -> None:
         settings_from_config({k: v for k, v in cfg.items() if k != "expected-batch-size"})
 
 
+
+def test_the_config_states_the_relation() -> None:
+    """``sampling-relation`` (default replace-one) reaches the calibration: with
+    ``add-remove``, DP-SGD's noise multiplier (1 band, Poisson at q = 1/4, 8 steps) gives
+    ε = 2 by dp_accounting's PLD for add/remove and more for replace-one, and the ε is
+    labelled with it; an unknown relation is refused."""
+    cfg = {"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5, "clip-norm": 1.0,
+           "horizon": 8, "sampling-rate": 0.25, "sampling-cycle": 1,
+           "expected-batch-size": 4.0, "calibration": "exact"}
+    assert settings_from_config(cfg).participation.relation == "replace-one"
+    assert settings_from_config({**cfg, "sampling-relation": " Replace-One "}
+                                ).participation.relation == "replace-one"
+    cal = settings_from_config({**cfg, "sampling-relation": "add-remove"}).calibration()
+    assert cal.relation == "add-remove" and "add-remove" in cal.participation
+
+    def dpa_epsilon(relation) -> float:
+        acc = DpaPLD(relation, value_discretization_interval=1e-3)
+        acc.compose(dpa.PoissonSampledDpEvent(0.25, dpa.GaussianDpEvent(
+            cal.noise_multiplier)), 8)
+        return acc.get_epsilon(1e-5)
+
+    assert dpa_epsilon(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE) == pytest.approx(
+        2.0, abs=5e-3)
+    assert dpa_epsilon(dpa.NeighboringRelation.REPLACE_ONE) > 3.0
+    with pytest.raises(PrivacyConfigError, match="relation"):
+        settings_from_config({**cfg, "sampling-relation": "add-one"})
+
 # -- the device step --------------------------------------------------------------------
 
 def _optimizer(settings: PrivacySettings, seed: int) -> PrivateOptimizer:
