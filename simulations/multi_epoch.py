@@ -689,7 +689,7 @@ def plot(runs: list[dict[str, str]], rounds: list[dict[str, str]], path: Path) -
 
     eps = sorted({float(r["epsilon"]) for r in runs} - {math.inf})
     r0 = runs[0]
-    fig, axes = plt.subplots(1, len(eps), figsize=(4.8 * len(eps), 3.8), squeeze=False,
+    fig, axes = plt.subplots(1, len(eps), figsize=(4.8 * len(eps), 5.2), squeeze=False,
                              sharey=True)
     keys = row_keys(runs)
     several = len({k[1] for k in keys}) > 1
@@ -717,13 +717,17 @@ def plot(runs: list[dict[str, str]], rounds: list[dict[str, str]], path: Path) -
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"test accuracy ({r0['dataset']})")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    seen: dict[str, Any] = {}  # one legend for all panels, below them (not over a curve)
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(lab, h)
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=3, fontsize=7)
     batches = "/".join(sorted({r["batch_size"] for r in runs}, key=int))
     fig.suptitle(f"{r0['learners']} learners × {r0['examples']} examples, batch "
                  f"{batches}, {r0['rounds']} rounds × {r0['local_epochs']} local "
                  f"epochs; bands: ± std over {len({r['seed'] for r in runs})} seeds",
                  fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05 * ((len(seen) + 2) // 3) + 0.03, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -814,8 +818,9 @@ def tables(runs: list[dict[str, str]], tuning: list[dict[str, str]]) -> dict[str
                  "|---|---|" + "---|" * len(grid)]
         tkeys = row_keys(tuning)
         tseveral = len({k[1] for k in tkeys}) > 1
-        for key in dict.fromkeys((r["method"], steps_per_epoch_of(r), r["epsilon"])
-                                 for r in tuning):
+        for key in sorted(dict.fromkeys((r["method"], steps_per_epoch_of(r), r["epsilon"])
+                                        for r in tuning),
+                          key=lambda k: (k[1], order(k[0]), float(k[2]))):
             sub = {float(r["eta"]): float(r["final_accuracy"]) for r in tuning
                    if (r["method"], steps_per_epoch_of(r), r["epsilon"]) == key}
             lines.append(f"| {key_name(key[:2], tseveral)} | "

@@ -114,8 +114,6 @@ UNGENERATED = {
         "a summary: the paper's numbers beside this page's generated tables, with verdicts",
     ("results-multi-epoch.md", "| method | loop | noise and accounting |"):
         "not data: the methods and their accounting",
-    ("results-multi-epoch.md", "| ε | ours: `bandmf` at 1 band"):
-        "known gap: a summary of table:accuracy, on a page issue 35 owns (not ours to edit)",
 }
 
 
