@@ -549,9 +549,11 @@ def choose_loop(epsilon: float, delta: float, steps_per_epoch: int, epochs: int,
     sampling with BandMF at the bands
     :func:`~flwr_corrnoise.amplification.choose_bands` picks, or Poisson sampling with
     independent noise (``bands = 1``: DP-SGD) — by the prefix-sum noise RMSE each gives
-    (``σ``-scaled ``√mean‖b_t‖²``, the same division by the batch for all). A proxy: it
-    leaves out the per-step noise a banded encoder adds and the batch-size variance of
-    sampling (docs/results-multi-epoch.md compares trained models)."""
+    (``σ``-scaled ``√mean‖b_t‖²``, the same division by the batch for all; one learner in
+    one round, where choose_bands' iterate error is this RMSE). Wider bands must beat
+    DP-SGD by choose_bands' margin (``MIN_GAIN``, 10 %): at a 3 % predicted gain two bands
+    trained worse (docs/results-multi-epoch.md). A proxy: it leaves out the batch-size
+    variance of sampling (docs/results-multi-epoch.md compares trained models)."""
     from .amplification import choose_bands
     from .privacy import calibrate_factorization
 

@@ -91,14 +91,18 @@ def test_cipher_noise() -> None:
     assert set(draws) == {("Philox ziggurat", "float32"), ("Philox ziggurat", "float64"),
                           ("ChaCha20Gaussian (secure_noise)", "float64"),
                           ("cipher row (AES-128-CTR)", "float32"),
-                          ("cipher row (AES-128-CTR)", "float64")}
+                          ("cipher row (AES-128-CTR)", "float64"),
+                          ("ziggurat (candidate, AES-128-CTR)", "float32"),
+                          ("ziggurat (candidate, AES-128-CTR)", "float64")}
     assert all(float(r[3]) > 0 and r[4].endswith("×") for r in draws.values())
     assert draws[("Philox ziggurat", "float32")][4] == "1.00×"
     pieces = {r[0]: float(r[1]) for r in rows if len(r) == 2 and r[0] != "piece (hot buffers)"
               and not r[0].startswith("---")}
-    assert {"AES-128-CTR keystream, 16 B a pair (float64)", "ChaCha20 keystream, 16 B a pair",
-            "float64 sin + cos (a pair)", "float64 table gathers (cos, sin; a pair)",
-            "transform, chunk of 32768 pairs, float32"} <= set(pieces)
+    assert {"AES-128-CTR keystream, 8 B a normal (float64 Box–Muller and ziggurat)",
+            "ChaCha20 keystream, 8 B a normal", "NumPy float64 sin + cos (a pair)",
+            "float64 table gathers (cos, sin; a pair)",
+            "Box–Muller transform, float32 (the kernel's)",
+            "ziggurat main path, float64 (candidate)"} <= set(pieces)
     assert all(v > 0 for v in pieces.values())
     grid = [r for r in rows if r[0] == "500"]  # the floating-point defence's share
     assert len(grid) == 1 and float(grid[0][1]) > 0 and float(grid[0][2]) > 0
