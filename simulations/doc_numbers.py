@@ -17,6 +17,14 @@ command whose output is committed. The sweeps (``simulations.logreg``, ``simulat
     python -m simulations.doc_numbers class-prior --out docs/results-wang-class-prior.csv
     # rewrite the tables of results pages from their committed CSVs (no run)
     python -m simulations.doc_numbers blocks results-wang.md results-chen-wang.md
+    # docs/data.md's measured numbers: label balance and the best global model per
+    # configuration, the default's label spread over many seeds, drift, gradient noise
+    python -m simulations.doc_numbers data-balance --out docs/results-data-balance.csv
+    python -m simulations.doc_numbers data-balance --no-fit --configs default \\
+        --seeds $(seq 0 49) --out docs/results-data-label-spread.csv
+    python -m simulations.doc_numbers data-drift --out docs/results-data-drift.csv
+    python -m simulations.doc_numbers data-noise --out docs/results-data-noise.csv
+    python -m simulations.doc_numbers blocks data.md
     # per-seed comparison of every pair of methods in a sweep's per-seed CSV
     python -m simulations.doc_numbers paired --runs docs/results-logreg.csv \\
         --out docs/results-logreg-paired.csv
@@ -215,6 +223,238 @@ def class_prior_rows() -> list[list]:
     return rows
 
 
+#: docs/data.md § 3's configurations of the synthetic generator: key → (label, changes to
+#: the default ``SyntheticConfig``)
+DATA_CONFIGS: dict[str, tuple[str, dict]] = {
+    "naive": ("naive FedProx (`shared_scale=0, centered=False`)",
+              {"shared_scale": 0.0, "centered": False}),
+    "centred-independent": ("centred, independent models (`shared_scale=0`)",
+                            {"shared_scale": 0.0}),
+    "shared-1": ("`shared_scale=1`", {"shared_scale": 1.0}),
+    "default": ("**default** (`shared_scale=2`, α = β = 0.1)", {}),
+    "label-noise": ("default, `label_noise=0.05`", {"label_noise": 0.05}),
+    "shared-3": ("`shared_scale=3`", {"shared_scale": 3.0}),
+    "alpha-beta-0": ("default with α = β = 0", {"alpha": 0.0, "beta": 0.0}),
+    "alpha-beta-1": ("default with α = β = 1", {"alpha": 1.0, "beta": 1.0}),
+}
+BALANCE_HEADER = ["config", "seed", "points_per_learner", "test_size", "best_global_accuracy",
+                  "majority_accuracy", "learner_majority_accuracy", "plus_fraction_per_learner"]
+
+
+def _best_global(fed, points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every learner's first ``points`` positions and the L2-regularised (λ = 10⁻⁴)
+    logistic fit on all of them: the best single global model (``metrics.fit_logistic``)."""
+    from flwr_corrnoise.metrics import fit_logistic
+
+    batches = [fed.learner_batch(i, 0, points) for i in range(fed.num_learners)]
+    A = np.concatenate([a for a, _ in batches])
+    y = np.concatenate([b for _, b in batches])
+    return fit_logistic(A, y, l2=1e-4, gtol=1e-7), A, y
+
+
+def data_balance_rows(configs: Sequence[str], seeds: Sequence[int], points: int = 4000,
+                      test_size: int = 20_000, fit: bool = True, learners: int = 20,
+                      dim: int = 100) -> list[list]:
+    """Per configuration of :data:`DATA_CONFIGS` and data seed: each learner's +1 fraction
+    over its first ``points`` positions and, with ``fit``, the test accuracy of the best
+    global model, of the test set's majority label and of each learner's training majority
+    label (``test_set`` point ``j`` is learner ``j mod n``'s). Why: docs/data.md's case
+    that the default leaves room between the trivial predictor and the achievable one.
+    ``learners``, ``dim``: Zhang et al.'s 20 and 100 (smaller for a toy-size test)."""
+    from flwr_corrnoise.data import SyntheticConfig, SyntheticFederation
+    from flwr_corrnoise.metrics import accuracy
+
+    rows = []
+    for key, seed in itertools.product(configs, seeds):
+        fed = SyntheticFederation(SyntheticConfig(seed=seed, num_learners=learners, dim=dim,
+                                                  **DATA_CONFIGS[key][1]))
+        n = fed.num_learners
+        if fit:
+            x, _, y = _best_global(fed, points)
+            plus = (y.reshape(n, points) > 0).mean(axis=1)
+            ta, ty = fed.test_set(test_size)
+            p = float(np.mean(ty > 0))
+            learner_label = np.where(plus >= 0.5, 1.0, -1.0)[np.arange(test_size) % n]
+            accs = [f"{accuracy(x, ta, ty):.4f}", f"{max(p, 1 - p):.4f}",
+                    f"{np.mean(learner_label == ty):.4f}"]
+        else:
+            plus = np.array([np.mean(fed.learner_batch(i, 0, points)[1] > 0)
+                             for i in range(n)])
+            accs = ["", "", ""]
+        rows.append([key, seed, points, test_size if fit else "", *accs,
+                     ";".join(f"{f:.4f}" for f in plus)])
+        print(f"{key:<20} seed {seed}: {accs}", flush=True)
+    return rows
+
+
+def _fractions(rows: Sequence[dict]) -> np.ndarray:
+    return np.array([float(f) for r in rows for f in r["plus_fraction_per_learner"].split(";")])
+
+
+def balance_table(rows: Sequence[dict]) -> str:
+    """docs/data.md's table: per configuration, the +1 fraction per learner (min / median /
+    max over seeds × learners), the share of learners whose labels are almost constant,
+    and the mean ± sample std over seeds of the best global model's accuracy beside the
+    two trivial predictors' means."""
+    lines = ["| configuration | +1 fraction per learner (min / median / max) | learners "
+             "outside [0.1, 0.9] / [0.02, 0.98] | best global model | majority | "
+             "learner-majority |", "|---|---|---|---|---|---|"]
+    for key, (label, _) in DATA_CONFIGS.items():
+        mine = [r for r in rows if r["config"] == key]
+        if not mine:
+            continue
+        f = _fractions(mine)
+        best = np.array([float(r["best_global_accuracy"]) for r in mine])
+        mean = {c: np.mean([float(r[c]) for r in mine])
+                for c in ("majority_accuracy", "learner_majority_accuracy")}
+        bold = "**" if key == "default" else ""
+        lines.append(
+            f"| {label} | {f.min():.2f} / {np.median(f):.2f} / {f.max():.2f} | "
+            f"{100 * np.mean((f < 0.1) | (f > 0.9)):.0f} % / "
+            f"{100 * np.mean((f < 0.02) | (f > 0.98)):.0f} % | "
+            f"{bold}{best.mean():.3f} ± {best.std(ddof=1):.3f}{bold} | "
+            f"{bold}{mean['majority_accuracy']:.3f}{bold} | "
+            f"{mean['learner_majority_accuracy']:.3f} |")
+    return "\n".join(lines)
+
+
+def label_spread_text(rows: Sequence[dict]) -> str:
+    """The default's label balance over many seeds, as a sentence."""
+    f = _fractions(rows)
+    per_seed = [_fractions([r]).mean() for r in rows]
+    seeds = sorted({int(r["seed"]) for r in rows})
+    n = len(f) // len(rows)
+    return (f"Label balance of the default over {len(seeds)} seeds × {n} learners: all "
+            f"per-learner +1 fractions lie in [{f.min():.2f}, {f.max():.2f}], 90 % in "
+            f"[{np.quantile(f, 0.05):.2f}, {np.quantile(f, 0.95):.2f}]; the per-seed mean "
+            f"over learners lies in [{min(per_seed):.2f}, {max(per_seed):.2f}].")
+
+
+def data_drift_rows(drifts: Sequence[float], seed: int = 0, points: int = 1000,
+                    late: int = 3000, test_at: int = 3500, test_size: int = 20_000,
+                    learners: int = 20, dim: int = 100) -> list[list]:
+    """Drift (docs/data.md § 4): the best global models of the default configuration on
+    every learner's positions ``0 … points−1`` and ``late … late+points−1``, the cosine
+    between them, and each one's accuracy on ``test_set(test_size, position=test_at)``."""
+    from flwr_corrnoise.data import SyntheticConfig, SyntheticFederation
+    from flwr_corrnoise.metrics import accuracy, fit_logistic
+
+    rows = []
+    for drift in drifts:
+        fed = SyntheticFederation(SyntheticConfig(seed=seed, drift=drift,
+                                                  num_learners=learners, dim=dim))
+        models = []
+        for start in (0, late):
+            batches = [fed.learner_batch(i, start, points) for i in range(fed.num_learners)]
+            models.append(fit_logistic(np.concatenate([a for a, _ in batches]),
+                                       np.concatenate([b for _, b in batches]),
+                                       l2=1e-4, gtol=1e-7))
+        early, later = models
+        cos = float(early @ later / (np.linalg.norm(early) * np.linalg.norm(later)))
+        ta, ty = fed.test_set(test_size, position=test_at)
+        rows.append([drift, seed, points, late, test_at, test_size, f"{cos:.4f}",
+                     f"{accuracy(early, ta, ty):.4f}", f"{accuracy(later, ta, ty):.4f}"])
+    return rows
+
+
+DRIFT_HEADER = ["drift", "seed", "points_per_learner", "late_start", "test_position",
+                "test_size", "cosine_early_late", "early_model_accuracy",
+                "late_model_accuracy"]
+
+
+def _exp(v: float) -> str:
+    """``1e-4`` rather than Python's ``1e-04``."""
+    return f"{v:.0e}".replace("e-0", "e-")
+
+
+def drift_table(rows: Sequence[dict]) -> str:
+    r0 = rows[0]
+    lines = [f"| drift | cosine of the two optima | early model on test@{r0['test_position']} "
+             f"| late model on test@{r0['test_position']} |", "|---|---|---|---|"]
+    lines += [f"| {_exp(float(r['drift']))} | {float(r['cosine_early_late']):.2f} | "
+              f"{float(r['early_model_accuracy']):.3f} | {float(r['late_model_accuracy']):.3f} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def _noisy(grad, std: float, rng: np.random.Generator):
+    """A gradient oracle with ``N(0, std²)`` added to every coordinate of its gradient."""
+    def g(params: list[np.ndarray], position: int) -> list[np.ndarray]:
+        (v,) = grad(params, position)
+        return [v + std * rng.standard_normal(v.shape)] if std else [v]
+    return g
+
+
+def data_noise_rows(stds: Sequence[float], seeds: Sequence[int], rounds: int = 1000,
+                    eta: float = 0.03, test_size: int = 20_000) -> list[list]:
+    """Online FedAvg on the default data (the library's in-process engine, no clipping, no
+    privacy) with i.i.d. ``N(0, std²)`` added to every per-step gradient by the gradient
+    oracle: final test accuracy. Why: that added noise shows up as lower accuracy on this
+    data, which the mechanism comparison needs. The noise here is a plain NumPy draw — a
+    property of the task, not a private release."""
+    from flwr_corrnoise.apps.logreg_task import (
+        LogRegSetup,
+        federation,
+        initial_parameters,
+        logistic_gradient,
+    )
+    from flwr_corrnoise.engine import run_inprocess
+    from flwr_corrnoise.metrics import accuracy
+
+    rows = []
+    for std, seed in itertools.product(stds, seeds):
+        setup = LogRegSetup(mechanism="none", eta=eta, rounds=rounds, data_seed=seed,
+                            seed=seed)
+
+        res = run_inprocess(initial=initial_parameters(setup),
+                            gradients=[_noisy(logistic_gradient(setup, i), std,
+                                              np.random.default_rng([seed, i]))
+                                       for i in range(setup.num_learners)],
+                            settings=setup.settings(), rounds=rounds, tau=setup.tau,
+                            eta=eta, seed=seed)
+        ta, ty = federation(setup).test_set(test_size)
+        acc = accuracy(res.params[0], ta, ty)
+        rows.append([std, seed, setup.num_learners, setup.tau, rounds, eta, test_size,
+                     f"{acc:.4f}"])
+        print(f"std {std:g} seed {seed}: {acc:.4f}", flush=True)
+    return rows
+
+
+NOISE_HEADER = ["noise_std", "seed", "learners", "tau", "rounds", "eta", "test_size",
+                "test_accuracy"]
+
+
+def noise_table(rows: Sequence[dict]) -> str:
+    seeds = sorted({int(r["seed"]) for r in rows})
+    lines = [f"| per-step gradient noise | test accuracy, seeds {' / '.join(map(str, seeds))} |",
+             "|---|---|"]
+    for std in dict.fromkeys(float(r["noise_std"]) for r in rows):
+        accs = {int(r["seed"]): float(r["test_accuracy"]) for r in rows
+                if float(r["noise_std"]) == std}
+        label = f"i.i.d. N(0, {std:g}²) per coordinate" if std else "none"
+        lines.append(f"| {label} | {' / '.join(f'{accs[s]:.3f}' for s in seeds)} |")
+    return "\n".join(lines)
+
+
+def data_blocks(docs: Path) -> dict[str, str]:
+    """docs/data.md's generated blocks, from the CSVs that exist (each written by its
+    subcommand)."""
+    def read(name: str) -> list[dict]:
+        with open(docs / name) as fh:
+            return list(csv.DictReader(fh))
+
+    out = {}
+    for block, name, render in (("table:data-balance", "results-data-balance.csv",
+                                 balance_table),
+                                ("text:data-label-spread", "results-data-label-spread.csv",
+                                 label_spread_text),
+                                ("table:data-drift", "results-data-drift.csv", drift_table),
+                                ("table:data-noise", "results-data-noise.csv", noise_table)):
+        if (docs / name).exists():
+            out[block] = render(read(name))
+    return out
+
+
 def _logreg_rows(path: Path) -> list[list]:
     """A ``simulations.logreg`` per-seed CSV read back into the rows its ``table`` takes."""
     with open(path) as fh:
@@ -274,6 +514,8 @@ def doc_blocks(page: str, docs: Path | None = None) -> dict[str, str]:
         from simulations.chen_wang_tables import render_blocks
 
         return render_blocks(page, docs)
+    if page == "data.md":
+        return data_blocks(docs)
     if page == "results-plan-check.md":  # issue 32's
         from simulations.plan_check import render_blocks as plan_check_blocks
 
@@ -322,8 +564,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument("--out", type=Path, default=Path("docs/results-cnn-noise.csv"))
     k.add_argument("--images", nargs="+", type=int, default=[1000, 5000, 6000])
     k.add_argument("--batches", nargs="+", type=int, default=[1, 10, 50, 100, 200])
+    db = sub.add_parser("data-balance", help="data.md: label balance, best global model")
+    db.add_argument("--out", type=Path, default=Path("docs/results-data-balance.csv"))
+    db.add_argument("--configs", nargs="+", default=list(DATA_CONFIGS), choices=DATA_CONFIGS)
+    db.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    db.add_argument("--points", type=int, default=4000, help="stream positions per learner")
+    db.add_argument("--no-fit", action="store_true", help="label fractions only")
+    dd = sub.add_parser("data-drift", help="data.md: the optimum's drift")
+    dd.add_argument("--out", type=Path, default=Path("docs/results-data-drift.csv"))
+    dd.add_argument("--drifts", nargs="+", type=float, default=[1e-4, 3e-4])
+    dn = sub.add_parser("data-noise", help="data.md: online FedAvg with gradient noise")
+    dn.add_argument("--out", type=Path, default=Path("docs/results-data-noise.csv"))
+    dn.add_argument("--stds", nargs="+", type=float, default=[0.0, 1.0, 3.0])
+    dn.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    dn.add_argument("--rounds", type=int, default=1000)
     args = p.parse_args(argv)
-    if args.what == "blocks":
+    if args.what == "data-balance":
+        _write(args.out, BALANCE_HEADER, data_balance_rows(args.configs, args.seeds,
+                                                           args.points, fit=not args.no_fit))
+    elif args.what == "data-drift":
+        _write(args.out, DRIFT_HEADER, data_drift_rows(args.drifts))
+    elif args.what == "data-noise":
+        _write(args.out, NOISE_HEADER, data_noise_rows(args.stds, args.seeds, args.rounds))
+    elif args.what == "blocks":
         write_blocks(args.pages)
     elif args.what == "class-prior":
         _write(args.out, ["dataset", "classes", "zero_decision_loss", "class_prior_loss",
