@@ -221,3 +221,80 @@ def test_class_prior_rows_are_the_poker_laws_entropy() -> None:
     assert float(poker[3]) < float(poker[2])
     committed = {r["dataset"]: r for r in _read(DOCS / "results-wang-class-prior.csv")}
     assert committed["poker"]["class_prior_loss"] == poker[3]
+
+
+#: reference pages (not results pages) whose measured tables are generated blocks
+REFERENCE_MARKED = {"data.md": {"table:data-balance", "text:data-label-spread",
+                                "table:data-drift", "table:data-noise"}}
+
+
+@pytest.mark.parametrize("page", sorted(REFERENCE_MARKED))
+def test_reference_pages_generated_blocks_are_their_csvs(page: str) -> None:
+    """A reference page's measured tables are generated blocks equal to their committed
+    CSVs rendered (the blocks listed are all there: a removed CSV or marker fails)."""
+    text = (DOCS / page).read_text()
+    assert set(marked_blocks(text)) == REFERENCE_MARKED[page]
+    assert stale_blocks(page, text) == []
+
+
+def test_data_balance_rows_against_the_generator() -> None:
+    """Toy size: the +1 fractions, the majority and the learner-majority accuracies
+    recomputed here from the public generator; the table's shares of nearly constant
+    learners from those fractions."""
+    import numpy as np
+
+    from flwr_corrnoise.data import SyntheticConfig, SyntheticFederation
+
+    rows = doc_numbers.data_balance_rows(["naive", "default"], [0, 1], points=50,
+                                         test_size=100, learners=4, dim=5)
+    for key, seed, points, size, best, major, lmajor, fracs in rows:
+        fed = SyntheticFederation(SyntheticConfig(seed=seed, num_learners=4, dim=5,
+                                                  **doc_numbers.DATA_CONFIGS[key][1]))
+        plus = np.array([np.mean(fed.learner_batch(i, 0, points)[1] > 0) for i in range(4)])
+        assert [float(f) for f in fracs.split(";")] == pytest.approx(plus, abs=1e-4)
+        _, ty = fed.test_set(size)
+        assert float(major) == pytest.approx(max(np.mean(ty > 0), np.mean(ty < 0)), abs=1e-4)
+        own = np.array([1.0 if plus[j % 4] >= 0.5 else -1.0 for j in range(size)])
+        assert float(lmajor) == pytest.approx(np.mean(own == ty), abs=1e-4)
+        assert 0.0 <= float(best) <= 1.0
+    header = doc_numbers.BALANCE_HEADER
+    table = doc_numbers.balance_table([dict(zip(header, map(str, r), strict=True))
+                                       for r in rows])
+    naive = np.concatenate([[float(f) for f in r[7].split(";")] for r in rows
+                            if r[0] == "naive"])
+    share = f"{100 * np.mean((naive < 0.1) | (naive > 0.9)):.0f} %"
+    assert f"| {share} / " in table.splitlines()[2]
+
+
+def test_data_noise_rows_add_nothing_at_zero_and_change_the_run_otherwise() -> None:
+    """std 0 is the noiseless in-process run of experiments.logreg (an independent path);
+    std > 0 moves the final model."""
+
+    from experiments.logreg import run_logreg_inprocess
+    from flwr_corrnoise.apps.logreg_task import LogRegSetup, federation
+    from flwr_corrnoise.metrics import accuracy
+
+    rows = doc_numbers.data_noise_rows([0.0, 3.0], [0], rounds=3, test_size=200)
+    setup = LogRegSetup(mechanism="none", eta=0.03, rounds=3, data_seed=0, seed=0)
+    x = run_logreg_inprocess(setup).params[0]
+    ta, ty = federation(setup).test_set(200)
+    assert float(rows[0][-1]) == pytest.approx(accuracy(x, ta, ty), abs=1e-4)
+    assert float(rows[1][-1]) != float(rows[0][-1])  # the noise reached the model
+    text = doc_numbers.noise_table([dict(zip(doc_numbers.NOISE_HEADER, map(str, r),
+                                             strict=True)) for r in rows])
+    assert "| none | " in text and "N(0, 3²)" in text
+
+
+def test_data_drift_rows_see_a_half_turn() -> None:
+    """Toy size, against the closed form ``R(p)w = cos(drift·p)·w + sin(drift·p)·Kw``:
+    a drift of ``π/late`` turns every model to ``−w`` at ``late`` (even ``d``), so the two
+    fitted optima point apart and the early one mislabels the late test set."""
+    import math
+
+    (row,) = doc_numbers.data_drift_rows([math.pi / 4000], points=100, late=4000,
+                                         test_at=4000, test_size=400, learners=4, dim=20)
+    values = dict(zip(doc_numbers.DRIFT_HEADER, row, strict=True))
+    assert float(values["cosine_early_late"]) < -0.5
+    assert float(values["early_model_accuracy"]) < 0.5 < float(values["late_model_accuracy"])
+    table = doc_numbers.drift_table([{k: str(v) for k, v in values.items()}])
+    assert "| 8e-4 |" in table and "test@4000" in table
