@@ -59,16 +59,15 @@ suite keeps to 10⁶).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 
 import cryptography
 import numpy as np
 import ziggurat_candidate as zg  # beside this script (python benchmarks/cipher_noise.py)
+from _before import import_before
 from cryptography.hazmat.backends.openssl.backend import backend as openssl_backend
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -95,15 +94,7 @@ def best_of(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, flo
 def load_before(path: str) -> object:
     """``CipherGaussian`` of an earlier copy of the package at ``path`` (its directory
     ``flwr_corrnoise``), imported as ``flwr_corrnoise_before``."""
-    pkg = os.path.join(path, "flwr_corrnoise")
-    spec = importlib.util.spec_from_file_location(
-        "flwr_corrnoise_before", os.path.join(pkg, "__init__.py"),
-        submodule_search_locations=[pkg])
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"no package at {pkg}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["flwr_corrnoise_before"] = module
-    spec.loader.exec_module(module)
+    import_before(path)
     from flwr_corrnoise_before import cipher_noise as before  # type: ignore[import-not-found]
     return before.CipherGaussian
 

@@ -18,14 +18,13 @@ time instead of the wall clock (on a machine loaded far beyond its cores).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
 import numpy as np
+from _before import import_before
 
 
 def load(path: str | None) -> object:
@@ -34,16 +33,7 @@ def load(path: str | None) -> object:
         import flwr_corrnoise
 
         return flwr_corrnoise
-    pkg = os.path.join(path, "flwr_corrnoise")
-    spec = importlib.util.spec_from_file_location(
-        "flwr_corrnoise_before", os.path.join(pkg, "__init__.py"),
-        submodule_search_locations=[pkg])
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"no package at {pkg}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["flwr_corrnoise_before"] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_before(path)
 
 
 def candidates(pkg: object, d: int) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
