@@ -507,14 +507,12 @@ def summary_line(plan: Plan) -> str:
             + (", optimistic" if i.signal_kind == "upper-bound" else "") + ")")
 
 
-def round_plan_warning(mode: str, settings: PrivacySettings, model_size: int,
-                       learners: int) -> str | None:
-    """The servers' check before round 1 for the round-level modes: the
-    :func:`round_plan`, and a loud warning text if it says the run cannot learn
-    (end-of-run noise-to-signal ≥ :data:`NO_LEARNING_NSR`, even at the upper-bound
-    signal); ``None`` otherwise. Why the servers ask: the per-round and central runs of
-    Flower's quickstart (d = 62k, 2 learners) destroyed the model without a word."""
-    plan = round_plan(mode, settings, model_size, learners)
+def plan_warning(plan: Plan | None) -> str | None:
+    """The servers' check before round 1 for the round-level modes: a loud warning text
+    if their :func:`round_plan` says the run cannot learn (end-of-run noise-to-signal ≥
+    :data:`NO_LEARNING_NSR`, even at the upper-bound signal); ``None`` otherwise. Why the
+    servers ask: the per-round and central runs of Flower's quickstart (d = 62k, 2
+    learners) destroyed the model without a word."""
     if plan is None or plan.nsr_final < NO_LEARNING_NSR:
         return None
     return ("flwr-corrnoise: this run is not expected to learn — " + format_plan(plan)

@@ -74,7 +74,7 @@ from flwr.serverapp.strategy import Strategy
 from ..aggregation import check_update
 from ..learner import clip_by_global_norm
 from ..mechanisms.participation import ONCE, Participation
-from ..plan import round_plan, round_plan_warning, summary_line
+from ..plan import Plan, round_plan, summary_line
 from ..privacy import Calibration, epsilon_spent
 from ..settings import PrivacyConfigError, PrivacySettings
 from ..settings_keys import lookup, reading, require
@@ -329,16 +329,15 @@ class CorrNoiseCentralDPStrategy(WrappedStrategy, Strategy):
         return str(getattr(self.strategy, "weighted_by_key", "num-examples"))
 
     def plan_line(self) -> str:
-        """The plan's verdict for the summary (:func:`~flwr_corrnoise.plan.round_plan`) at
-        the model size being started."""
-        plan = (None if self.model_size is None else
-                round_plan("central", self.settings, self.model_size, self.min_learners))
+        """The plan's verdict for the summary: the plan :meth:`start` made at the model
+        size being started."""
+        plan = None if self.model_size is None else self.start_plan
         return "plan: none (no model yet)" if plan is None else summary_line(plan)
 
-    def learnability(self, model_size: int) -> str | None:
-        """The plan's warning for central noise on the average of ``min-learners``
-        updates at this model size (:func:`~flwr_corrnoise.plan.round_plan_warning`)."""
-        return round_plan_warning("central", self.settings, model_size, self.min_learners)
+    def server_plan(self, model_size: int) -> Plan | None:
+        """Central noise on the average of ``min-learners`` updates at this model size
+        (:func:`~flwr_corrnoise.plan.round_plan`)."""
+        return round_plan("central", self.settings, model_size, self.min_learners)
 
     # -- everything else is the wrapped strategy's ------------------------------------------
     def summary(self) -> None:

@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..plan import round_plan, round_plan_warning, summary_line
+from ..plan import Plan, round_plan, summary_line
 from ..settings import NOISELESS, PrivacyConfigError, PrivacySettings
 from ..settings_keys import lookup, require, summarized
 from .config import privacy_proposal, settings_from_config
@@ -161,19 +161,18 @@ class CorrNoiseLocalDPStrategy(WrappedStrategy, Strategy):
                     "size set the noise-to-signal); `flwr-corrnoise plan` before the run")
         if self.settings is None or self.model_size is None:
             return "plan: none (the noise is set by each learner)"
-        learners = int(getattr(self.strategy, "min_train_nodes", 1) or 1)
-        plan = round_plan("round", self.settings, self.model_size, learners)
+        plan = self.start_plan
         return "plan: none (no noise)" if plan is None else summary_line(plan)
 
-    def learnability(self, model_size: int) -> str | None:
-        """Per-round noise (the mod): the plan's warning at this model size with the
-        wrapped strategy's fewest training nodes averaged per round
-        (:func:`~flwr_corrnoise.plan.round_plan_warning`). Per-step noise depends on each
-        learner's batch and data size, which the learners plan themselves."""
+    def server_plan(self, model_size: int) -> Plan | None:
+        """Per-round noise (the mod): the plan at this model size with the wrapped
+        strategy's fewest training nodes averaged per round
+        (:func:`~flwr_corrnoise.plan.round_plan`). Per-step noise depends on each
+        learner's batch and data size, which the learners plan themselves: ``None``."""
         if not self.per_round or self.settings is None:
             return None
         learners = int(getattr(self.strategy, "min_train_nodes", 1) or 1)
-        return round_plan_warning("round", self.settings, model_size, learners)
+        return round_plan("round", self.settings, model_size, learners)
 
     def start_train_config(self, train_config: ConfigRecord | None) -> ConfigRecord:
         """The proposal in the logged train config (it is sent with every round)."""

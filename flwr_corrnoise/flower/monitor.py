@@ -54,6 +54,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ..accounting import PrivacyBudgetError
 from ..persistence import StateLostError
+from ..plan import Plan, plan_warning
 from ..settings import PrivacyConfigError
 from ..settings_keys import ConfigKeyError, lookup
 from .release_ledger import RoundReplayError
@@ -316,14 +317,22 @@ class WrappedStrategy:
         """The train config Flower's start-up log shows (default: as given)."""
         return train_config
 
-    def learnability(self, model_size: int) -> str | None:
-        """A warning text if the noise this strategy knows of leaves no signal at this model
-        size (:func:`~flwr_corrnoise.plan.round_plan_warning`); ``None`` by default."""
+    def server_plan(self, model_size: int) -> Plan | None:
+        """The plan of the noise this strategy adds or knows of, at this model size
+        (:func:`~flwr_corrnoise.plan.round_plan`); ``None`` by default (no such noise)."""
         return None
+
+    def learnability(self, model_size: int) -> str | None:
+        """A warning text if :meth:`server_plan` leaves no signal at this model size
+        (:func:`~flwr_corrnoise.plan.plan_warning`); ``None`` otherwise."""
+        return plan_warning(self.server_plan(model_size))
 
     #: the model size of the run being started (:meth:`start` sets it before Flower's
     #: start-up summary, whose plan line needs it); ``None`` before a run
     model_size: int | None = None
+    #: :meth:`server_plan` at :attr:`model_size`, made once by :meth:`start` for both the
+    #: warning before round 1 and the summary's plan line
+    start_plan: Plan | None = None
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
@@ -331,7 +340,8 @@ class WrappedStrategy:
         """Flower's loop, and a failure if the run released nothing at all. Before round 1,
         a loud warning if the plan says the run cannot learn (:meth:`learnability`)."""
         self.model_size = sum(int(np.prod(a.shape)) for a in initial_arrays.values())
-        warning = self.learnability(self.model_size)
+        self.start_plan = self.server_plan(self.model_size)
+        warning = plan_warning(self.start_plan)
         if warning:  # in Flower's own log, which `flwr run --stream` shows
             flwr_log(logging.WARNING, "%s", warning)
         result = super().start(grid, initial_arrays, num_rounds, timeout,  # type: ignore[misc]
