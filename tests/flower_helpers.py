@@ -14,9 +14,11 @@ head it names.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -33,6 +35,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 from flwr.clientapp import ClientApp
+from flwr.server.superlink.fleet.vce.backend import Backend
 from flwr.serverapp import ServerApp
 from flwr.simulation import run_simulation
 
@@ -171,18 +174,99 @@ def backend_config(actors: int = 1) -> dict[str, Any]:
                           "log_to_driver": False}}
 
 
+class InProcessBackend(Backend):
+    """Flower's simulation runtime (its LinkState, Grid, message routing and per-node
+    Contexts, all real) with the ClientApp run in this process instead of on a Ray actor.
+
+    Why: a Ray run costs a driver connection and a fresh actor process that imports
+    Flower, Ray and the app (≈ 3–7 s of CPU each, measured in a cgroup: some 400 s of the
+    suite's 1,600), while most Flower tests are about the strategy's and the learner's
+    logic, not about Ray. What a Ray actor would do is kept: the message and the node's
+    Context are pickled on the way in and out (as Ray serializes them to and from the actor
+    process), so a learner still remembers only what comes back in ``context.state``, and an
+    exception in the ClientApp becomes Flower's ``ClientAppException`` (an error reply), as
+    ``ClientAppActor.run`` makes it; the library's "am I in Flower's simulation" test
+    (a Ray actor) is answered yes during the call. What it cannot show, module globals living in another
+    process, is what the Ray tests keep: :func:`backend_config` runs on Ray, and the tests
+    whose point is Ray (two actors, an existing cluster, the offload across nodes) use it.
+    """
+
+    def __init__(self, backend_config: Any) -> None:
+        super().__init__(backend_config)
+        self.app_fn: Any = None
+
+    def build(self, app_fn: Any) -> None:
+        self.app_fn = app_fn
+
+    @property
+    def num_workers(self) -> int:
+        return 1
+
+    def is_worker_idle(self) -> bool:
+        return True
+
+    def terminate(self) -> None:
+        self.app_fn = None
+
+    def process_message(self, message: Any, context: Any) -> tuple[Any, Any]:
+        from flwr.clientapp.client_app import ClientAppException, LoadClientAppError
+
+        from flwr_corrnoise.flower import session
+
+        message, context = pickle.loads(pickle.dumps((message, context)))
+        # the library tells Flower's simulation from a real SuperNode by "am I a Ray actor"
+        # (session.in_ray_actor): here the ClientApp runs in Flower's simulation runtime,
+        # so it is answered yes for the call, and restored after
+        original, session.in_ray_actor = session.in_ray_actor, lambda: True
+        try:
+            out = self.app_fn()(message=message, context=context)
+        except LoadClientAppError:
+            raise
+        except Exception as ex:  # as Flower's ClientAppActor.run: an error reply
+            raise ClientAppException(str(ex)) from ex
+        finally:
+            session.in_ray_actor = original
+        return pickle.loads(pickle.dumps((out, context)))
+
+
+#: ``simulate(..., backend=IN_PROCESS)``: Flower's simulation runtime without Ray
+IN_PROCESS: dict[str, Any] = {"in_process": {}}
+
+
+@contextlib.contextmanager
+def in_process_backend() -> Any:
+    """Flower's simulation runtime with :class:`InProcessBackend` in place of Ray's:
+    ``start_vce`` imports ``RayBackend`` from its module when it builds the backend, so
+    the module attribute is swapped for the duration of the run and restored after."""
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    original = raybackend.RayBackend
+    raybackend.RayBackend = InProcessBackend  # type: ignore[misc, assignment]
+    try:
+        yield
+    finally:
+        raybackend.RayBackend = original  # type: ignore[misc]
+
+
 def simulate(
     server_app: ServerApp,
     client_app: ClientApp,
     num_supernodes: int,
     backend: dict[str, Any] | None = None,
 ) -> None:
+    """Flower's ``run_simulation``: in this process by default (:class:`InProcessBackend`),
+    on this process's Ray head where ``backend`` is :func:`backend_config`'s."""
     logging.getLogger("flwr").setLevel(logging.ERROR)
+    if backend is None or backend is IN_PROCESS:
+        with in_process_backend():
+            run_simulation(server_app=server_app, client_app=client_app,
+                           num_supernodes=num_supernodes, backend_config={})
+        return
     run_simulation(
         server_app=server_app,
         client_app=client_app,
         num_supernodes=num_supernodes,
-        backend_config=backend or backend_config(),
+        backend_config=backend,
     )
 
 

@@ -9,6 +9,7 @@ ServerApp gets the same config through its context.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -22,7 +23,7 @@ from flwr.app import Context, RecordDict
 from flwr.common.config import get_fused_config_from_dir
 from flwr.simulation.run_simulation import EventType, _run_simulation
 
-from ..flower_helpers import backend_config  # the worker's shared Ray head
+from ..flower_helpers import backend_config, in_process_backend
 
 HERE = Path(__file__).resolve().parent
 PLAIN = HERE / "plain_app"
@@ -116,13 +117,18 @@ def load_package(app_dir: Path, package: str = "pytorchexample") -> tuple[Module
     return client, server
 
 
-def simulate(app_dir: Path, module: ModuleType, num_supernodes: int = 2) -> None:
-    """Run the app's ServerApp and ClientApp on Flower's Ray simulation engine with the
-    run config of its ``pyproject.toml``; a ServerApp exception is raised here."""
+def simulate(app_dir: Path, module: ModuleType, num_supernodes: int = 2, *,
+             ray: bool = False) -> None:
+    """Run the app's ServerApp and ClientApp on Flower's simulation runtime with the run
+    config of its ``pyproject.toml``; a ServerApp exception is raised here. In this
+    process (``tests/flower_helpers.InProcessBackend``), or on the worker's Ray head where
+    ``ray`` (the Flower-quickstart test keeps Ray: it is the path its users run)."""
     cfg = get_fused_config_from_dir(app_dir, {})
     context = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=cfg)
-    _run_simulation(num_supernodes=num_supernodes,
-                    exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-                    client_app=module.client_app, server_app=module.server_app,
-                    backend_name="ray", backend_config=backend_config(),  # type: ignore[arg-type]
-                    app_dir=str(app_dir), is_app=True, server_app_context=context)
+    with contextlib.nullcontext() if ray else in_process_backend():
+        _run_simulation(num_supernodes=num_supernodes,
+                        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+                        client_app=module.client_app, server_app=module.server_app,
+                        backend_name="ray",
+                        backend_config=backend_config() if ray else {},  # type: ignore[arg-type]
+                        app_dir=str(app_dir), is_app=True, server_app_context=context)

@@ -120,7 +120,8 @@ def test_flower_quickstart_adopted_runs_privately_on_flower(
 
     monkeypatch.setattr(CorrNoiseLocalDPStrategy, "start", recorded)
     monkeypatch.chdir(tmp_path)  # the quickstart saves final_model.pt in the working dir
-    harness.simulate(app, SimpleNamespace(client_app=client.app, server_app=server.app))
+    harness.simulate(app, SimpleNamespace(client_app=client.app, server_app=server.app),
+                     ray=True)
     (result,) = results
     reused, once = expected_settings(), expected_settings(participation=Participation())
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
