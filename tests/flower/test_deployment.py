@@ -22,8 +22,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
-from deploy.local import LocalDeployment
+from deploy.local import APP, CONNECTION, LocalDeployment
+from deploy.trusted_apps import (
+    PUBLISHER,
+    TRUSTED_ENTITIES,
+    build_fab,
+    generate_publisher_key,
+    sign_fab,
+)
 from flwr_corrnoise.aggregation import aggregate
 from flwr_corrnoise.apps.logreg_task import LogRegSetup, initial_parameters, logistic_gradient
 from flwr_corrnoise.flower.checkpoint import CHECKPOINT_FILE
@@ -35,8 +43,19 @@ from flwr_corrnoise.secure_noise import ChaCha20Gaussian
 from flwr_corrnoise.settings import PrivacySettings
 from flwr_corrnoise.streams import NoiseStream
 
+from .test_trusted_apps import (
+    BAD_SIGNATURE,
+    UNSIGNED,
+    refusals,
+    start_run,
+    variant,
+    wait_for,
+)
+
 pytestmark = [
     pytest.mark.slow,
+    # `flwr build` (flwr.cli.build) uses a pathspec pattern class that pathspec deprecates
+    pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning"),
     # Flower's executables of this environment (deploy.local starts them from there)
     pytest.mark.skipif(not (Path(sys.executable).parent / "flower-superlink").exists(),
                        reason="flower-superlink not installed beside sys.executable"),
@@ -184,9 +203,10 @@ def workdir():
 
 def test_tls_deployment_survives_a_supernode_crash(workdir: Path) -> None:
     """TLS + SuperNode auth, and SuperNodes that run only the app signed by the trusted
-    publisher key (``--trusted-entities``; tests/flower/test_trusted_apps.py shows the refusals);
-    SuperNode 1 is SIGKILLed after its first round and restarted with the same key,
-    trusted entities and state directory once the SuperLink has declared it gone.
+    publisher key (``--trusted-entities``): three untrusted apps are refused first
+    (:func:`refuse_untrusted_apps`), then the signed app runs and SuperNode 1 is SIGKILLed
+    after its first round and restarted with the same key, trusted entities and state
+    directory once the SuperLink has declared it gone.
 
     Most of this test's time is Flower noticing the crash: the SuperLink declares a node
     unavailable once it has missed two heartbeats (Flower 1.41: a 30 s interval, not
@@ -194,6 +214,7 @@ def test_tls_deployment_survives_a_supernode_crash(workdir: Path) -> None:
     ckpt = workdir / "checkpoint"
     with LocalDeployment(workdir, 3, tls=True, trusted_apps=True,
                          node_config=secure_node_config) as dep:
+        untrusted = refuse_untrusted_apps(dep, workdir)
         # min-learners = 3: once the SuperLink has seen node 1 go, the next round waits
         # for it to come back, so the restarted learner is sure to train again
         run = dep.run_app(run_config(workdir / "results", **{"round-timeout": 90.0,
@@ -218,11 +239,53 @@ def test_tls_deployment_survives_a_supernode_crash(workdir: Path) -> None:
         summary = finish(dep, run)
         missed = unavailable_rounds(ckpt)
         assert all(p.poll() is None for p in dep.nodes.values())
+        for i in range(3):  # the signed run was never refused (the logs append)
+            assert set(refusals(dep, i)) == set(untrusted), f"SuperNode {i}"
     assert killed_at is not None and killed_at.step >= TAU
     # the round that lost node 1 went on without it
     assert all(1 not in summary["participation"][r - 1] for r in missed)
     check_against_replay(dep, summary)
     assert len(ledger(dep, 1)) > killed_at.step // TAU  # it trained again after the restart
+
+
+def refuse_untrusted_apps(dep: LocalDeployment, workdir: Path) -> dict[int, str]:
+    """SuperNodes run only app code their operator trusts (``--trusted-entities``; the
+    signature checks themselves: tests/flower/test_trusted_apps.py). Before the signed app
+    runs, three runs are started that every SuperNode must refuse with nothing installed or
+    written: an unsigned FAB, a FAB modified after signing, and a FAB signed by an untrusted
+    key claiming the trusted key's id. Their run ids → the refusal each SuperNode logged.
+
+    Why on this deployment: a TLS deployment with trusted apps costs its processes'
+    start-up and polling (≈ 55 s of CPU measured in a cgroup); the crash test already
+    starts one, so the refusals are shown on it instead of on a second one."""
+    cfg = {**run_config(workdir / "untrusted-results"), "num-server-rounds": 1,
+           "round-timeout": 30.0}
+    rogue_key = workdir / "rogue" / f"{PUBLISHER}.key"
+    generate_publisher_key(rogue_key.parent)
+    assert dep.registry is not None
+    kid = next(iter(yaml.safe_load((dep.trust / TRUSTED_ENTITIES).read_text())))
+    good = sign_fab(build_fab(APP), dep.trust / f"{PUBLISHER}.key")
+    tampered = build_fab(variant(APP, workdir / "tampered", "0.1.1", 1000.0))
+    rogue = build_fab(variant(APP, workdir / "rogue-app", "0.1.2", 1000.0))
+    untrusted = {
+        # uploaded by `flwr run <dir>`: no verification records at all
+        str(APP): UNSIGNED,
+        # modified after signing: the genuine FAB's signature does not match its bytes
+        dep.registry.publish(tampered, [good]): BAD_SIGNATURE,
+        # signed by a key the operators never trusted, claiming the trusted key's id
+        dep.registry.publish(rogue, [sign_fab(rogue, rogue_key, public_key_id=kid)]):
+            BAD_SIGNATURE,
+    }
+    runs = {start_run(dep, app, cfg): (app, reason) for app, reason in untrusted.items()}
+    nodes = range(len(dep.nodes))
+    wait_for(lambda: all(set(runs) <= set(refusals(dep, i)) for i in nodes), 75,
+             f"every SuperNode to refuse runs {sorted(runs)}", dep)
+    for run_id, (app, reason) in runs.items():
+        assert all(refusals(dep, i)[run_id] == reason for i in nodes), app
+        dep.flwr("stop", str(run_id), CONNECTION)  # its ServerApp, if still running
+    # nothing of an untrusted app ran: no learner state, no ledger
+    assert not any(dep.state_dir(i).exists() for i in nodes)
+    return {run_id: reason for run_id, (_, reason) in runs.items()}
 
 
 def test_insecure_deployment_resumes_after_a_superlink_crash(workdir: Path) -> None:

@@ -7,12 +7,14 @@ checks, before it stores or installs a new run's FAB, that the FAB carries an Ed
 signature over its SHA-256 by a key its operator listed (``flwr/supernode/
 start_client_internal.py``: ``_pull_and_store_message``, ``_verify_fab``).
 
-The fast tests check :mod:`deploy.trusted_apps`'s signatures with the SuperNode's own
-verifier (so the format is Flower's, not ours). The end-to-end test starts a real TLS
-deployment (``flower-superlink``, 2 ``flower-supernode``s, a local Flower-Hub-compatible
-registry) and shows that an unsigned FAB, a FAB modified after signing, and a FAB signed by
-an untrusted key claiming the trusted key's id are each refused by every SuperNode with
-nothing installed or written, and that the signed app then runs to the end.
+The tests here check :mod:`deploy.trusted_apps`'s signatures with the SuperNode's own
+verifier (so the format is Flower's, not ours). End to end, on a real TLS deployment
+(``flower-superlink``, 3 ``flower-supernode``s, a local Flower-Hub-compatible registry):
+``tests/flower/test_deployment.py::test_tls_deployment_survives_a_supernode_crash`` first
+shows that an unsigned FAB, a FAB modified after signing, and a FAB signed by an untrusted
+key claiming the trusted key's id are each refused by every SuperNode with nothing
+installed or written (its ``refuse_untrusted_apps``, with the helpers below), then runs the
+signed app to the end through a SuperNode crash.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import json
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,6 @@ from deploy.trusted_apps import (
     sign_fab,
     write_trusted_entities,
 )
-from flwr_corrnoise.persistence import STATE_FILE
 
 # `flwr build` (flwr.cli.build) uses a pathspec pattern class that pathspec deprecates
 pytestmark = pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")
@@ -166,56 +166,3 @@ def wait_for(predicate, timeout: float, what: str, dep: LocalDeployment) -> None
                              for p in sorted(dep.logs.glob("*.log")))
             raise TimeoutError(f"timed out waiting for {what}\n{logs}")
         time.sleep(0.3)
-
-
-@pytest.fixture
-def workdir():
-    path = Path(tempfile.mkdtemp(prefix="corrnoise-trust-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.mark.slow
-def test_tls_supernodes_run_only_the_signed_app(workdir: Path) -> None:
-    cfg = {"num-learners": 2, "dim": 4, "num-server-rounds": ROUNDS, "local-steps": TAU,
-           "mechanism": "blt", "test-size": 50, "round-timeout": 30.0,
-           "results-dir": str(workdir / "results")}
-    rogue_key = workdir / "rogue" / f"{PUBLISHER}.key"
-    generate_publisher_key(rogue_key.parent)
-    with LocalDeployment(workdir, 2, tls=True, trusted_apps=True,
-                         node_config=lambda i: LEARNER) as dep:
-        assert dep.registry is not None
-        kid = next(iter(yaml.safe_load((dep.trust / TRUSTED_ENTITIES).read_text())))
-        genuine = build_fab(APP)
-        good = sign_fab(genuine, dep.trust / f"{PUBLISHER}.key")
-        tampered = build_fab(variant(APP, workdir / "tampered", "0.1.1", 1000.0))
-        rogue = build_fab(variant(APP, workdir / "rogue-app", "0.1.2", 1000.0))
-        untrusted = {
-            # uploaded by `flwr run <dir>`: no verification records at all
-            str(APP): UNSIGNED,
-            # modified after signing: the genuine FAB's signature does not match its bytes
-            dep.registry.publish(tampered, [good]): BAD_SIGNATURE,
-            # signed by a key the operators never trusted, claiming the trusted key's id
-            dep.registry.publish(rogue, [sign_fab(rogue, rogue_key, public_key_id=kid)]):
-                BAD_SIGNATURE,
-        }
-        runs = {start_run(dep, app, cfg): (app, reason) for app, reason in untrusted.items()}
-        wait_for(lambda: all(set(runs) <= set(refusals(dep, i)) for i in range(2)), 75,
-                 f"both SuperNodes to refuse runs {sorted(runs)}", dep)
-        for run_id, (app, reason) in runs.items():
-            assert all(refusals(dep, i)[run_id] == reason for i in range(2)), app
-            dep.flwr("stop", str(run_id), CONNECTION)  # its ServerApp, if still running
-        # nothing of an untrusted app ran: no learner state, no ledger
-        assert not any(dep.state_dir(i).exists() for i in range(2))
-
-        run = dep.run_app(cfg)  # built, signed with the trusted key, published, run
-        assert run.wait(timeout=120) == 0, (dep.logs / "flwr-run.log").read_text()[-3000:]
-        trusted_runs = set()
-        for i in range(2):
-            assert (dep.state_dir(i) / STATE_FILE).exists()
-            ledger = (dep.state_dir(i) / "ledger.jsonl").read_text().splitlines()
-            assert len(ledger) == ROUNDS
-            trusted_runs |= set(refusals(dep, i))
-        assert len(trusted_runs) == len(untrusted)  # the signed run was never refused
-    summary = json.loads((workdir / "results" / "summary.json").read_text())
-    assert len(summary["participation"]) == ROUNDS
