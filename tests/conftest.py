@@ -23,6 +23,17 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+# Python's bytecode cache, on for this session even where the environment turns it off
+# (PYTHONDONTWRITEBYTECODE=1, as on this project's machines): some 150 processes start
+# during a run (xdist workers, Flower's SuperLink/SuperNode/ClientApp processes, Ray
+# workers, scripts), and without a cache each compiles this checkout's modules again, and
+# each xdist worker rewrites every test module's asserts again (≈ 20 s of CPU a worker to
+# collect). The caches go to the __pycache__ folders .gitignore already lists. Removed
+# here, before the workers and every process the tests start inherit the environment.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    import sys
+
+    sys.dont_write_bytecode = False
 
 import pytest
 
