@@ -186,9 +186,10 @@ class InProcessBackend(Backend):
     process), so a learner still remembers only what comes back in ``context.state``, and an
     exception in the ClientApp becomes Flower's ``ClientAppException`` (an error reply), as
     ``ClientAppActor.run`` makes it; the library's "am I in Flower's simulation" test
-    (a Ray actor) is answered yes during the call. What it cannot show, module globals living in another
-    process, is what the Ray tests keep: :func:`backend_config` runs on Ray, and the tests
-    whose point is Ray (two actors, an existing cluster, the offload across nodes) use it.
+    (a Ray actor) is answered yes during the call. What it cannot show, module globals
+    living in another process, is what the Ray tests keep: :func:`backend_config` runs on
+    Ray, and the tests whose point is Ray (two actors, an existing cluster, the offload
+    across nodes) use it.
     """
 
     def __init__(self, backend_config: Any) -> None:
