@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from .aggregation import aggregate
-from .learner import GradientFn, local_round, local_rounds
+from .data.sampling import CyclicPoissonLoader
+from .learner import GradientFn, local_rounds
 from .learner_state import LearnerState
-from .settings import PrivacySettings, derive_seed
+from .settings import PrivacyConfigError, PrivacySettings, derive_seed
 from .stream_group import grouped_noise
 
 
@@ -60,6 +61,7 @@ def run_inprocess(
     keep_models: bool = False,
     schedule: Sequence[Sequence[int]] | None = None,
     batch_gradient: Callable[[np.ndarray, list[int], list[int]], np.ndarray] | None = None,
+    loaders: Sequence[CyclicPoissonLoader] | None = None,
 ) -> InProcessResult:
     """Run Algorithm 1 for ``rounds`` rounds with ``len(gradients)`` learners.
 
@@ -70,15 +72,30 @@ def run_inprocess(
     ``schedule[r]`` (if given) lists the learners of round ``r`` explicitly, e.g. to replay
     the participation of a Flower run. ``batch_gradient``: the vectorized engine
     (:func:`run_vectorized`); without it, one learner's round after the other.
+
+    ``loaders`` (issue 35): one :class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader`
+    per learner, so each step trains on the batch its sampler draws (cyclic Poisson,
+    Choquette-Choo et al., "(Amplified) Banded Matrix Factorization"), as the Flower front
+    ends do. A loader without a key is keyed with its learner's noise seed (the sampler's
+    own BLAKE2b sub-key; the draws and their sizes never leave the learner); a learner
+    without one (secure noise) needs a keyed loader. ``gradients[i](params, example)`` is
+    then one example's gradient; every step is
+    :func:`~flwr_corrnoise.learner.private_sampled_steps` (per-example clipping, the noised
+    sum over the expected batch size), and the settings must carry the loader's
+    participation, horizon and local steps (``τ``) — their ε is then the amplified one.
+    ``batch_gradient`` is not called in a sampled run (the draws differ per learner); the
+    learners still step in lockstep with grouped noise.
     """
     run = _Run(initial, len(gradients), settings, seed, fraction_train, schedule)
+    keyed = None if loaders is None else _keyed_loaders(loaders, run, tau)
 
     def one_round(r: int, x: list[np.ndarray]) -> list[np.ndarray]:
         if batch_gradient is not None:
             return lockstep_round(r, x)
         updates = []
         for i in run.choose(r):
-            out = local_round(x, gradients[i], run.states[i], run.settings[i], tau, eta)
+            out = local_rounds(x, [gradients[i]], [run.states[i]], run.settings[i], tau, eta,
+                               loaders=None if keyed is None else [keyed[i]])[0]
             run.states[i] = out.state
             updates.append(out.update)
         return aggregate(x, updates, eta, eta_g, tau)
@@ -96,7 +113,8 @@ def run_inprocess(
 
             outs = local_rounds(x, [gradients[i] for i in members],
                                 [run.states[i] for i in members], group_settings, tau, eta,
-                                batch=batch, noise=grouped_noise)
+                                batch=batch, noise=grouped_noise,
+                                loaders=None if keyed is None else [keyed[i] for i in members])
             for i, out in zip(members, outs, strict=True):
                 run.states[i] = out.state
                 by_learner[i] = out.update
@@ -127,6 +145,40 @@ def run_vectorized(
     Learners with different settings are stepped in one group per settings.
     """
     return run_inprocess(batch_gradient=batch_gradient, **kwargs)
+
+
+def _keyed_loaders(loaders: Sequence[CyclicPoissonLoader], run: _Run,
+                   tau: int) -> list[CyclicPoissonLoader]:
+    """Each learner's sampler, keyed with its noise seed where it has no key, after the
+    refusals that make its ε the one printed: a sampler per learner, the settings'
+    participation, horizon and local steps the loader's (else the noise would be calibrated
+    for another loop than the one that runs)."""
+    if len(loaders) != run.n:
+        raise PrivacyConfigError(f"{len(loaders)} loaders for {run.n} learners")
+    out = []
+    for i, (ld, st, state) in enumerate(zip(loaders, run.settings, run.states, strict=True)):
+        if not isinstance(ld, CyclicPoissonLoader):
+            raise PrivacyConfigError(f"learner {i}: the engine samples with a "
+                                     f"CyclicPoissonLoader, got {type(ld).__name__}")
+        problems = []
+        if st.horizon != ld.horizon:
+            problems.append(f"horizon {st.horizon} vs the loader's {ld.horizon}")
+        if st.private and st.participation != ld.participation:
+            problems.append(f"participation {st.participation.describe()!r} vs the "
+                            f"loader's {ld.participation.describe()!r}")
+        if int(tau) != ld.local_steps:
+            problems.append(f"τ = {tau} vs the loader's {ld.local_steps} local steps")
+        if problems:
+            raise PrivacyConfigError(f"learner {i}'s settings disagree with its loader: "
+                                     + "; ".join(problems))
+        if ld.key is None:
+            if state.seed is None:
+                raise PrivacyConfigError(
+                    f"learner {i} has no noise seed (secure noise) to key its sampler: "
+                    "pass a CyclicPoissonLoader with key= (128 bits or more of OS entropy)")
+            ld = ld.keyed(state.seed)
+        out.append(ld)
+    return out
 
 
 class _Run:

@@ -373,17 +373,88 @@ def private_steps(
                 counts[i].clipped += 1
         if adaptive:  # rows of norm ≤ 1: the stream's noise is calibrated at unit clip
             g /= clip[:, None]
-        if noise is not None:
-            g = noise.add(g)
-        else:  # each learner's own stream
-            for i, state in enumerate(states):
-                g[i] = state.noise.add_next(g[i])  # type: ignore[union-attr]
+        g = _add_noise(states, g, noise)
         if adaptive:  # × C_t (post-processing), then C_{t+1} from the noised count
             g *= clip[:, None]
             _next_clip_norms(states, clips, ~over, settings)
     for state in states:
         state.advance()
     return g
+
+
+def _add_noise(states: Sequence[LearnerState], g: np.ndarray,
+               noise: RoundNoise | None) -> np.ndarray:
+    """Each row of ``g`` plus its learner's next increment: through the open stream
+    groups ``noise`` (the engine), else each learner's own stream."""
+    if noise is not None:
+        return noise.add(g)
+    for i, state in enumerate(states):
+        g[i] = state.noise.add_next(g[i])  # type: ignore[union-attr]
+    return g
+
+
+def private_sampled_steps(
+    states: Sequence[LearnerState],
+    settings: PrivacySettings,
+    size: int,
+    counts: Sequence[StepCounts],
+    examples: Sequence[Sequence[Any]],
+    expected_batch: float,
+    *,
+    noise: RoundNoise | None = None,
+) -> np.ndarray:
+    """**The private step of a sampled loop** (NumPy), for ``L`` learners of one settings:
+    row ``i`` is ``(Σ_j clip(g_ij, B_g) + e_i) / m`` over the examples learner ``i``'s
+    sampler drew, ``m`` = ``expected_batch`` (public: the loader's expected batch size).
+
+    Why this form (issue 35): the amplified accounting (Choquette-Choo et al., "(Amplified)
+    Banded Matrix Factorization", Thm. 4; :mod:`flwr_corrnoise.amplification`) treats each
+    step as a Poisson-subsampled Gaussian mechanism in which one example moves the noised
+    sum by at most ``B_g`` (its own clipped gradient) — true of a sum of *per-example*
+    clipped gradients, not of a clipped batch mean (one example can swing that by ``2·B_g``).
+    Dividing by the expected size, never the drawn count, keeps the count out of the
+    release (as Opacus's ``expected_batch_size``); it is what the torch device step
+    (:class:`~flwr_corrnoise.torch.PrivateOptimizer`) does with such settings.
+
+    ``examples[i]``: learner ``i``'s drawn examples, each a gradient (any structure of
+    ``size`` numbers) or a callable computing it; each goes through
+    :func:`datum_gradient` (zero if it cannot be computed, so a datum never changes the
+    step's kind). An empty draw is a zero sum, noised like any other. The horizon is asked
+    first, the counters advance as in :func:`private_steps`; adaptive clipping is refused
+    (its count is per step, not per example, here)."""
+    if states:
+        check_horizon(settings, max(state.step for state in states))
+    if len(examples) != len(states):
+        raise ValueError("one list of drawn examples per learner is needed")
+    m = float(expected_batch)
+    if not (math.isfinite(m) and m > 0):
+        raise PrivacyConfigError(f"expected batch size must be finite and > 0, got "
+                                 f"{expected_batch!r}")
+    if settings.adaptive is not None:
+        raise PrivacyConfigError("adaptive clipping is not supported with a sampled loop "
+                                 "in the NumPy step; use a fixed clip-norm")
+    g = np.zeros((len(states), size))
+    for i, drawn in enumerate(examples):
+        why_last = ""
+        for example in drawn:
+            row, why = datum_gradient(example if callable(example) else
+                                      (lambda v=example: v), size)
+            if why:
+                why_last = why
+                counts[i].zeroed(why)
+                continue
+            if settings.private:
+                norm = float(np.linalg.norm(row))
+                if norm > settings.clip_norm:
+                    row = row * (settings.clip_norm / norm)
+                    counts[i].clipped += 1
+            g[i] += row
+        counts[i].last = why_last
+    if settings.private:
+        g = _add_noise(states, g, noise)
+    for state in states:
+        state.advance()
+    return g / m
 
 
 def _next_clip_norms(states: Sequence[LearnerState], clips: Sequence[AdaptiveClipState],
@@ -470,6 +541,7 @@ def local_rounds(
     eta: float,
     batch: BatchGradientFn | None = None,
     noise: Callable[[Sequence[NoiseStream], int], RoundNoise] | None = None,
+    loaders: Sequence[Any] | None = None,
 ) -> list[RoundResult]:
     """:func:`local_round` for ``L`` learners from the same ``params``, their steps in
     lockstep (``L = 1`` *is* :func:`local_round`). Why: the vectorized engine
@@ -485,6 +557,15 @@ def local_rounds(
     A ``batch`` that raises or returns another shape computes nothing: each learner's
     datum then goes through its own ``gradients[i]`` (so one learner's datum can never
     zero another's gradient). On any error no learner of the call is written.
+
+    ``loaders`` (a sampled loop, issue 35): learner ``i``'s keyed
+    :class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader`; step ``k`` of its stream
+    takes exactly the batch ``loaders[i].indices(k)`` (the round's batches from
+    :meth:`~flwr_corrnoise.data.loader.EpochLoop.round_indices`, which refuses a round
+    that does not start on the loader's round boundary), each drawn example's gradient
+    ``gradients[i](params, example)``, and the step is :func:`private_sampled_steps`
+    (per-example clipping, the sum noised and divided by the expected batch size). τ must
+    be the loader's local steps. ``batch`` is not used then (the draws differ per learner).
     """
     if isinstance(tau, bool) or int(tau) != tau or tau < 1:
         raise PrivacyConfigError(f"local steps τ must be a positive integer, got {tau!r}")
@@ -499,6 +580,7 @@ def local_rounds(
         raise NonFiniteError("the global model received from the server is not finite")
     # The round runs on forks of the states and is written back only when it succeeded: a
     # failed round released nothing, and not writing it reuses no released noise.
+    schedule = None if loaders is None else _sampled_schedule(loaders, states, int(tau))
     work = [state.fork() for state in states]
     counts = [StepCounts() for _ in states]
     opened: RoundNoise | None = None
@@ -508,6 +590,15 @@ def local_rounds(
         if settings.private and noise is not None:  # e.g. one recurrence per group
             opened = noise([w.noise for w in work], int(tau))  # type: ignore[misc]
         for _ in range(int(tau)):
+            if schedule is not None:
+                drawn = [[partial(gradients[i], split_flat(z[i], shapes), int(j))
+                          for j in next(batches)] for i, batches in enumerate(schedule)]
+                g = private_sampled_steps(work, settings, x.size, counts, drawn,
+                                          loaders[0].expected_batch_size,  # type: ignore[index]
+                                          noise=opened)
+                z -= eta * g
+                total += g
+                continue
             rows = _batch_rows(batch, z, [w.position for w in work])
             computes = None if rows is not None else [
                 partial(gradients[i], split_flat(z[i], shapes), w.position)
@@ -532,6 +623,30 @@ def local_rounds(
                         metrics=metrics[state.step],
                         diagnostics=counts[i].diagnostics(int(tau)))
             for i, state in enumerate(states)]
+
+
+def _sampled_schedule(loaders: Sequence[Any], states: Sequence[LearnerState],
+                      tau: int) -> list[Iterator[np.ndarray]]:
+    """Each learner's batches for this round from its sampler, refused (before anything
+    runs: a function of the counters and the loaders only) if τ is not the loader's local
+    steps, the loaders' expected batch sizes differ, or the round does not start on the
+    loader's round boundary."""
+    if len(loaders) != len(states):
+        raise PrivacyConfigError("one loader per learner is needed")
+    sizes = {float(ld.expected_batch_size) for ld in loaders}
+    if len(sizes) != 1:
+        raise PrivacyConfigError("the learners of one settings share one expected batch size")
+    out = []
+    for ld, state in zip(loaders, states, strict=True):
+        if ld.local_steps != tau:
+            raise PrivacyConfigError(f"τ = {tau} local steps, but the loader's round has "
+                                     f"{ld.local_steps}: a step outside its schedule")
+        if state.step % tau or state.step + tau > ld.horizon:
+            raise PrivacyConfigError(
+                f"a step outside the sampler's schedule: a round from step {state.step} "
+                f"of a loader whose rounds start every {tau} steps up to {ld.horizon}")
+        out.append(ld.round_indices(state.step))
+    return out
 
 
 def _batch_rows(batch: BatchGradientFn | None, z: np.ndarray,

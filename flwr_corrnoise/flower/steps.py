@@ -44,8 +44,11 @@ step needs a batch drawn from :meth:`PrivateSteps.batches`, and a config that di
 the loader is refused. ``loader=CyclicPoissonLoader(..., key=...)`` samples the batches
 instead (cyclic Poisson, Choquette-Choo et al., "(Amplified) Banded Matrix Factorization"):
 the noise is calibrated to the amplified guarantee, the batches' sizes vary and stay
-secret — compute each step's gradient as the *sum* over its batch divided by
-``loader.expected_batch_size``, never by the drawn count. The library cannot see which
+secret — pass each step the batch's *per-example* gradients (``private.step([lambda:
+grad(w, x[i], y[i]) for i in idx])``): the library clips each to the clip norm, adds the
+noise to their sum and divides by ``loader.expected_batch_size``, never by the drawn
+count (:func:`~flwr_corrnoise.learner.private_sampled_steps`, the step of the in-process
+engine's sampled run and of the torch device step). The library cannot see which
 data a step touches; with a loader, feed each step exactly the loader's batch. A datum whose
 gradient cannot be computed must not stop the loop: a non-finite or wrong-size gradient
 passed to :meth:`PrivateSteps.step` counts as zero, and so does an exception raised
@@ -64,8 +67,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 
-from ..data.sampling import Loader
-from ..learner import StepCounts, check_horizon, private_step
+from ..data.sampling import CyclicPoissonLoader, Loader
+from ..learner import StepCounts, check_horizon, private_sampled_steps, private_step
 from ..learner_state import LearnerState, bind_data_order
 from ..settings import PrivacyConfigError, PrivacySettings, check_delta_for
 from ..settings_keys import lookup
@@ -294,7 +297,14 @@ class PrivateSteps:
         the step's noise increment is still added and the result has the model's
         structure (that of the last good gradient this round, else the model's arrays), so
         the loop goes on. Past the horizon it refuses
-        (:class:`~flwr_corrnoise.streams.HorizonExhaustedError`), before any release."""
+        (:class:`~flwr_corrnoise.streams.HorizonExhaustedError`), before any release.
+
+        With a :class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader` ``grad`` is the
+        step's batch of **per-example** gradients (a sequence, one gradient or callable
+        per drawn example, or a 2-D array of flat rows; empty when nothing was drawn) and
+        the result ``(Σ clip(g_i) + e)/m``, ``m`` the loader's expected batch size: a
+        clipped batch mean would let one example move the release by ``2·B_g``, twice what
+        the amplified accounting assumes."""
         if self._done:
             raise PrivacyConfigError("step() after reply(): the round was released")
         if self.external:
@@ -308,6 +318,18 @@ class PrivateSteps:
                 "twice in one round, which data-reuse = 'every-round' does not account: "
                 "take at most one pass over the local data per round (or declare epochs "
                 "with a CyclicLoader)")
+        if isinstance(self.loader, CyclicPoissonLoader):
+            flat_rows = isinstance(grad, np.ndarray) and grad.ndim == 2
+            drawn = list(grad) if flat_rows or isinstance(grad, list | tuple) else None
+            if drawn is None:  # a batch mean or sum: refused whatever the data (its type)
+                raise PrivacyConfigError(
+                    "with a CyclicPoissonLoader, step() takes the batch's per-example "
+                    "gradients (a list, one gradient or callable per drawn example, or a "
+                    "2-D array of flat rows), not the batch's sum or mean")
+            flat = private_sampled_steps([self.state], self.settings, self.size,
+                                         [self.counts], [drawn],
+                                         self.loader.expected_batch_size)[0]
+            return self._shaped(flat)
         value: Any = None
 
         def compute() -> Any:
@@ -320,6 +342,10 @@ class PrivateSteps:
             single = isinstance(value, np.ndarray) or np.isscalar(value)
             parts = [np.asarray(value)] if single else [np.asarray(g) for g in value]
             self._template = (single, [(p.shape, p.dtype) for p in parts])
+        return self._shaped(flat)
+
+    def _shaped(self, flat: np.ndarray) -> Any:
+        """``flat`` in the structure the loop expects back (:meth:`step`)."""
         single, layout = self._template
         out, offset = [], 0
         for shape, dtype in layout:

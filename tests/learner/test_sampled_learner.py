@@ -12,6 +12,7 @@ the Flower front end's replies on neighbouring datasets against each other; refu
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import dp_accounting as dpa
 import numpy as np
@@ -194,9 +195,10 @@ def loader(key: int = 99) -> CyclicPoissonLoader:
     return CyclicPoissonLoader(N_EX, BATCH, rounds=ROUNDS, key=key, bands=2)
 
 
-def app(kind: str, skip_draw: bool = False) -> ClientApp:
-    """The user's NumPy loop over the loader's sampled batches: the batch's summed
-    gradient over the expected batch size."""
+def app(kind: str, skip_draw: bool = False, batch_mean: bool = False) -> ClientApp:
+    """The user's NumPy loop over the loader's sampled batches: each step passes the
+    batch's per-example gradients (the library clips each, noises the sum and divides by
+    the expected batch size)."""
     client = ClientApp(mods=[PrivateSteps.guard()])
     x, y = dataset(kind)
 
@@ -208,12 +210,18 @@ def app(kind: str, skip_draw: bool = False) -> ClientApp:
         batches = private.batches()
         for t in range(ld.local_steps):
             idx = next(batches) if not (skip_draw and t == 1) else np.arange(0)
-            g = sum((np.outer(np.tanh(x[i] @ w) - y[i], x[i]).sum(axis=0)
-                     for i in idx), np.zeros(D))
-            w = w - 0.1 * private.step(g / ld.expected_batch_size)
+            grads = [partial(example_gradient, w, x[i], y[i]) for i in idx]
+            if batch_mean:  # the batch's mean: one example could move it by 2·B_g
+                grads = sum((g() for g in grads), np.zeros(D)) / ld.expected_batch_size
+            w = w - 0.1 * private.step(grads)
         return private.reply([w])
 
     return client
+
+
+def example_gradient(w: np.ndarray, xi: np.ndarray, yi: float) -> np.ndarray:
+    """One example's gradient of the toy model (the test's user code)."""
+    return np.outer(np.tanh(xi @ w) - yi, xi).sum(axis=0)
 
 
 def message(w: np.ndarray, server_round: int) -> Message:
@@ -252,6 +260,15 @@ def test_a_step_outside_the_sampler_s_schedule_is_refused(simulated: None) -> No
     """A step taken without the loader's batch for it: an error reply, nothing released."""
     prints = conversation(app("same", skip_draw=True))
     assert all("error" in p for p in prints)
+
+
+def test_a_sampled_step_takes_per_example_gradients(simulated: None) -> None:
+    """With a sampler, PrivateSteps.step takes the batch's per-example gradients (it clips
+    each: the amplified accounting's one-example change ``B_g``); a batch mean or sum,
+    which it could only clip as a whole (a change of up to ``2·B_g``), is refused in every
+    round whatever the data."""
+    assert all("error" in p for p in conversation(app("same", batch_mean=True)))
+    assert all("error" in p for p in conversation(app("odd", batch_mean=True)))
 
 
 # -- the auditor with the sampler ---------------------------------------------------------
@@ -380,3 +397,164 @@ def test_private_training_samples_and_neighbours_get_the_same_replies(
     assert same[-1]["metrics"]["epsilon-spent"] == pytest.approx(st.epsilon_spent(ld.horizon))
     refused = torch_conversation(torch_app("same", criterion=False))
     assert all("error" in p for p in refused)
+
+
+# -- the in-process engines ------------------------------------------------------------------
+
+def engine_run(kind: str, learners: int = 1, seed: int = 5, vectorized: bool = False,
+               **overrides):
+    """The in-process engine's sampled run of the toy task (the same data, loader and
+    model as the PrivateSteps app above): each learner's calls ``(step model, example)``
+    recorded, and the result."""
+    from flwr_corrnoise.engine import run_inprocess, run_vectorized
+
+    x, y = dataset(kind)
+    calls: list[list[tuple[bytes, int]]] = [[] for _ in range(learners)]
+
+    def gradient_of(i: int):
+        def gradient(params: list[np.ndarray], example: int) -> np.ndarray:
+            calls[i].append((params[0].tobytes(), int(example)))
+            return example_gradient(params[0], x[example], y[example])
+        return gradient
+
+    ld = CyclicPoissonLoader(N_EX, BATCH, rounds=ROUNDS, key=None, bands=2)
+    st = settings_from_config({"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5,
+                               **ld.config()})
+    kwargs = {"initial": [np.zeros(D)], "gradients": [gradient_of(i) for i in range(learners)],
+              "settings": st, "rounds": ROUNDS, "tau": ld.local_steps, "eta": 0.1,
+              "seed": seed, "keep_models": True, "loaders": [ld] * learners, **overrides}
+    if vectorized:
+        def never(*_):  # a sampled run computes each drawn example through gradients[i]
+            raise AssertionError("batch_gradient called in a sampled run")
+        result = run_vectorized(batch_gradient=never, **kwargs)
+    else:
+        result = run_inprocess(**kwargs)
+    return result, calls, st
+
+
+def test_the_engine_s_sampled_run_equals_private_steps(simulated: None) -> None:
+    """With the same key (the engine's learner 0 of run seed 5 is the Flower learner of
+    ``seed = 5``, ``partition-id = 0``), the engine trains step for step what the
+    PrivateSteps loop trains: the same examples at the same step models, in the same
+    order, and the same model after every round (one learner: the global model is its
+    local model)."""
+    result, calls, st = engine_run("same")
+    steps_calls: list[tuple[bytes, int]] = []
+    x, y = dataset("same")
+    client = ClientApp(mods=[PrivateSteps.guard()])
+
+    def recorded(w: np.ndarray, i: int) -> np.ndarray:
+        steps_calls.append((w.tobytes(), int(i)))
+        return example_gradient(w, x[i], y[i])
+
+    @client.train()
+    def train(msg: Message, ctxt: Context) -> Message:
+        ld = loader(key=None)  # keyed by PrivateSteps with the learner's noise seed
+        private = PrivateSteps(msg, ctxt, loader=ld)
+        w = msg.content["arrays"].to_numpy_ndarrays()[0]
+        for idx in private.batches():
+            w = w - 0.1 * private.step([partial(recorded, w, i) for i in idx])
+        return private.reply([w])
+
+    ctxt = Context(run_id=1, node_id=1, node_config={
+        "mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5, "seed": 5, "partition-id": 0},
+        state=RecordDict(), run_config={})
+    w, models = np.zeros(D), []
+    for r in range(1, ROUNDS + 1):
+        reply = client(message(w, r), ctxt)
+        assert not reply.has_error()
+        w = reply.content["arrays"].to_numpy_ndarrays()[0]
+        models.append(w)
+        assert reply.content["metrics"]["epsilon-spent"] == pytest.approx(
+            st.epsilon_spent(r * loader().local_steps))
+    assert len(calls[0]) == len(steps_calls) > 0
+    assert [i for _, i in calls[0]] == [i for _, i in steps_calls]
+    for (a, _), (b, _) in zip(calls[0], steps_calls, strict=True):
+        np.testing.assert_allclose(np.frombuffer(a), np.frombuffer(b), rtol=0, atol=1e-12)
+    for got, want in zip(result.models[1:], models, strict=True):
+        np.testing.assert_allclose(got[0], want, rtol=0, atol=1e-12)
+    assert result.states[0].step == loader().horizon
+
+
+def test_a_sampled_engine_step_is_the_clipped_sum_over_the_expected_batch() -> None:
+    """One step of the engine, by hand: ``(Σ_j clip(g_j, B_g) + e)/m`` over the examples the
+    learner's sampler drew (big gradients, so every one is clipped), ``e/m`` read off a
+    twin whose gradients are zero, ``m`` the expected batch size whatever was drawn."""
+    from flwr_corrnoise.engine import run_inprocess
+    from flwr_corrnoise.settings import derive_seed
+
+    ld = CyclicPoissonLoader(N_EX, BATCH, rounds=ROUNDS, key=None, bands=2)
+    st = settings_from_config({"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5,
+                               "clip-norm": 0.5, **ld.config()})
+    big = 10.0 + np.arange(N_EX * D, dtype=float).reshape(N_EX, D)
+    keyed = ld.keyed(derive_seed(3, 0))
+
+    def run(scale: float) -> list[np.ndarray]:
+        out = run_inprocess(initial=[np.zeros(D)], gradients=[lambda p, j: scale * big[j]],
+                            settings=st, rounds=1, tau=ld.local_steps, eta=1.0, seed=3,
+                            keep_models=True, loaders=[ld])
+        return out.models
+
+    noisy, noise_only = run(1.0), run(0.0)
+    # with η = 1 and one learner the round's model is −Σ_t release_t
+    total = -(noisy[1][0] - noise_only[1][0])
+    want = np.zeros(D)
+    for t in range(ld.local_steps):
+        for j in keyed.indices(t):
+            want += big[j] * min(1.0, 0.5 / np.linalg.norm(big[j]))
+    sizes = [keyed.indices(t).size for t in range(ld.local_steps)]
+    assert len(set(sizes)) > 1  # the draws vary; the divisor does not
+    np.testing.assert_allclose(total * ld.expected_batch_size, want, rtol=1e-10)
+
+
+def test_the_engines_refuse_a_step_outside_the_sampler_s_schedule() -> None:
+    """Refused before any step (a function of settings, loaders and counters): τ other than
+    the loader's local steps, settings whose participation is not the loader's (another
+    cycle, or the fixed order), a round that does not start on the loader's boundary, and
+    rounds past the loader's horizon."""
+    from flwr_corrnoise.learner import local_rounds
+    from flwr_corrnoise.learner_state import LearnerState
+    from flwr_corrnoise.streams import HorizonExhaustedError
+
+    with pytest.raises(PrivacyConfigError, match="local steps"):
+        engine_run("same", tau=CyclicPoissonLoader(N_EX, BATCH, ROUNDS, None).local_steps - 1)
+    other = CyclicPoissonLoader(N_EX, BATCH, rounds=ROUNDS, key=None, bands=1)
+    with pytest.raises(PrivacyConfigError, match="participation"):
+        engine_run("same", loaders=[other])
+    fixed = settings_from_config({"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5,
+                                  "horizon": loader().horizon, "epochs": ROUNDS})
+    with pytest.raises(PrivacyConfigError, match="participation"):
+        engine_run("same", settings=fixed)
+    with pytest.raises(HorizonExhaustedError):
+        engine_run("same", rounds=ROUNDS + 1)
+    ld = loader(key=1)
+    _, _, st = engine_run("same", rounds=1)
+    state = LearnerState.create(st, [(D,)], 1)
+    state.step = 1  # mid-round: its next batch is not a round's first
+    with pytest.raises(PrivacyConfigError, match="schedule"):
+        local_rounds([np.zeros(D)], [lambda p, j: np.zeros(D)], [state], st, ld.local_steps,
+                     0.1, loaders=[ld])
+
+
+@pytest.mark.parametrize("vectorized", [False, True])
+def test_neighbouring_data_give_the_engine_the_same_states(vectorized: bool) -> None:
+    """Two learners, neighbouring datasets (example 5 replaced), the same keys: every
+    learner's state after the run — counters, the noise stream's saved state — is
+    identical byte for byte but for the learner's random identity (nothing a step drew or
+    computed reaches it), the draws are
+    the same (a function of the key), only the models differ; the vectorized engine gives
+    the same run."""
+    same, same_calls, _ = engine_run("same", learners=2, vectorized=vectorized)
+    odd, odd_calls, _ = engine_run("odd", learners=2, vectorized=vectorized)
+    for a, b in zip(same.states, odd.states, strict=True):
+        b.learner_id = a.learner_id  # 128 bits of OS entropy per created learner
+    assert [s.to_bytes() for s in same.states] == [s.to_bytes() for s in odd.states]
+    assert [[i for _, i in c] for c in same_calls] == [[i for _, i in c] for c in odd_calls]
+    assert same_calls[0] != same_calls[1]  # each learner's own key
+    # learners whose samplers drew different batches keep the same counters: the number
+    # drawn is never recorded
+    assert len({(s.step, s.position, s.rounds) for s in same.states}) == 1
+    assert not np.allclose(same.params[0], odd.params[0])
+    if vectorized:
+        plain, _, _ = engine_run("same", learners=2)
+        np.testing.assert_allclose(same.params[0], plain.params[0], rtol=0, atol=1e-12)
