@@ -7,7 +7,9 @@ without a gradient counted as zero, clipping, the stream's increment, the counte
 the round built on it (:func:`local_round`), which every NumPy front end uses: the Flower
 ``NumPyClient`` subclass, the Message-API ``ClientApp`` helper,
 :class:`~flwr_corrnoise.flower.PrivateSteps`, the per-round mod and the in-process sweep
-engine. The torch device step (:class:`~flwr_corrnoise.torch.PrivateOptimizer`) keeps
+engine; a sampled loop's step (:func:`private_sampled_steps`: per-example clipping, the
+noised sum over the expected batch size) shares its horizon, datum and noise rules. The
+torch device step (:class:`~flwr_corrnoise.torch.PrivateOptimizer`) keeps
 its per-example clipping and noise add on the device and takes the rest from here (the
 horizon rule :func:`check_horizon`, the refusals :func:`check_round`). The rest of the
 learner lives by concern: its settings and their calibration in
