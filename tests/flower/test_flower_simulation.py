@@ -79,8 +79,7 @@ def test_offloaded_states_give_the_same_model(tmp_path: Path) -> None:
         lambda context: logistic_gradient(setup, int(context.node_config["partition-id"])),
         config_defaults={**setup.to_run_config(), "state-offload": "on",
                          "state-offload-dir": str(states)})
-    simulate(server_app, client_app, setup.num_learners,
-             backend=backend_config(actors=2))  # a learner can run on either actor
+    simulate(server_app, client_app, setup.num_learners)
     final, _ = read_results(tmp_path)
     res, _ = inprocess(setup)
     np.testing.assert_allclose(final, res.params[0], rtol=0, atol=1e-10)
