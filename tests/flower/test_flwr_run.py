@@ -141,19 +141,23 @@ def test_flwr_run_local_simulation(tmp_path: Path) -> None:
 @needs_flwr
 def test_flwr_run_of_a_run_every_learner_refuses_is_marked_failed(tmp_path: Path) -> None:
     """What makes `flwr run` report failure: an exception from the ServerApp. The adopted
-    plain app (docs/adopt.md, per-step) with a server proposing the old docs' horizon of
-    4000 while the learners' noise covers 12 steps: every learner refuses, the strategy
-    raises RunFailedError, and Flower marks the run `finished:failed` with our reason
-    (`flwr ls`). `flwr run` itself exits 0 once the run is submitted, even with --stream."""
+    plain app (docs/adopt.md, per-step) declares ``data-reuse = "every-round"`` over
+    ``local-examples = 3`` but its loop cycles through those 3 examples for 4 steps a round:
+    the 4th step reuses an example beyond the declaration, so every learner's backstop
+    (issue 32, docs/threat-model.md) refuses it before anything is released, the strategy
+    raises RunFailedError, and Flower marks the run `finished:failed` with the backstop's
+    reason (`flwr ls`). `flwr run` itself exits 0 once the run is submitted, even with
+    --stream."""
     import json
 
     from ..adoption import harness
 
-    app = harness.adopt("per-step", tmp_path / "app", {"max-idle-rounds": 1})
+    app = harness.adopt("per-step", tmp_path / "app", {
+        "max-idle-rounds": 1, "data-reuse": "every-round", "local-examples": 3})
     src = app / "plain_app.py"
-    src.write_text(src.read_text().replace(
-        "FedAvg(fraction_evaluate=0.0), context.run_config)",
-        "FedAvg(fraction_evaluate=0.0), {**context.run_config, 'horizon': 4000})"))
+    loop = "x, y = datum(partition, position)"
+    assert loop in src.read_text()
+    src.write_text(src.read_text().replace(loop, "x, y = datum(partition, position % 3)"))
     # this checkout's code in Flower's processes, whatever the working directory
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     with flwr_env(PYTHONPATH=pythonpath) as env:
@@ -174,4 +178,5 @@ def test_flwr_run_of_a_run_every_learner_refuses_is_marked_failed(tmp_path: Path
     assert len(runs) == 1 and runs[0]["status"] == "finished:failed", runs
     details = runs[0]["status-details"]
     assert "RunFailedError" in details or "nothing was released" in details
-    assert "2 × code 4101" in details and "horizon 4000 exceeds this learner's 12" in details
+    assert "2 × code 4101" in details and "local-examples = 3" in details, details
+    assert "twice in one round" in details, details
