@@ -57,22 +57,42 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         helpers.stop_ray_head()
 
 
+#: (module, test) of the tests that call ``tests/flower_helpers.ray_head`` (directly, through
+#: ``backend_config`` or the adoption harness's ``ray=True``); the other Flower tests run in
+#: process (``flower_helpers.InProcessBackend``) or start their own processes
+RAY_HEAD_TESTS = {
+    ("test_one_release",
+     "test_two_messages_to_one_node_in_one_round_release_once_in_flowers_simulation"),
+    ("test_flower_scale_store", "test_state_handling_measures_rays_object_store"),
+    ("test_flower_simulation", "test_flower_simulation_matches_inprocess"),
+    ("test_flower_quickstart", "test_flower_quickstart_adopted_runs_privately_on_flower"),
+    ("test_ray_cluster", "test_simulation_on_existing_ray_cluster"),
+    ("test_cnn", "test_script_writes_csv_plot_and_checks_flower"),
+    ("test_benchmarks", "test_flower_scale"),
+    ("test_benchmarks", "test_flower_overhead"),
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``-n 4 --dist loadgroup``, pyproject.toml), keep the tests that
     use the N = 1024 optimized factorization on one worker, so it is solved once (the
     cache directory above is shared: the workers inherit ``FLWR_CORRNOISE_CACHE`` from
     the controller, which loads this file first).
 
-    Why Ray tests need no group: each worker runs its simulations on its own Ray head
-    (``tests/flower_helpers.py``: free ports, its own ``--temp-dir``, named by address),
-    and a plain ``ray.init()`` looks for ``ray_current_cluster`` only in Ray's default
-    temp dir; so Ray tests on two workers never join each other's cluster.
+    The tests that run on a worker's Ray head (``tests/flower_helpers.ray_head``:
+    :data:`RAY_HEAD_TESTS`) share one worker too, so that one head starts instead of one per
+    worker (a head's raylet, GCS, agents and ``ray start`` cost ≈ 15–20 s of CPU, measured
+    in a cgroup). Each worker's head is its own (free ports, its own ``--temp-dir``, named
+    by address), and a plain ``ray.init()`` looks for ``ray_current_cluster`` only in Ray's
+    default temp dir; so a Ray test elsewhere never joins another worker's cluster.
     """
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if module in ("test_mechanisms", "test_blt") and (
                 "1024" in item.name or "near_optimal" in item.name):
             item.add_marker(pytest.mark.xdist_group("optimized-1024"))
+        elif (module, getattr(item, "originalname", item.name)) in RAY_HEAD_TESTS:
+            item.add_marker(pytest.mark.xdist_group("ray-head"))
     # the slow tests first (a stable sort: file order otherwise kept), so that the workers
     # start the long process-bound ones early instead of ending on one of them alone
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
