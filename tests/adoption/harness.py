@@ -35,7 +35,8 @@ QUICKSTART = HERE / "quickstart_app"
 FLOWER_QUICKSTART = HERE / "flower_quickstart"
 VARIANTS = ("per-step", "per-round", "central", "per-step-torch")
 QUICKSTART_VARIANTS = ("quickstart-per-step", "quickstart-per-round", "quickstart-central")
-FLOWER_QUICKSTART_VARIANTS = ("flower-quickstart-per-step",)
+FLOWER_QUICKSTART_VARIANTS = ("flower-quickstart-per-step", "flower-quickstart-per-round",
+                              "flower-quickstart-central")
 
 
 def plain_dir(variant: str | None) -> Path:

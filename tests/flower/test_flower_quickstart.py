@@ -92,6 +92,30 @@ def test_the_diff_is_ten_code_lines_and_one_config_line_shown_in_the_docs() -> N
     assert not any("backward" in ln or "for " in ln for ln in removed)
 
 
+#: docs/adopt.md § 6's per-round and central diffs of the same example, changed lines by file
+MODE_DIFFS = {
+    "flower-quickstart-per-round": {"pyproject.toml": 2, "pytorchexample/client_app.py": 3,
+                                    "pytorchexample/server_app.py": 3},
+    "flower-quickstart-central": {"pyproject.toml": 2, "pytorchexample/server_app.py": 3}}
+
+
+@pytest.mark.parametrize("variant", sorted(MODE_DIFFS))
+def test_per_round_and_central_diffs_apply_are_counted_and_shown(variant: str,
+                                                                 tmp_path: Path) -> None:
+    """The per-round and central diffs apply to Flower's example as it is, change the lines
+    docs/adopt.md counts (6 + 2 config, 3 + 2 config), are shown there verbatim, and
+    declare the participation their ε accounts for (every round) and δ = 1e-5."""
+    diff = harness.diff_path(variant).read_text()
+    assert changed_by_file(diff) == MODE_DIFFS[variant]
+    assert diff in (ROOT / "docs" / "adopt.md").read_text()
+    app = harness.adopt(variant, tmp_path / "app")
+    cfg = get_fused_config_from_dir(app, {})
+    assert (cfg["data-reuse"], cfg["delta"]) == ("every-round", 1e-5)
+    server = (app / "pytorchexample" / "server_app.py").read_text()
+    assert ("per_round=True" in server) == variant.endswith("per-round")
+    assert "train_fn(" in (app / "pytorchexample" / "client_app.py").read_text()
+
+
 def adopted(tmp_path: Path, name: str = "app", **run_config: Any) -> Path:
     return harness.adopt(VARIANT, tmp_path / name, run_config=run_config or None)
 
