@@ -41,6 +41,7 @@ __all__ = [
     "PerExample",
     "PerExampleGradients",
     "UnsupportedLayerError",
+    "clip_factors",
     "grad_sampler",
     "register_grad_sampler",
     "sampled_layers",
@@ -63,6 +64,26 @@ class PerExample:
         """``Σ_i c_i·g_i`` over the examples with ``ok``; the others contribute zero even if
         their gradient holds NaN (``clean``: all are ok, skip the masking)."""
         raise NotImplementedError
+
+
+def clip_factors(pieces: list[PerExample], losses: torch.Tensor, clip_norm: float | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each example's gradient norm over all parameters, whether it counts, and its clip
+    factor: ``(‖g_i‖, ok_i, c_i)`` with ``c_i = min(1, B_g/‖g_i‖)`` (a zero gradient gives
+    ``inf`` → 1), ``ok_i`` a finite norm and loss, ``c_i = 0`` where not ok; ``clip_norm``
+    ``None`` (no noise): ``c_i = ok_i``. The one clipping rule (Abadi et al., "Deep Learning
+    with Differential Privacy") for the private step
+    (:class:`~flwr_corrnoise.torch.optimizer.PrivateOptimizer`) and for the plan's measured
+    signal (:func:`~flwr_corrnoise.torch.signal.measure_signal`), so that the plan's
+    clipping is the run's, bit for bit. Norms accumulate in the losses' dtype and device."""
+    sq = torch.zeros(int(losses.shape[0]), device=losses.device, dtype=losses.dtype)
+    for piece in pieces:
+        sq += piece.sq().to(sq.dtype)
+    norms = sq.sqrt()
+    ok = torch.isfinite(norms) & torch.isfinite(losses)
+    if clip_norm is None:
+        return norms, ok, ok.to(norms.dtype)
+    return norms, ok, torch.where(ok, (clip_norm / norms).clamp(max=1.0), 0.0)
 
 
 class Materialized(PerExample):

@@ -36,7 +36,7 @@ from ..learner import attempt_datum, check_horizon, check_round
 from ..learner_state import LearnerState
 from ..settings import PrivacyConfigError, PrivacySettings, privacy_metrics
 from ..streams import HorizonExhaustedError, split_flat
-from .grad_sample import PerExampleGradients
+from .grad_sample import PerExampleGradients, clip_factors
 from .params import BatchStream, LossFn, check_parameters
 from .streams import TorchNoiseStream
 
@@ -362,18 +362,10 @@ class PrivateOptimizer:
             self._batch = 1
             return torch.where(torch.isfinite(loss), loss, 0.0).detach()
         pieces, losses = self._grads(x, y)  # one PerExample per parameter
-        sq = torch.zeros(b, device=self.device, dtype=losses.dtype)
-        for piece in pieces:
-            sq += piece.sq().to(sq.dtype)
-        norms = sq.sqrt()
-        ok = torch.isfinite(norms) & torch.isfinite(losses)
-        if self.settings.private:
-            clip_norm = self.clip_norm
-            # min(1, B_g/‖g_i‖); a zero gradient gives inf → 1
-            factor = torch.where(ok, (clip_norm / norms).clamp(max=1.0), 0.0)
+        clip_norm = self.clip_norm if self.settings.private else None
+        norms, ok, factor = clip_factors(pieces, losses, clip_norm)  # the plan's clip too
+        if clip_norm is not None:
             self._clipped += (ok & (norms > clip_norm)).sum()
-        else:
-            factor = ok.to(norms.dtype)
         self._nonfinite += (~ok).sum()
         self._examples += b
         # a non-finite example must contribute exactly zero: 0·NaN is NaN, so it is masked

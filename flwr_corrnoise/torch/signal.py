@@ -2,8 +2,9 @@
 
 :func:`flwr_corrnoise.plan.estimate_signal` needs the sum of a sample's clipped per-example
 gradients and their norms; this module gets them from the model with the per-example
-gradients the private step itself uses (:class:`~.grad_sample.PerExampleGradients`), so
-the figure is the clipping the run will do. Nothing here is sent anywhere or changes the
+gradients the private step itself uses (:class:`~.grad_sample.PerExampleGradients`) and
+its clip rule (:func:`~.grad_sample.clip_factors`, one function for both), so the figure is
+the clipping the run will do. Nothing here is sent anywhere or changes the
 model: the learner calls it before training, and only the plan it prints locally uses it
 (a figure of the data that is never released, so it costs no privacy budget — as long as
 the learner keeps it to itself).
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from ..plan import SignalEstimate, estimate_signal
-from .grad_sample import PerExampleGradients
+from .grad_sample import PerExampleGradients, clip_factors
 from .params import LossFn
 
 __all__ = ["measure_signal"]
@@ -42,12 +43,10 @@ def measure_signal(model: torch.nn.Module, loss_fn: LossFn,
         take = min(len(inputs), max_examples - seen)
         if take <= 0:
             break
-        pieces, _ = per_example(inputs[:take], targets[:take])
-        norm = torch.sqrt(sum(p.sq() for p in pieces))  # type: ignore[arg-type]
-        factor = (clip_norm / norm.clamp_min(torch.finfo(norm.dtype).tiny)).clamp(max=1.0)
-        ok = torch.isfinite(norm)
+        pieces, losses = per_example(inputs[:take], targets[:take])
+        norm, ok, factor = clip_factors(pieces, losses, clip_norm)  # the private step's clip
         if not bool(ok.all()):
-            raise ValueError("measure_signal: a per-example gradient is not finite")
+            raise ValueError("measure_signal: a per-example gradient or loss is not finite")
         sums = [p.weighted_sum(factor, ok, True).detach() for p in pieces]
         total = sums if total is None else [t + s for t, s in zip(total, sums, strict=True)]
         # float32 rounding may put a clipped norm a hair above B_g

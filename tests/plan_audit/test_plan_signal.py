@@ -124,3 +124,36 @@ def test_torch_measurement_equals_the_explicit_per_example_loop() -> None:
     assert got.norm_fraction == pytest.approx(want.norm_fraction, rel=1e-5)
     assert all(torch.equal(a, b.detach()) for a, b in zip(before, model.parameters(),
                                                        strict=True))
+
+
+def test_the_plans_clipping_is_the_private_steps() -> None:
+    """The measured signal clips as the run will (issue 32): ``measure_signal`` and
+    ``PrivateOptimizer`` call one rule (``grad_sample.clip_factors``), so the signal
+    measured on a batch equals the one computed from the clipped sum the private step
+    forms on that batch (its ``.grad`` before the noise) with the explicit loop's clipped
+    norms."""
+    torch = pytest.importorskip("torch")
+    from flwr_corrnoise import PrivacySettings
+    from flwr_corrnoise.torch import PrivateOptimizer, measure_signal
+
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x, y = torch.randn(12, 6), torch.zeros(12, dtype=torch.long)
+    norms = []
+    for i in range(12):
+        model.zero_grad()
+        loss_fn(model(x[i:i + 1]), y[i:i + 1]).backward()
+        norms.append(float(torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters()))))
+    clip = float(np.median(norms))  # half the examples clipped
+    clipped = np.minimum(norms, clip)
+    got = measure_signal(model, loss_fn, [(x, y)], clip, max_examples=12)
+    opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model,
+                           PrivacySettings("blt", 2.0, 1e-5, clip, 4), seed=1, loss_fn=loss_fn)
+    opt.zero_grad()
+    opt.backward(x, y)
+    step_sum = np.concatenate([p.grad.double().numpy().ravel() for p in model.parameters()])
+    want = estimate_signal(step_sum, clipped, clip)
+    assert got.examples == 12 and 0 < got.fraction < 1
+    assert got.fraction == pytest.approx(want.fraction, rel=1e-5)
+    assert got.norm_fraction == pytest.approx(want.norm_fraction, rel=1e-5)
