@@ -300,8 +300,9 @@ class PrivateSteps:
         (:class:`~flwr_corrnoise.streams.HorizonExhaustedError`), before any release.
 
         With a :class:`~flwr_corrnoise.data.sampling.CyclicPoissonLoader` ``grad`` is the
-        step's batch of **per-example** gradients (a sequence, one gradient or callable
-        per drawn example, or a 2-D array of flat rows; empty when nothing was drawn) and
+        step's batch of **per-example** gradients (a list or tuple, one gradient or
+        callable per drawn example; empty when nothing was drawn; an array is refused,
+        since a 2-D one may be a parameter's batch mean) and
         the result ``(Σ clip(g_i) + e)/m``, ``m`` the loader's expected batch size: a
         clipped batch mean would let one example move the release by ``2·B_g``, twice what
         the amplified accounting assumes."""
@@ -319,13 +320,15 @@ class PrivateSteps:
                 "take at most one pass over the local data per round (or declare epochs "
                 "with a CyclicLoader)")
         if isinstance(self.loader, CyclicPoissonLoader):
-            flat_rows = isinstance(grad, np.ndarray) and grad.ndim == 2
-            drawn = list(grad) if flat_rows or isinstance(grad, list | tuple) else None
+            # a list or tuple only: a 2-D array could be one parameter's batch mean (a
+            # Linear(d, 1) weight is 1 × d), which read as one example's row would be
+            # clipped whole — the 2·B_g change this form exists to rule out
+            drawn = list(grad) if isinstance(grad, list | tuple) else None
             if drawn is None:  # a batch mean or sum: refused whatever the data (its type)
                 raise PrivacyConfigError(
                     "with a CyclicPoissonLoader, step() takes the batch's per-example "
-                    "gradients (a list, one gradient or callable per drawn example, or a "
-                    "2-D array of flat rows), not the batch's sum or mean")
+                    "gradients as a list, one gradient or callable per drawn example "
+                    "(rows of an array: list(rows)), not the batch's sum or mean")
             flat = private_sampled_steps([self.state], self.settings, self.size,
                                          [self.counts], [drawn],
                                          self.loader.expected_batch_size)[0]

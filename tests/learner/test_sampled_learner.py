@@ -195,7 +195,7 @@ def loader(key: int = 99) -> CyclicPoissonLoader:
     return CyclicPoissonLoader(N_EX, BATCH, rounds=ROUNDS, key=key, bands=2)
 
 
-def app(kind: str, skip_draw: bool = False, batch_mean: bool = False) -> ClientApp:
+def app(kind: str, skip_draw: bool = False, batch_mean: bool | str = False) -> ClientApp:
     """The user's NumPy loop over the loader's sampled batches: each step passes the
     batch's per-example gradients (the library clips each, noises the sum and divides by
     the expected batch size)."""
@@ -213,6 +213,8 @@ def app(kind: str, skip_draw: bool = False, batch_mean: bool = False) -> ClientA
             grads = [partial(example_gradient, w, x[i], y[i]) for i in idx]
             if batch_mean:  # the batch's mean: one example could move it by 2·B_g
                 grads = sum((g() for g in grads), np.zeros(D)) / ld.expected_batch_size
+                if batch_mean == "row":  # shaped as a Linear(D, 1) weight's, 1 × D
+                    grads = grads[None, :]
             w = w - 0.1 * private.step(grads)
         return private.reply([w])
 
@@ -269,6 +271,8 @@ def test_a_sampled_step_takes_per_example_gradients(simulated: None) -> None:
     round whatever the data."""
     assert all("error" in p for p in conversation(app("same", batch_mean=True)))
     assert all("error" in p for p in conversation(app("odd", batch_mean=True)))
+    # the same mean as a 1 × D array (a Linear(D, 1) weight's gradient) is no batch of rows
+    assert all("error" in p for p in conversation(app("same", batch_mean="row")))
 
 
 # -- the auditor with the sampler ---------------------------------------------------------
