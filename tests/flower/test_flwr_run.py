@@ -95,27 +95,32 @@ def flwr_env(**extra: str) -> Iterator[dict[str, str]]:
     assert not superlink_pids(home)
 
 
-#: Flower's CLI gives the local SuperLink it starts 15 s (flwr.cli.local_superlink); on 2
-#: cores under 4 test workers it can take longer, and the SuperLink then comes up anyway
-SUPERLINK_SLOW = "Failed to start local SuperLink within"
+#: how long the local SuperLink may take to come up on a loaded 2-core host (Flower's CLI
+#: gives the one it starts 15 s, then kills it and fails the run)
+SUPERLINK_START_S = 180.0
+
+
+def start_local_superlink(env: dict[str, str]) -> None:
+    """Start the local SuperLink that ``flwr run`` would start, with Flower's own function
+    and command line (``flwr.cli.local_superlink._start_local_superlink``), waiting up to
+    :data:`SUPERLINK_START_S` instead of Flower's 15 s; ``flwr run`` then finds it running
+    (its health endpoint) and uses it. Why: under 4 test workers on 2 cores the SuperLink
+    has missed Flower's 15 s, Flower killed it and ``flwr run`` exited 1 ("Failed to start
+    local SuperLink ... See logs at .../superlink.log"), and a retry could race the first
+    one's processes. :func:`flwr_env` stops it by its pid."""
+    code = ("import flwr.cli.local_superlink as m\n"
+            f"m.LOCAL_SUPERLINK_STARTUP_TIMEOUT = {SUPERLINK_START_S}\n"
+            "m._is_local_superlink_started() or m._start_local_superlink(False)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=SUPERLINK_START_S + 60)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def flwr_run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    """``flwr run ARGS`` — again (twice at most) if the only failure was Flower's 15 s wait
-    for the local SuperLink it started (the SuperLink keeps starting, and the next ``flwr
-    run`` finds it running); any other failure is returned as it is."""
-    run = [str(FLWR), "run", *args]
-    proc = subprocess.run(run, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
-    for _ in range(2):  # twice at most: a loaded CI host has missed the 15 s twice in a row
-        if proc.returncode == 0 or SUPERLINK_SLOW not in proc.stdout + proc.stderr:
-            break
-        deadline = time.monotonic() + 60
-        while not superlink_pids(Path(env["FLWR_HOME"])) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        time.sleep(10)  # its APIs come up after the process
-        proc = subprocess.run(run, env=env, cwd=cwd, capture_output=True, text=True,
-                              timeout=300)
-    return proc
+    """``flwr run ARGS`` on the local SuperLink :func:`start_local_superlink` started."""
+    start_local_superlink(env)
+    return subprocess.run([str(FLWR), "run", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
 
 
 @needs_flwr
