@@ -445,10 +445,9 @@ def private_sampled_steps(
                 why_last = why
                 counts[i].zeroed(why)
                 continue
-            if settings.private:
-                norm = float(np.linalg.norm(row))
+            if settings.private:  # the private step's clipping, by the same floats
+                row, norm = clip_by_global_norm(row, settings.clip_norm)
                 if norm > settings.clip_norm:
-                    row = row * (settings.clip_norm / norm)
                     counts[i].clipped += 1
             g[i] += row
         counts[i].last = why_last
