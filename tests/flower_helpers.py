@@ -1,9 +1,11 @@
-"""Helpers for tests that run Flower's real simulation engine (Ray).
+"""Helpers for tests that run Flower's real simulation engine: in this process by default
+(:class:`InProcessBackend`: Flower's runtime without Ray), on Ray where the test's point is
+Ray (:func:`backend_config`).
 
 Why a Ray head per test process: ``run_simulation`` on a fresh local Ray starts and stops a
 whole Ray instance (GCS, raylet, agents) every run — about 10 s of start-up on 2 cores, more
-than the toy run itself. :func:`simulate` instead points Flower's Ray backend at one head
-node per test process (``ray start --head --block``, started on first use and stopped by its
+than the toy run itself. :func:`backend_config` instead points Flower's Ray backend at one
+head node per test process (``ray start --head --block``, started on first use and stopped by its
 process group when the session ends), as a user does with ``init_args = {"address": ...}``
 (docs/flower.md). Each simulation is still its own Ray job with fresh actors (Flower's
 ``ray.shutdown()`` ends the job and its workers, not the cluster), so nothing is carried from
@@ -230,10 +232,6 @@ class InProcessBackend(Backend):
         return pickle.loads(pickle.dumps((out, context)))
 
 
-#: ``simulate(..., backend=IN_PROCESS)``: Flower's simulation runtime without Ray
-IN_PROCESS: dict[str, Any] = {"in_process": {}}
-
-
 @contextlib.contextmanager
 def in_process_backend() -> Any:
     """Flower's simulation runtime with :class:`InProcessBackend` in place of Ray's:
@@ -258,17 +256,9 @@ def simulate(
     """Flower's ``run_simulation``: in this process by default (:class:`InProcessBackend`),
     on this process's Ray head where ``backend`` is :func:`backend_config`'s."""
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    if backend is None or backend is IN_PROCESS:
-        with in_process_backend():
-            run_simulation(server_app=server_app, client_app=client_app,
-                           num_supernodes=num_supernodes, backend_config={})
-        return
-    run_simulation(
-        server_app=server_app,
-        client_app=client_app,
-        num_supernodes=num_supernodes,
-        backend_config=backend,
-    )
+    with in_process_backend() if backend is None else contextlib.nullcontext():
+        run_simulation(server_app=server_app, client_app=client_app,
+                       num_supernodes=num_supernodes, backend_config=backend or {})
 
 
 def read_results(out: Path) -> tuple[np.ndarray, dict[str, Any]]:

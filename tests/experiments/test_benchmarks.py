@@ -60,9 +60,8 @@ def run_here(path: Path, *args: str) -> str:
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(environ)
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            torch.set_num_threads(threads or torch.get_num_threads())
+        if torch is not None:  # as it was before the script (one it imported keeps its own)
+            torch.set_num_threads(threads)
     return buf.getvalue()
 
 
