@@ -93,24 +93,29 @@ def corrnoise_apps(setup: LogRegSetup, marks: list[float]) -> tuple[ServerApp, C
     return server, client
 
 
-def backend(ray_address: str = "", num_cpus: int | None = None) -> dict:
+def backend(ray_address: str = "", num_cpus: int | None = None,
+            client_cpus: float = 1.0) -> dict:
     """:data:`BACKEND` (a fresh local Ray of ``num_cpus`` CPUs, 2 by default), or the same
     actors on the running Ray cluster at ``ray_address`` (joining a cluster takes no
-    ``num_cpus``: its CPUs are its own)."""
+    ``num_cpus``: its CPUs are its own). ``client_cpus`` is Flower's
+    ``client_resources.num_cpus``: Flower runs (the cluster's CPUs) / ``client_cpus``
+    ClientApp actors, each a process that imports Flower, Ray and the app."""
     if ray_address:
         init_args = {"address": ray_address, "logging_level": "ERROR", "log_to_driver": False}
     else:
         init_args = {**BACKEND["init_args"]}
         if num_cpus is not None:
             init_args["num_cpus"] = num_cpus
-    return {"client_resources": dict(BACKEND["client_resources"]), "init_args": init_args}
+    return {"client_resources": {**BACKEND["client_resources"], "num_cpus": client_cpus},
+            "init_args": init_args}
 
 
-def per_round(build, setup: LogRegSetup, ray_address: str = "") -> float:
+def per_round(build, setup: LogRegSetup, ray_address: str = "",
+              client_cpus: float = 1.0) -> float:
     marks: list[float] = []
     server, client = build(setup, marks)
     run_simulation(server_app=server, client_app=client, num_supernodes=setup.num_learners,
-                   backend_config=backend(ray_address))
+                   backend_config=backend(ray_address, client_cpus=client_cpus))
     return statistics.median(np.diff(marks[1:]))
 
 
@@ -147,6 +152,8 @@ def main() -> None:
     p.add_argument("--mechanism", default="optimized", choices=[NOISELESS, *mechanism_names()])
     p.add_argument("--ray-address", default="", help="run on this existing Ray cluster "
                    "(2 CPUs free) instead of a fresh local Ray per simulation")
+    p.add_argument("--client-cpus", type=float, default=1.0, help="Flower's "
+                   "client_resources.num_cpus: Ray runs (CPUs) / this many ClientApp actors")
     args = p.parse_args()
     if args.rounds < 3:
         p.error("--rounds must be ≥ 3 (the median is over rounds 2..R)")
@@ -155,8 +162,8 @@ def main() -> None:
     setup.settings().calibration()  # build the factorization outside the timed rounds
     ratios = []
     for rep in range(args.repeats):
-        plain = per_round(plain_apps, setup, args.ray_address)
-        ours = per_round(corrnoise_apps, setup, args.ray_address)
+        plain = per_round(plain_apps, setup, args.ray_address, args.client_cpus)
+        ours = per_round(corrnoise_apps, setup, args.ray_address, args.client_cpus)
         ratios.append(ours / plain)
         print(f"repeat {rep + 1}: plain FedAvg {plain:.3f} s/round, CorrNoiseFedAvg "
               f"({args.mechanism}) {ours:.3f} s/round, ratio {ours / plain:.2f}", flush=True)

@@ -136,6 +136,7 @@ class RunSpec:
     offload_dir: str
     times_dir: str
     dtype: str = "float64"  # the model's (plain and ours alike)
+    client_cpus: float = 1.0  # Flower's client_resources.num_cpus
     eta: float = 0.05
     epsilon: float = 2.0
     delta: float = 1e-3
@@ -306,7 +307,8 @@ def child(spec: RunSpec, result_path: Path) -> None:
                        evaluate_fn=evaluate)
 
     run_simulation(server_app=server, client_app=client, num_supernodes=spec.learners,
-                   backend_config=backend(spec.ray_address, num_cpus=spec.actors))
+                   backend_config=backend(spec.ray_address, num_cpus=spec.actors,
+                                          client_cpus=spec.client_cpus))
     result_path.write_text(json.dumps(asdict(res)))
 
 
@@ -422,7 +424,8 @@ def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dic
     row: dict[str, Any] = {
         "learners": spec.learners, "dim": spec.dim, "fraction": spec.fraction,
         "rounds": spec.rounds, "tau": spec.tau, "actors": spec.actors,
-        "mechanism": spec.mechanism, "variant": spec.variant, "dtype": spec.dtype,
+        "client_cpus": spec.client_cpus, "mechanism": spec.mechanism,
+        "variant": spec.variant, "dtype": spec.dtype,
         "state_offload": spec.state_offload or "",
         # a run on an existing cluster: its actors are not in the tree measured here
         "ray_address": spec.ray_address,
@@ -652,7 +655,11 @@ def main() -> None:
     p.add_argument("--fraction", type=float, default=0.1, help="learners sampled per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tau", type=int, default=4)
-    p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--actors", type=int, default=2,
+                   help="the CPUs of each run's fresh local Ray (one ClientApp actor each)")
+    p.add_argument("--client-cpus", type=float, default=1.0, help="Flower's "
+                   "client_resources.num_cpus: Ray runs (CPUs) / this many ClientApp actors "
+                   "(on --ray-address, the cluster's CPUs count)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--mechanism", default="blt", choices=mechanism_names())
@@ -710,6 +717,7 @@ def main() -> None:
                         spec = RunSpec(variant=variant, learners=learners, dim=dim,
                                        fraction=args.fraction, rounds=args.rounds,
                                        tau=args.tau, actors=args.actors,
+                                       client_cpus=args.client_cpus,
                                        mechanism=args.mechanism, offload=args.offload,
                                        dtype=args.dtype, ray_address=args.ray_address,
                                        offload_dir=str(Path(tmp) / "offload"),

@@ -413,9 +413,11 @@ def accuracy_cell(acc: list[float], seeds: int) -> str:
     return text + (f" [{len(acc)} seed{'s' * (len(acc) > 1)}]" if len(acc) != seeds else "")
 
 
-def flower_check(setup: CNNSetup, reference: CNNResult) -> float:
+def flower_check(setup: CNNSetup, reference: CNNResult, client_cpus: float = 1.0) -> float:
     """Run ``setup`` on Flower's Ray simulation; return the largest parameter difference
-    to the in-process run (the same learners, seeds and server step)."""
+    to the in-process run (the same learners, seeds and server step). ``client_cpus`` is
+    Flower's ``client_resources.num_cpus``: Ray runs (its CPUs) / ``client_cpus`` ClientApp
+    actors, each a process that imports torch, Flower and the app."""
     from flwr.simulation import run_simulation
 
     from experiments.cnn import cnn_apps
@@ -423,7 +425,8 @@ def flower_check(setup: CNNSetup, reference: CNNResult) -> float:
     out: list[CNNResult] = []
     server, client = cnn_apps(setup, progress=True, on_finish=out.append)
     run_simulation(server_app=server, client_app=client, num_supernodes=setup.num_learners,
-                   backend_config={"client_resources": {"num_cpus": 1}}, verbose_logging=False)
+                   backend_config={"client_resources": {"num_cpus": client_cpus}},
+                   verbose_logging=False)
     if not out:
         raise RuntimeError("the Flower run did not finish")
     return max(float(np.max(np.abs(a - b)))
@@ -556,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the tuning runs' seed (not an evaluation seed)")
     p.add_argument("--flower", action="store_true",
                    help="also run the first configuration on Flower's Ray simulation")
+    p.add_argument("--flower-client-cpus", type=float, default=1.0,
+                   help="with --flower: Flower's client_resources.num_cpus (Ray runs its "
+                        "CPUs / this many ClientApp actors)")
     p.add_argument("--out", type=Path, default=Path("results/cnn"))
     p.add_argument("--docs", action="store_true", help="write docs/results-cnn.csv etc.")
     p.add_argument("--docs-table", default="cnn", choices=sorted(DOCS_TABLES),
@@ -590,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     print(text)
     if args.flower and jobs:
-        diff = flower_check(jobs[0], run_cnn(jobs[0], progress=False))
+        diff = flower_check(jobs[0], run_cnn(jobs[0], progress=False), args.flower_client_cpus)
         print(f"Flower Ray simulation of {jobs[0].label} τ={jobs[0].tau}: max |Δx| = {diff:.2e}")
         (args.out / "flower-check.txt").write_text(f"{jobs[0]}\nmax abs difference {diff}\n")
     if args.docs:

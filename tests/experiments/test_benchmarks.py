@@ -194,7 +194,10 @@ def test_flower_scale(tmp_path: Path) -> None:
     dim = 20_000
     toy = ["--learners", "20", "--dims", str(dim), "--rounds", "3", "--fraction", "0.5",
            "--offload", "on", "--dtype", "float32"]
-    head = ["--ray-address", ray_head().address] if RAY.exists() else []
+    # one ClientApp actor a run (the head's 2 CPUs each): an actor is a process that
+    # imports Flower, Ray and the app, ≈ 6 s of CPU, more than a toy run's training
+    head = (["--ray-address", ray_head().address, "--client-cpus", "2"] if RAY.exists()
+            else ["--actors", "1"])
     out = tmp_path / "runs.csv"
     rows = run("flower_scale.py", *toy, "--variants", "plain", "ours", "ours-off",
                "--out", str(out), *head)
@@ -209,6 +212,8 @@ def test_flower_scale(tmp_path: Path) -> None:
     assert len(lines) == 3  # one line per run
     address = head[1] if head else ""
     assert [r["ray_address"] for r in lines] == [address] * 3
+    assert all(float(r["client_cpus"]) == (2 if head[:1] == ["--ray-address"] else 1)
+               for r in lines)
     (ours,) = [r for r in lines if r["offload_files"] not in ("", "0", "–")]
     assert ours["dtype"] == "float32"
     per_file = float(ours["offload_mib"]) * 2**20 / int(ours["offload_files"])  # on disk
@@ -236,11 +241,13 @@ def test_a_profiled_part_is_its_outermost_function_counted_once(
 def test_flower_overhead() -> None:
     """benchmarks/flower_overhead.py (docs/benchmarks.md § 3) at toy size: plain FedAvg
     and CorrNoiseFedAvg each take positive seconds per round, the ratio printed is theirs,
-    and the learner-code line follows. On the test worker's Ray head (``--ray-address``).
-    Timings are not compared."""
+    and the learner-code line follows. On the test worker's Ray head (``--ray-address``),
+    one ClientApp actor a run (``--client-cpus 2`` of its 2 CPUs). Timings are not
+    compared."""
     head = ["--ray-address", ray_head().address] if RAY.exists() else []
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "flower_overhead.py"),
-                           "--rounds", "3", "--repeats", "1", "--mechanism", "blt", *head],
+                           "--rounds", "3", "--repeats", "1", "--mechanism", "blt",
+                           "--client-cpus", "2", *head],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()

@@ -104,7 +104,9 @@ def test_script_writes_csv_plot_and_checks_flower(root: Path, tmp_path: Path,
     """The CNN script at toy size, its Flower check included. That check's ``ray.init()``
     joins this test worker's Ray head (``RAY_ADDRESS``, which ``ray.init`` reads when it is
     given no address) instead of starting a Ray of its own: the same simulation, without
-    a Ray start-up in the suite's busiest minutes."""
+    a Ray start-up in the suite's busiest minutes; one ClientApp actor on its 2 CPUs
+    (``--flower-client-cpus 2``: an actor is a process that imports torch, Flower and the
+    app)."""
     from simulations.cnn import HEADER, main
 
     if RAY.exists():
@@ -114,6 +116,7 @@ def test_script_writes_csv_plot_and_checks_flower(root: Path, tmp_path: Path,
     assert main(["--dataset", "mnist", "--data-root", str(root), "--learners", "2",
                  "--steps", "4", "--taus", "1", "2", "--batch-size", "3", "--methods",
                  "none", "blt", "--test-size", "40", "--threads", "1", "--flower",
+                 "--flower-client-cpus", "2",
                  "--out", str(out)]) == 0
     with open(out / "runs.csv") as fh:
         rows = list(csv.reader(fh))

@@ -130,7 +130,8 @@ def test_flwr_run_local_simulation(tmp_path: Path) -> None:
                   f"seed=11 data-seed=4 test-size=100 results-dir='{out}'")
     with flwr_env() as env:
         proc = flwr_run([str(APP), "--stream",
-                         "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
+                         # one actor (2 CPUs each): an actor imports Flower, Ray and the app
+                         "--federation-config", "num-supernodes=3 client-resources-num-cpus=2",
                          "--run-config", run_config], env, tmp_path)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         deadline = time.monotonic() + 60
