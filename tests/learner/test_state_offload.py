@@ -446,7 +446,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
 deadline = time.monotonic() + 180
-while len([n for n in ray.nodes() if n["Alive"]]) < 2:
+while len([n for n in ray.nodes() if n["Alive"]]) < 2:  # the head and the new node
     assert time.monotonic() < deadline, "the second Ray node did not join"
     time.sleep(0.5)
 nodes = [n for n in ray.nodes() if n["Alive"]]
@@ -472,54 +472,71 @@ def first_commit(directory, run_id):
     return "ok"
 
 
+@ray.remote(num_cpus=0)
+def remove_default_run_folder(run_id):
+    import shutil
+    from flwr_corrnoise import state_offload
+    shutil.rmtree(state_offload.OffloadPolicy("on", None).run_folder(run_id),
+                  ignore_errors=True)
+
+
 def on(node, task, *args):
     return ray.get(task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
         node, soft=False)).remote(*args), timeout=300)
 
 
-print(json.dumps({
+got = {
     "temp": sorted(on(n["NodeID"], temp_dir) for n in nodes),
-    "default": on(head, first_commit, None, 1),
-    "shared": on(head, first_commit, sys.argv[2], 2),
-}))
+    "default": on(head, first_commit, None, int(sys.argv[3])),
+    "shared": on(head, first_commit, sys.argv[2], int(sys.argv[4])),
+}
+on(head, remove_default_run_folder, int(sys.argv[3]))  # the head's temp dir is not ours
+print(json.dumps(got))
 """
 
 
 @pytest.mark.slow
-def test_offload_on_two_ray_nodes_without_a_shared_folder_fails(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_offload_on_two_ray_nodes_without_a_shared_folder_fails(tmp_path: Path) -> None:
     """A real two-node Ray cluster on this machine, each node with its own temp dir (as
     two machines have): a learner's first commit with the default offload folder — which
     each node resolves to its own temp dir — is refused, naming the other node; with a
     folder both nodes see it goes on. What makes an offloaded run on a cluster without a
     shared folder fail in round 1 (its learners answer 4104, and
     ``test_a_simulation_whose_learner_lost_its_state_fails_in_that_round`` shows a 4104
-    failing the run)."""
+    failing the run).
+
+    The cluster is this test worker's Ray head (``tests/flower_helpers.ray_head``, the
+    temp dir it was started with) and a second node started here with a temp dir of its
+    own, stopped at the end: a second head of its own cost ≈ 15–20 s of CPU. The run ids
+    are fresh random ones, so no marker another run left in the head's temp dir counts."""
     import json
+    import secrets
     import signal
     import subprocess
     import sys
 
-    from ..flower_helpers import RAY, RayHead, free_port
+    from ..flower_helpers import RAY, free_port, ray_head
 
     if not RAY.exists():
         pytest.skip("ray CLI not installed beside sys.executable")
-    temps = {name: tmp_path / name for name in ("machine-a", "machine-b", "shared")}
+    temps = {name: tmp_path / name for name in ("machine-b", "shared")}
     for path in temps.values():
         path.mkdir()
-    monkeypatch.setenv("TMPDIR", str(temps["machine-a"]))  # the head's (and its workers')
-    head = RayHead(num_cpus=1)
+    head = ray_head()
     ray_b = tempfile.mkdtemp(prefix="rayb", dir="/tmp")  # Ray's sockets: a short path
     worker = subprocess.Popen(
         [str(RAY), "start", "--address", head.address, "--num-cpus", "1", "--block",
          "--temp-dir", ray_b, "--disable-usage-stats", "--min-worker-port", "0",
-         "--max-worker-port", "0", "--dashboard-agent-listen-port", str(free_port())],
+         "--max-worker-port", "0", "--dashboard-agent-listen-port", str(free_port()),
+         "--include-log-monitor=false"],
         env={**os.environ, "TMPDIR": str(temps["machine-b"]),
-             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"},
+             "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_enable_worker_prestart": "0"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    runs = [secrets.randbits(62) for _ in range(2)]
     try:
         job = subprocess.run(
-            [sys.executable, "-c", TWO_NODES_DRIVER, head.address, str(temps["shared"])],
+            [sys.executable, "-c", TWO_NODES_DRIVER, head.address, str(temps["shared"]),
+             *map(str, runs)],
             capture_output=True, text=True, timeout=400,
             env={**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"})
     finally:
@@ -530,12 +547,12 @@ def test_offload_on_two_ray_nodes_without_a_shared_folder_fails(
             except subprocess.TimeoutExpired:
                 os.killpg(worker.pid, signal.SIGKILL)
                 worker.wait(timeout=30)
-        head.stop()
         shutil.rmtree(ray_b, ignore_errors=True)
     assert job.returncode == 0, job.stderr[-3000:]
     got = json.loads(job.stdout.strip().splitlines()[-1])
-    assert got["temp"] == sorted([str(temps["machine-a"]), str(temps["machine-b"])])
+    assert len(got["temp"]) == 2 and str(temps["machine-b"]) in got["temp"]
+    assert len(set(got["temp"])) == 2  # the head's own temp dir is another one
     assert got["default"].startswith("refused: ") and "not shared by every machine" in \
         got["default"] and "1 node(s) do not see this run's marker" in got["default"]
     assert got["shared"] == "ok"
-    assert (temps["shared"] / "run-2" / state_offload.RUN_MARKER).exists()
+    assert (temps["shared"] / f"run-{runs[1]}" / state_offload.RUN_MARKER).exists()
