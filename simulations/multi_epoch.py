@@ -842,9 +842,9 @@ def _batch(d: Path) -> dict[str, str]:
 
 def merge(dirs: list[Path], out: Path) -> None:
     """Join the CSVs of several ``--out`` directories (a grid split into invocations) into
-    ``out``: every run, round and tuning row, in the order given, and the last noise table;
-    a (method, ε, seed) that two directories both hold is an error, so no result is
-    counted twice."""
+    ``out``: every run, round, tuning and band-choice row, in the order given, and the last
+    noise table; a (method, ε, seed, batch) or a band candidate that two directories both
+    hold is an error, so no result is counted twice."""
     out.mkdir(parents=True, exist_ok=True)
     for name, header in (("runs.csv", RUN_HEADER), ("rounds.csv", ROUND_HEADER),
                          ("tuning.csv", RUN_HEADER)):
@@ -857,10 +857,19 @@ def merge(dirs: list[Path], out: Path) -> None:
                 raise ValueError(f"runs held by more than one directory: {sorted(twice)}")
         if rows:
             write_csv(out / name, header, rows)
-    for name in ("noise.csv", "bands.csv"):  # no training: the last directory's
-        found = [d / name for d in dirs if (d / name).exists()]
-        if found:
-            shutil.copy(found[-1], out / name)
+    found = [d / "noise.csv" for d in dirs if (d / "noise.csv").exists()]
+    if found:  # no training, one grid: the last directory's
+        shutil.copy(found[-1], out / "noise.csv")
+    # the band choice, one --band-choice invocation per set of cells: every directory's
+    # cells joined, a candidate two directories both weighed an error (as for runs)
+    bands = [r for d in dirs if (d / "bands.csv").exists() for r in read_csv(d / "bands.csv")]
+    keys = [(float(r["epsilon"]), r["delta"], r["steps_per_epoch"], r["steps_per_round"],
+             r["learners"], r["bands"]) for r in bands]
+    twice = {k for k in keys if keys.count(k) > 1}
+    if twice:
+        raise ValueError(f"band candidates held by more than one directory: {sorted(twice)}")
+    if bands:
+        write_csv(out / "bands.csv", BANDS_HEADER, bands)
 
 
 def finish(out: Path, docs: bool) -> None:

@@ -214,3 +214,31 @@ def test_tables_split_steps_per_epoch_and_judge_the_spread() -> None:
                         "ahead beyond the spread"]
     assert "| 16 | 8 | 4 | 0.610 ± 0.010 | 0.620 ± 0.020 | -0.010 | 0.020 |" \
         in tabs["versus"]
+
+
+def test_merge_joins_every_band_choice_and_refuses_one_twice(tmp_path: Path) -> None:
+    """Band-choice cells from several ``--band-choice`` invocations are all kept by
+    ``--merge`` (in the order given); a candidate two directories both hold is refused.
+    Synthetic rows (no run)."""
+    def write(d: Path, cells: list[tuple[str, str]]) -> None:
+        d.mkdir()
+        rows = [{"epsilon": e, "delta": "1e-05", "steps_per_epoch": s, "steps": "10",
+                 "steps_per_round": "2", "learners": "3", "bands": str(b),
+                 "sampling_rate": "0.5", "noise_multiplier": "1", "column_norm": "1",
+                 "prefix_rmse": str(3 - b), "iterate_rmse": str(3 - b), "chosen": str(b - 1)}
+                for e, s in cells for b in (1, 2)]
+        multi_epoch.write_csv(d / "bands.csv", multi_epoch.BANDS_HEADER, rows)
+
+    write(tmp_path / "a", [("8", "16"), ("4", "16")])
+    write(tmp_path / "b", [("8", "256")])
+    multi_epoch.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
+    with open(tmp_path / "out" / "bands.csv") as fh:
+        merged = list(csv.DictReader(fh))
+    assert [(r["epsilon"], r["steps_per_epoch"], r["bands"]) for r in merged] == [
+        ("8", "16", "1"), ("8", "16", "2"), ("4", "16", "1"), ("4", "16", "2"),
+        ("8", "256", "1"), ("8", "256", "2")]
+    table = multi_epoch.bands_table(merged)
+    assert "| 8 | 256 | 2 | 1.000 | 0.500 | 0.500 | **yes** |" in table
+    write(tmp_path / "c", [("8.0", "256")])
+    with pytest.raises(ValueError, match="more than one directory"):
+        multi_epoch.merge([tmp_path / "b", tmp_path / "c"], tmp_path / "out2")
