@@ -6,7 +6,10 @@ one left in the list after it stopped using the head would hold a worker for not
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import RAY_HEAD_TESTS
 
@@ -38,3 +41,22 @@ def test_the_check_sees_a_new_test_on_the_head(tmp_path: Path) -> None:
         "def test_uses_it():\n    simulate(a, b, 2, backend_config(actors=2))\n\n"
         "def test_does_not():\n    simulate(a, b, 2)\n")
     assert find_tests_on_the_head(tmp_path) == {("test_new", "test_uses_it")}
+
+
+def test_the_group_reaches_xdist(request: pytest.FixtureRequest) -> None:
+    """Under ``--dist loadgroup`` (pyproject.toml's addopts) xdist reads a test's groups into
+    its node id (``…@ray-head``) when it collects; the conftest hook that adds the groups
+    must run before that (``tryfirst``), or every head test is scheduled alone and each
+    worker starts its own head. Checked on this worker's collected items."""
+    config = request.config
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup")):
+        pytest.skip("not on an xdist worker with --dist loadgroup")
+    items = request.session.items
+    on_head = [item for item in items if (
+        item.module.__name__.rsplit(".", 1)[-1] if item.module else "",
+        getattr(item, "originalname", item.name)) in RAY_HEAD_TESTS]
+    if not on_head:
+        pytest.skip("no test on the head was collected in this run")
+    assert all(item.nodeid.endswith("@ray-head") for item in on_head)
+    assert all(item.nodeid.endswith("@optimized-1024") for item in items
+               if "near_optimal" in item.name)
