@@ -40,7 +40,9 @@ def main() -> None:
         server_app=server_app,
         client_app=client_app,
         num_supernodes=setup.num_learners,
-        backend_config={"client_resources": {"num_cpus": 1},
+        # one ClientApp actor on the head's 2 CPUs: an actor is a process that imports
+        # Flower, Ray and the app (≈ 5–6 s of CPU); the point here is the cluster
+        backend_config={"client_resources": {"num_cpus": 2},
                         "init_args": {"address": address, "logging_level": "ERROR",
                                       "log_to_driver": False}},
     )
