@@ -76,7 +76,7 @@ RAY_HEAD_TESTS = {
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 4 --dist loadgroup``, pyproject.toml), keep the tests that
+    """Under pytest-xdist (``-n 3 --dist loadgroup``, pyproject.toml), keep the tests that
     use the N = 1024 optimized factorization on one worker, so it is solved once (the
     cache directory above is shared: the workers inherit ``FLWR_CORRNOISE_CACHE`` from
     the controller, which loads this file first).
