@@ -59,9 +59,11 @@ def test_message_profile_splits_a_train_message() -> None:
     for r in body:
         values = dict(zip(header[2:], (float(v) for v in r[2:]), strict=True))
         assert values["message ms"] > 0 and values["noise: draws"] > 0
-        parts = sum(v for k, v in values.items() if k not in ("message ms",
-                                                                "profiled message ms"))
-        assert parts == pytest.approx(values["profiled message ms"], abs=0.2)
+        summed = [v for k, v in values.items() if k not in ("message ms",
+                                                            "profiled message ms")]
+        # every figure is printed to 0.1 ms: each part and the total may be off by 0.05
+        assert sum(summed) == pytest.approx(values["profiled message ms"],
+                                            abs=0.05 * (len(summed) + 1) + 1e-9)
         named = [v for k, v in values.items() if k not in ("message ms", "other",
                                                             "profiled message ms")]
         assert all(0 < v < values["profiled message ms"] for v in named)
