@@ -127,8 +127,18 @@ def run_flower(setup: LogRegSetup, target: Path) -> np.ndarray:
     logging.getLogger("flwr").setLevel(logging.ERROR)
     server_app, client_app = logreg_apps(setup, str(target), progress=True, regret=False)
     run_simulation(server_app=server_app, client_app=client_app,
-                   num_supernodes=setup.num_learners, backend_config=BACKEND)
+                   num_supernodes=setup.num_learners, backend_config=flower_backend())
     return np.load(target / "final_model.npy")
+
+
+def flower_backend() -> dict:
+    """:data:`BACKEND`: a fresh local Ray of 2 CPUs, or — where ``RAY_ADDRESS`` names a
+    running cluster, which ``ray.init`` joins when it is given no address — that cluster,
+    whose CPUs are its own (``ray.init`` refuses ``num_cpus`` when it joins one)."""
+    if os.environ.get("RAY_ADDRESS"):
+        init_args = {k: v for k, v in BACKEND["init_args"].items() if k != "num_cpus"}
+        return {"client_resources": dict(BACKEND["client_resources"]), "init_args": init_args}
+    return BACKEND
 
 
 def run_demo(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from flwr_corrnoise.apps.logreg_task import LogRegEvaluator, LogRegSetup
 from simulations import logreg
+from tests.flower_helpers import RAY, ray_head
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,12 +72,18 @@ def test_evaluator_regret_matches_definition() -> None:
 def test_main_job_runs_the_demo(tmp_path: Path) -> None:
     """README command 1 at toy size, as a user runs it: three methods on three seeds in
     process (bands), BLT's first seed on Flower's simulation engine too — the same final
-    model as in process —, the figure, the CSVs, and a results directory `report` reads."""
+    model as in process —, the figure, the CSVs, and a results directory `report` reads.
+    Its Flower run joins this test worker's Ray head (``RAY_ADDRESS``, which the demo and
+    ``ray.init`` honour) instead of starting a local Ray (≈ 15 s of CPU): a fresh local Ray
+    under Flower is what tests/flower/test_flwr_run.py runs, twice."""
+    env = dict(os.environ)
+    if RAY.exists():
+        env["RAY_ADDRESS"] = ray_head().address
     proc = subprocess.run(
         [sys.executable, "-m", "flwr_corrnoise.cli", "simulate", "--rounds", "3",
          "--learners", "2", "--local-steps", "4", "--seeds", "3", "--out", str(tmp_path),
          "--json"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout[proc.stdout.index("{"):])
