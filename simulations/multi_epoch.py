@@ -707,7 +707,8 @@ def plot(runs: list[dict[str, str]], rounds: list[dict[str, str]], path: Path) -
                 (c for c in sub if c["seed"] == sd), key=lambda c: int(c["round"]))]
                 for sd in seeds])
             mean, std = acc.mean(axis=0), acc.std(axis=0)
-            style = "--" if m == NOISELESS else ("-" if b == spes[0] else ":")
+            # a line style per steps per epoch (solid, dotted, dash-dot); a colour per method
+            style = "--" if m == NOISELESS else ("-", ":", "-.")[min(spes.index(b), 2)]
             color = f"C{order(m) % 10}"  # one colour per method in every panel
             ax.plot(xs, mean, style, marker="o", ms=3, label=key_name((m, b), several),
                     color=color)
