@@ -96,6 +96,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("optimized-1024"))
         elif (module, getattr(item, "originalname", item.name)) in RAY_HEAD_TESTS:
             item.add_marker(pytest.mark.xdist_group("ray-head"))
-    # the slow tests first (a stable sort: file order otherwise kept), so that the workers
-    # start the long process-bound ones early instead of ending on one of them alone
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # The order xdist hands the work out in (pyproject.toml's --no-loadscope-reorder keeps
+    # it; xdist would otherwise put the groups first by size and the TLS crash test after
+    # some 100 s of others). First the TLS crash test, the longest wall (≈ 190–320 s, most
+    # of it Flower waiting for two 30 s heartbeats, little CPU): started at once, it runs
+    # beside CPU-bound tests instead of ending the suite on one worker alone; then the Ray
+    # head's group (≈ 220–250 s), the other groups, the slow tests, the rest (a stable sort:
+    # file order otherwise kept).
+    def rank(item: pytest.Item) -> int:
+        if item.name in FIRST:
+            return 0
+        groups = [m.args[0] for m in item.iter_markers("xdist_group") if m.args]
+        if groups:
+            return 1 if "ray-head" in groups else 2
+        return 3 if item.get_closest_marker("slow") is not None else 4
+
+    items.sort(key=rank)
+
+
+#: the tests xdist hands out first (see pytest_collection_modifyitems)
+FIRST = {"test_tls_deployment_survives_a_supernode_crash"}
