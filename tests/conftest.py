@@ -75,6 +75,12 @@ RAY_HEAD_TESTS = {
 }
 
 
+def on_ray_head(item: pytest.Item) -> bool:
+    """Whether ``item`` (any parametrization of it) is one of :data:`RAY_HEAD_TESTS`."""
+    module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+    return (module, getattr(item, "originalname", item.name)) in RAY_HEAD_TESTS
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``-n 3 --dist loadgroup``, pyproject.toml), keep the tests that
@@ -94,7 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if module in ("test_mechanisms", "test_blt") and (
                 "1024" in item.name or "near_optimal" in item.name):
             item.add_marker(pytest.mark.xdist_group("optimized-1024"))
-        elif (module, getattr(item, "originalname", item.name)) in RAY_HEAD_TESTS:
+        elif on_ray_head(item):
             item.add_marker(pytest.mark.xdist_group("ray-head"))
     # The order xdist hands the work out in (pyproject.toml's --no-loadscope-reorder keeps
     # it; xdist would otherwise put the groups first by size and the TLS crash test after

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RAY_HEAD_TESTS
+from tests.conftest import RAY_HEAD_TESTS, on_ray_head
 
 TESTS = Path(__file__).resolve().parents[1]
 #: what starts or reaches the worker's head (tests/flower_helpers.py, tests/adoption)
@@ -52,9 +52,7 @@ def test_the_group_reaches_xdist(request: pytest.FixtureRequest) -> None:
     if not (os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup")):
         pytest.skip("not on an xdist worker with --dist loadgroup")
     items = request.session.items
-    on_head = [item for item in items if (
-        item.module.__name__.rsplit(".", 1)[-1] if item.module else "",
-        getattr(item, "originalname", item.name)) in RAY_HEAD_TESTS]
+    on_head = [item for item in items if on_ray_head(item)]
     if not on_head:
         pytest.skip("no test on the head was collected in this run")
     assert all(item.nodeid.endswith("@ray-head") for item in on_head)
