@@ -841,6 +841,14 @@ def _batch(d: Path) -> dict[str, str]:
     return {"batch_size": sizes.pop()} if len(sizes) == 1 else {}
 
 
+def _held_once(keys: list[tuple], what: str) -> None:
+    """Refuse a merge in which two directories hold the same result (``keys``, one per
+    row): it would be counted twice."""
+    twice = {k for k in keys if keys.count(k) > 1}
+    if twice:
+        raise ValueError(f"{what} held by more than one directory: {sorted(twice)}")
+
+
 def merge(dirs: list[Path], out: Path) -> None:
     """Join the CSVs of several ``--out`` directories (a grid split into invocations) into
     ``out``: every run, round, tuning and band-choice row, in the order given, and the last
@@ -852,10 +860,8 @@ def merge(dirs: list[Path], out: Path) -> None:
         rows = [{**_batch(d), **r} for d in dirs if (d / name).exists()
                 for r in read_csv(d / name)]
         if name == "runs.csv":
-            keys = [(r["method"], r["epsilon"], r["seed"], r["batch_size"]) for r in rows]
-            twice = {k for k in keys if keys.count(k) > 1}
-            if twice:
-                raise ValueError(f"runs held by more than one directory: {sorted(twice)}")
+            _held_once([(r["method"], r["epsilon"], r["seed"], r["batch_size"])
+                        for r in rows], "runs")
         if rows:
             write_csv(out / name, header, rows)
     found = [d / "noise.csv" for d in dirs if (d / "noise.csv").exists()]
@@ -864,11 +870,9 @@ def merge(dirs: list[Path], out: Path) -> None:
     # the band choice, one --band-choice invocation per set of cells: every directory's
     # cells joined, a candidate two directories both weighed an error (as for runs)
     bands = [r for d in dirs if (d / "bands.csv").exists() for r in read_csv(d / "bands.csv")]
-    keys = [(float(r["epsilon"]), r["delta"], r["steps_per_epoch"], r["steps_per_round"],
-             r["learners"], r["bands"]) for r in bands]
-    twice = {k for k in keys if keys.count(k) > 1}
-    if twice:
-        raise ValueError(f"band candidates held by more than one directory: {sorted(twice)}")
+    _held_once([(float(r["epsilon"]), r["delta"], r["steps_per_epoch"],
+                 r["steps_per_round"], r["learners"], r["bands"]) for r in bands],
+               "band candidates")
     if bands:
         write_csv(out / "bands.csv", BANDS_HEADER, bands)
 
