@@ -242,3 +242,63 @@ def test_merge_joins_every_band_choice_and_refuses_one_twice(tmp_path: Path) -> 
     write(tmp_path / "c", [("8.0", "256")])
     with pytest.raises(ValueError, match="more than one directory"):
         multi_epoch.merge([tmp_path / "b", tmp_path / "c"], tmp_path / "out2")
+
+
+def test_eta_is_chosen_by_the_mean_over_the_tuning_seeds(monkeypatch) -> None:
+    """``--tune-seeds 100 101``: every η runs on both seeds, one tuning row per seed, and η
+    is the best mean (here η = 1, although seed 100 alone prefers η = 0.3, as in the
+    16-step, ε = 8 cell); ties go to the smaller η; the one ``--tune-seed`` still works.
+    The runs are replaced by a table of accuracies (no training)."""
+    accuracy = {(0.3, 100): 0.655, (1.0, 100): 0.647, (0.3, 101): 0.600, (1.0, 101): 0.640}
+    ran: list[tuple[float, int]] = []
+
+    def fake_run_all(jobs, workers):
+        ran.extend((j.eta, j.seed) for j in jobs)
+        return [({"final_accuracy": accuracy.get((j.eta, j.seed), 0.5), "eta": j.eta,
+                  "seed": j.seed}, []) for j in jobs]
+
+    monkeypatch.setattr(multi_epoch, "run_all", fake_run_all)
+    args = multi_epoch.parse_args(["--methods", "bandmf", "--epsilons", "8", "--etas", "0.3",
+                                   "1", "--tune-seeds", "100", "101"])
+    etas, rows = multi_epoch.tune(args, multi_epoch.base_setup(args))
+    assert sorted(ran) == sorted(accuracy)
+    assert len(rows) == 4 and {r["seed"] for r in rows} == {100, 101}
+    assert etas == {("bandmf", 8.0): 1.0}
+    # the old flag: one seed, whose own best η
+    args = multi_epoch.parse_args(["--methods", "bandmf", "--epsilons", "8", "--etas", "0.3",
+                                   "1", "--tune-seed", "100"])
+    ran.clear()
+    assert multi_epoch.tune(args, multi_epoch.base_setup(args))[0] == {("bandmf", 8.0): 0.3}
+    assert sorted(ran) == [(0.3, 100), (1.0, 100)]
+    # a tie of the means goes to the smaller η; η run on different seeds is refused
+    cell = ("bandmf", 8.0)
+    assert multi_epoch.choose_etas([(cell, 1.0, 1, 0.6), (cell, 0.3, 1, 0.5),
+                                    (cell, 1.0, 2, 0.5), (cell, 0.3, 2, 0.6)])[cell] == 0.3
+    with pytest.raises(ValueError, match="different seeds"):
+        multi_epoch.choose_etas([(cell, 1.0, 1, 0.6), (cell, 0.3, 2, 0.5)])
+    # a tuning seed that is also an evaluation seed is refused
+    with pytest.raises(SystemExit):
+        multi_epoch.parse_args(["--etas", "0.3", "1", "--tune-seeds", "100", "2"])
+
+
+def test_tuning_table_shows_each_seed_and_the_mean(tmp_path: Path) -> None:
+    """The tuning block: one line per tuning seed and, for a cell tuned on two, the mean
+    that chose η; ``--merge`` refuses a tuning run two directories both hold. Synthetic
+    rows (no run)."""
+    def row(eta: str, seed: str, acc: str) -> dict[str, str]:
+        return {**dict.fromkeys(multi_epoch.RUN_HEADER, ""), "method": "bandmf",
+                "epsilon": "8.0", "eta": eta, "seed": seed, "final_accuracy": acc,
+                "examples": "512", "batch_size": "32"}
+
+    tuning = [row("0.3", "100", "0.655"), row("1.0", "100", "0.647"),
+              row("0.3", "101", "0.600"), row("1.0", "101", "0.640")]
+    table = multi_epoch.tuning_table(tuning)
+    assert "| amplified BandMF, cyclic Poisson, library's bands (ours) | 8.0 | 100 | " \
+        "0.655 | 0.647 |" in table
+    assert "| 8.0 | 101 | 0.600 | 0.640 |" in table
+    assert "| 8.0 | mean | 0.627 | 0.643 |" in table
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        multi_epoch.write_csv(tmp_path / d / "tuning.csv", multi_epoch.RUN_HEADER, tuning[:1])
+    with pytest.raises(ValueError, match="tuning runs held by more than one directory"):
+        multi_epoch.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
