@@ -257,6 +257,26 @@ def test_the_scale_task_computes_in_the_models_dtype(monkeypatch: pytest.MonkeyP
     np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-6)
 
 
+def test_compiled_noise_floor() -> None:
+    """benchmarks/compiled_noise_floor.py at toy size: the compiled transform is built and
+    vectorized, every path has a row per d, and its rows pass the KS check (the script
+    fails below p = 1e-4, so a broken transform cannot report a floor). Skipped without
+    gcc or AVX2 (the script then measures nothing and says so). Timings are not compared."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compiled_noise_floor.py"),
+                           "--dims", "5000", "--repeats", "1", "--check", "20000"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if "nothing measured" in proc.stdout:
+        pytest.skip("no gcc or no AVX2 here")
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| 5,000 |")]
+    assert [r.split(" | ")[1] for r in rows] == [
+        "compiled row (AES-128-CTR + compiled Box–Muller)",
+        "cipher row (the kernel: AES-128-CTR, NumPy Box–Muller)", "Philox ziggurat (NumPy)"]
+    checks = [line for line in proc.stdout.splitlines() if line.startswith("| float")]
+    assert len(checks) == 2 and all(float(c.split(" | ")[-1].rstrip(" |")) >= 1e-4
+                                    for c in checks)
+
+
 @pytest.mark.slow
 def test_flower_overhead() -> None:
     """benchmarks/flower_overhead.py (docs/benchmarks.md § 3) at toy size: plain FedAvg
