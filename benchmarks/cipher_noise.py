@@ -181,18 +181,32 @@ def stream_steps(dims: list[int], repeats: int, steps: int, horizon: int = 4000)
 
 
 def grid_cost(dims: list[int], repeats: int, steps: int) -> None:
-    """ms per learner step, plain and with the grid, and the grid's share of it."""
+    """ms per learner step, plain and with the grid, and the grid's share of it; then the
+    share of a whole learner message (the issue's measure: ≤ 10 % of a learner message)."""
     print()
     print("| d | learner step (AES blt stream + value + noise + bytes), ms | grid alone "
-          "(round + exact add), ms | grid ÷ step |")
-    print("|---|---|---|---|")
+          "(round + exact add), ms | grid ÷ step | learner message (τ = 4), ms | "
+          "grid × τ ÷ message |")
+    print("|---|---|---|---|---|---|")
     for d in dims:
-        t_step, t_grid = _grid_row(d, repeats, steps)
+        t_step, t_grid, t_msg = _grid_row(d, repeats, steps)
         print(f"| {d:,} | {1e3 * t_step:.2f} | {1e3 * t_grid:.2f} | "
-              f"{100 * t_grid / t_step:.0f} % |", flush=True)
+              f"{100 * t_grid / t_step:.0f} % | {1e3 * t_msg:.2f} | "
+              f"{100 * MESSAGE_TAU * t_grid / t_msg:.0f} % |", flush=True)
 
 
-def _grid_row(d: int, repeats: int, steps: int, std: float = 1.3) -> tuple[float, float]:
+#: local steps of the timed learner message (``flower_scale.LearnerMessages.tau``)
+MESSAGE_TAU = 4
+
+
+def _grid_row(d: int, repeats: int, steps: int, std: float = 1.3
+              ) -> tuple[float, float, float]:
+    """Seconds per noise-only step, per grid (round + exact add) and per learner message:
+    a train message through ``make_client_app`` (``benchmarks/flower_scale.py``'s
+    :class:`LearnerMessages`: float64 model, BLT, τ = 4, the state offloaded), timed in
+    the same round-robin. A message whose release were on the grid would add τ grids."""
+    from flower_scale import LearnerMessages  # beside this script
+
     from flwr_corrnoise.secure_noise import add_on_grid, granularity, round_to_grid
     from flwr_corrnoise.streams import NoiseStream
 
@@ -210,9 +224,14 @@ def _grid_row(d: int, repeats: int, steps: int, std: float = 1.3) -> tuple[float
     def grid() -> None:
         add_on_grid(value, round_to_grid(noise, g, out=buf), g)
 
-    best = best_of({"step": lambda: [step() for _ in range(steps)],
-                    "grid": lambda: [grid() for _ in range(steps)]}, repeats)
-    return best["step"] / steps, best["grid"] / steps
+    assert LearnerMessages.tau == MESSAGE_TAU
+    with LearnerMessages(d, "float64", repeats + 4) as messages:
+        rounds = iter(range(1, repeats + 4))
+        messages.send(next(rounds))  # the learner's first message creates its stream
+        best = best_of({"step": lambda: [step() for _ in range(steps)],
+                        "grid": lambda: [grid() for _ in range(steps)],
+                        "message": lambda: messages.send(next(rounds))}, repeats)
+    return best["step"] / steps, best["grid"] / steps, best["message"]
 
 
 def floor(repeats: int) -> None:

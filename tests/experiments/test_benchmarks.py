@@ -149,7 +149,7 @@ def test_cipher_noise() -> None:
     assert all(v > 0 for v in pieces.values())
     grid = [r for r in rows if r[0] == "500"]  # the floating-point defence's share
     assert len(grid) == 1 and float(grid[0][1]) > 0 and float(grid[0][2]) > 0
-    assert grid[0][3].endswith("%")
+    assert grid[0][3].endswith("%") and float(grid[0][4]) > 0 and grid[0][5].endswith("%")
     ks = {r[0]: r for r in rows if r[0] in ("float32", "float64")}
     assert set(ks) == {"float32", "float64"}
     assert all(r[1] == "20,000" and 0 <= float(r[-1]) <= 1 for r in ks.values())
