@@ -44,6 +44,7 @@ import numpy as np
 
 from .adaptive_clipping import AdaptiveClipState
 from .learner_state import LearnerState
+from .secure_noise import granularity, truncate_to_grid
 from .settings import PrivacyConfigError, PrivacySettings, privacy_metrics
 from .streams import HorizonExhaustedError, NoiseStream, split_flat
 
@@ -436,6 +437,13 @@ def private_sampled_steps(
         raise PrivacyConfigError("adaptive clipping is not supported with a sampled loop "
                                  "in the NumPy step; use a fixed clip-norm")
     g = np.zeros((len(states), size))
+    # A secure stream releases trunc_g(sum) + e on its grid (NoiseStream.add_next). Of a
+    # sum of clipped gradients, truncation could move one example's share by up to g a
+    # coordinate beyond B_g (the accounting's bound); each example truncated to the grid
+    # first keeps its share within B_g, and their float sum is then exact and on the grid
+    # (secure_noise.add_on_grid), so the release's truncation changes nothing.
+    grid = [granularity(s.noise.std) if settings.private and s.noise is not None
+            and s.noise.secure else 0.0 for s in states]
     for i, drawn in enumerate(examples):
         why_last = ""
         for example in drawn:
@@ -449,6 +457,8 @@ def private_sampled_steps(
                 row, norm = clip_by_global_norm(row, settings.clip_norm)
                 if norm > settings.clip_norm:
                     counts[i].clipped += 1
+                if grid[i]:  # each example on the secure grid before the sum (below)
+                    row = truncate_to_grid(row, grid[i])
             g[i] += row
         counts[i].last = why_last
     if settings.private:

@@ -220,6 +220,21 @@ def round_to_grid(x: np.ndarray, g: float, out: np.ndarray | None = None) -> np.
     return res
 
 
+def truncate_to_grid(x: np.ndarray, g: float) -> np.ndarray:
+    """``trunc_g(x)``: each entry toward zero to a multiple of ``g`` (a power of two: exact),
+    in float64. Why: ``|trunc_g(x)_i| ≤ |x_i|``, so an example's gradient clipped to norm
+    ``C`` stays within ``C`` — which truncating a *sum* of clipped gradients does not keep
+    for one example's share (see :func:`add_on_grid`)."""
+    out = np.array(x, dtype=np.float64)
+    if g == 0.0:
+        return out
+    _check_grid(g)
+    out /= g
+    np.trunc(out, out=out)
+    out *= g
+    return out
+
+
 def on_grid(x: np.ndarray, g: float) -> bool:
     """Whether every entry of ``x`` is an integer multiple of ``g``."""
     _check_grid(g)
@@ -232,8 +247,12 @@ def add_on_grid(value: np.ndarray, noise: np.ndarray, g: float) -> np.ndarray:
 
     Truncation toward zero (not rounding) keeps ``|trunc_g(v)_i| ≤ |v_i|``, so a gradient
     clipped to norm ``C`` stays within ``C`` and the sensitivity the accounting used still
-    holds. The float sum of two multiples of ``g`` is exact while it stays within
-    ``2⁵³·g``; a larger value is refused rather than rounded.
+    holds. That argument is for ``value`` *one* clipped gradient: of a sum of several, one
+    example's share can move ``trunc_g`` of the sum by up to ``g`` a coordinate beyond its
+    own norm (the sum's fractional part crossing a multiple of ``g``), so a sum must be of
+    examples each already on the grid (:func:`truncate_to_grid`; the sampled step does
+    this), and then truncating it changes nothing. The float sum of two multiples of ``g``
+    is exact while it stays within ``2⁵³·g``; a larger value is refused rather than rounded.
     """
     noise = np.asarray(noise, dtype=np.float64)
     if g == 0.0:

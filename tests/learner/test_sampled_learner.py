@@ -296,6 +296,55 @@ def test_a_sampled_step_takes_per_example_gradients(simulated: None) -> None:
     assert all("error" in p for p in conversation(app("same", batch_mean="row")))
 
 
+def test_one_example_moves_a_secure_sampled_release_by_at_most_its_clip_norm() -> None:
+    """A secure stream releases ``trunc_g(Σ) + e`` on its grid. With the sum truncated as a
+    whole, an example of norm exactly ``B_g`` moves the release by ``B_g + 2·10⁻⁹`` here
+    (the other example's fractional part carries every coordinate across a multiple of
+    ``g``), beyond the bound the amplified accounting uses. Each example truncated to the
+    grid before the sum keeps it within ``B_g``: the difference of two neighbouring steps'
+    releases, with the same noise (forks of one state), is the truncated example exactly."""
+    from flwr_corrnoise.learner import StepCounts, private_sampled_steps
+    from flwr_corrnoise.learner_state import LearnerState
+    from flwr_corrnoise.secure_noise import granularity
+
+    d = 10
+    ld = CyclicPoissonLoader(64, 8, rounds=2, key=None, bands=2)
+    st = settings_from_config({"mechanism": "bandmf", "epsilon": 2.0, "delta": 1e-5,
+                               "clip-norm": 1.0, "calibration": "exact", **ld.config()})
+    state = LearnerState.create(st, [(d,)], None, secure=True)
+    g = granularity(state.noise.std)
+    a = 1 / math.sqrt(d)  # the example: norm B_g = 1, no multiple of g a coordinate
+    rest = float(np.fmod(a, g))
+    assert 0 < rest < g
+    other = np.full(d, g - rest / 2)  # below g; with a, every coordinate crosses a multiple
+
+    def release(drawn: list[np.ndarray]) -> np.ndarray:
+        out = private_sampled_steps([state.fork()], st, d, [StepCounts()], [drawn],
+                                    ld.expected_batch_size)
+        return out[0] * ld.expected_batch_size
+
+    moved = release([other, np.full(d, a)]) - release([other])
+    assert np.linalg.norm(moved) <= 1.0
+    np.testing.assert_allclose(moved, np.full(d, a - rest), rtol=1e-12)
+
+
+def test_truncate_to_grid_is_exact_and_shrinks() -> None:
+    """``secure_noise.truncate_to_grid`` against an independent form (sign · floor of the
+    magnitude, in exact rationals): on the grid, toward zero, never larger in magnitude."""
+    from fractions import Fraction
+
+    from flwr_corrnoise.secure_noise import truncate_to_grid
+
+    g = 2.0**-20
+    x = np.random.default_rng(5).standard_normal(200) * 1e-4
+    x[:3] = [0.0, -g, 3 * g]
+    t = truncate_to_grid(x, g)
+    for xi, ti in zip(x.tolist(), t.tolist(), strict=True):
+        q = Fraction(xi) / Fraction(g)
+        want = (1 if q >= 0 else -1) * (abs(q.numerator) // q.denominator) * Fraction(g)
+        assert Fraction(ti) == want and abs(ti) <= abs(xi)
+
+
 # -- the auditor with the sampler ---------------------------------------------------------
 
 def test_the_auditor_runs_the_amplified_mechanism_with_its_sampler() -> None:
