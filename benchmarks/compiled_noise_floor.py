@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import cipher_noise  # beside this script: its round-robin best_of and clock
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -103,22 +104,7 @@ class CompiledRows:
             lo += m + sin_n
 
 
-def best_of(fns: dict[str, Callable[[], object]], repeats: int,
-            clock: Callable[[], float]) -> dict[str, float]:
-    """Seconds per call, best of ``repeats`` round-robin rounds (a warm-up call first)."""
-    for fn in fns.values():
-        fn()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = clock()
-            fn()
-            best[name] = min(best[name], clock() - start)
-    return best
-
-
-def transform_hot(dll: ctypes.CDLL, dtype: type, repeats: int,
-                  clock: Callable[[], float]) -> float:
+def transform_hot(dll: ctypes.CDLL, dtype: type, repeats: int) -> float:
     """ns per normal of the compiled transform alone, one chunk of hot buffers."""
     rng = np.random.default_rng(0)
     rw = rng.integers(0, 2**64, CHUNK, dtype=np.uint64)
@@ -132,7 +118,7 @@ def transform_hot(dll: ctypes.CDLL, dtype: type, repeats: int,
     else:
         def fn() -> None:
             dll.bm64(*ptrs, _P(t.ctypes.data), ctypes.c_size_t(CHUNK))
-    return 1e9 * best_of({"t": fn}, repeats * 10, clock)["t"] / (2 * CHUNK)
+    return 1e9 * cipher_noise.best_of({"t": fn}, repeats * 10)["t"] / (2 * CHUNK)
 
 
 #: below this KS p-value the compiled rows are not N(0, 1) and the script fails
@@ -168,7 +154,7 @@ def main() -> int:
     p.add_argument("--check", type=int, default=1_000_000, metavar="N",
                    help="moments and KS test of N compiled normals per dtype (0: none)")
     args = p.parse_args()
-    clock = time.thread_time if args.cpu_time else time.perf_counter
+    cipher_noise.CLOCK = time.thread_time if args.cpu_time else time.perf_counter
     cpuinfo = Path("/proc/cpuinfo")
     flags = cpuinfo.read_text() if cpuinfo.exists() else ""
     if shutil.which("gcc") is None or " avx2" not in flags:
@@ -187,7 +173,7 @@ def main() -> int:
               f"{args.repeats}\n")
         print("| d | path | float32 ns | float64 ns | float32 × kernel | float64 × kernel |")
         print("|---|---|---|---|---|---|")
-        hot = {dt: transform_hot(dll, dt, args.repeats, clock) for dt in (np.float32, np.float64)}
+        hot = {dt: transform_hot(dll, dt, args.repeats) for dt in (np.float32, np.float64)}
         print(f"| one chunk ({CHUNK:,} pairs) | compiled transform alone (hot buffers) | "
               f"{hot[np.float32]:.2f} | {hot[np.float64]:.2f} | – | – |")
         key = cn.os_entropy_key()
@@ -205,7 +191,7 @@ def main() -> int:
                     lambda out=out, dt=dt: kernel.row(1, d, dt, out=out)  # noqa: B023
                 fns[f"Philox ziggurat (NumPy)|{name}"] = \
                     lambda out=out, dt=dt: philox.standard_normal(out=out, dtype=dt)  # noqa: B023
-            best = best_of(fns, args.repeats, clock)
+            best = cipher_noise.best_of(fns, args.repeats)
             for path in dict.fromkeys(k.split("|")[0] for k in fns):
                 ns = [1e9 * best[f"{path}|{n}"] / d for n in ("float32", "float64")]
                 ref = [1e9 * best[f"cipher row (the kernel: AES-128-CTR, NumPy Box–Muller)|{n}"]
