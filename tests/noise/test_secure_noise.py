@@ -432,3 +432,31 @@ def test_secure_neighbours_send_identical_replies_but_for_the_noised_arrays(
     b = conversation(build("huge"), ctx(tmp_path / "b", **{"secure-noise": True}))
     assert a == b
     assert all("error" not in t for t in a[0::3]), a[0::3]
+
+
+@pytest.mark.parametrize("fault", ["off-grid", "nan", "inf", "beyond 2^53 g"])
+def test_the_chunked_grid_sum_is_the_one_piece_sum_and_checks_every_chunk(fault: str) -> None:
+    """``add_on_grid`` and an in-place ``round_to_grid`` run in cache-sized chunks: over
+    several chunks (and a ragged last one) they give the floats of the one-piece
+    computation (``trunc(v/g)·g + e`` and ``rint(x/g)·g``), and a fault in the last chunk
+    only — noise off the grid, a NaN or ±∞ value, a sum beyond ``2⁵³·g`` — is refused (a
+    check over a min of chunks would let a NaN through)."""
+    from flwr_corrnoise.secure_noise import GRID_CHUNK
+
+    rng = np.random.default_rng(11)
+    d = 2 * GRID_CHUNK + 17
+    g = granularity(1.3)
+    x = rng.standard_normal(d) * 1.3
+    noise = x.copy()
+    assert round_to_grid(noise, g, out=noise) is noise
+    np.testing.assert_array_equal(noise, np.rint(x / g) * g)
+    value = rng.standard_normal(d)
+    np.testing.assert_array_equal(add_on_grid(value, noise, g),
+                                  (np.trunc(value / g) + noise / g) * g)
+    bad_value, bad_noise = value.copy(), noise.copy()
+    if fault == "off-grid":
+        bad_noise[-1] += g / 2
+    else:
+        bad_value[-1] = {"nan": np.nan, "inf": -np.inf, "beyond 2^53 g": 2.0**54 * g}[fault]
+    with pytest.raises(ValueError):
+        add_on_grid(bad_value, bad_noise, g)
