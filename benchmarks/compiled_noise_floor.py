@@ -15,13 +15,17 @@ CipherGaussian.row`) and NumPy's Philox ziggurat:
 * ``compiled row``: a whole row of ``d`` normals — AES-128-CTR keystream by
   ``cryptography``'s ``update_into`` into a preallocated buffer, chunk by chunk (16,384
   pairs), then the compiled transform into the row — what a compiled kernel would cost;
+* ``C row``: the same in C alone — OpenSSL's EVP AES-128-CTR a chunk at a time into a
+  buffer that stays in cache, then the transform, no interpreter between chunks (links
+  ``-lcrypto``: the system's OpenSSL);
 * ``cipher row``: the library's kernel (NumPy passes), ``Philox``: NumPy's ziggurat.
 
 It is a measurement, not a kernel: no refill of the rare small radius words, rows not
 addressable by counter, results rounded by libmvec (≤ 4 ulp) rather than by NumPy. The
-compiled rows' mean, variance and a Kolmogorov–Smirnov test against N(0, 1) are printed so
-that the floor is of a correct transform. Needs ``gcc`` and an AVX2 CPU; says so and
-exits 0 without them (nothing is timed).
+compiled rows' (both paths') mean, variance and a Kolmogorov–Smirnov test against N(0, 1)
+are printed, and the run fails below p = 10⁻⁴, so that the floor is of a correct transform.
+Needs ``gcc``, OpenSSL's headers and an AVX2 CPU; says so and exits 0 without them
+(nothing is timed).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def build(folder: Path) -> ctypes.CDLL:
     """Compile the transform into ``folder`` and load it; raise if GCC did not vectorize
     its elementary functions (then it would not be the floor this script claims)."""
     lib = folder / "libbm.so"
-    subprocess.run(["gcc", *FLAGS, str(SOURCE), "-o", str(lib), "-lmvec", "-lm"],
+    subprocess.run(["gcc", *FLAGS, str(SOURCE), "-o", str(lib), "-lcrypto", "-lmvec", "-lm"],
                    check=True, capture_output=True, text=True)
     symbols = subprocess.run(["nm", "-D", str(lib)], capture_output=True, text=True).stdout
     missing = [s for s in VECTOR_SYMBOLS if s not in symbols]
@@ -63,6 +67,7 @@ def build(folder: Path) -> ctypes.CDLL:
         raise RuntimeError(f"the transform was not vectorized (no {', '.join(missing)})")
     dll = ctypes.CDLL(str(lib))
     dll.bm32.restype = dll.bm64.restype = None
+    dll.row_c.restype = ctypes.c_int
     return dll
 
 
@@ -104,6 +109,20 @@ class CompiledRows:
             lo += m + sin_n
 
 
+def _fill_c(self: CompiledRows, out: np.ndarray, row: int = 1) -> None:
+    """The whole row in C (``row_c``: OpenSSL's EVP AES-128-CTR a chunk at a time into a
+    buffer in cache, then the transform), with no Python between chunks."""
+    iv = row.to_bytes(16, "little")
+    rc = self.dll.row_c(ctypes.c_char_p(self.key), ctypes.c_char_p(iv),
+                        _P(out.ctypes.data), ctypes.c_size_t(out.size),
+                        ctypes.c_int(out.dtype == np.float32))
+    if rc:
+        raise RuntimeError("OpenSSL's AES-128-CTR failed in the C row")
+
+
+CompiledRows.fill_c = _fill_c  # type: ignore[attr-defined]
+
+
 def transform_hot(dll: ctypes.CDLL, dtype: type, repeats: int) -> float:
     """ns per normal of the compiled transform alone, one chunk of hot buffers."""
     rng = np.random.default_rng(0)
@@ -126,22 +145,24 @@ MIN_P = 1e-4
 
 
 def check(rows: CompiledRows, n: int) -> str:
-    """The compiled rows' moments and KS test against N(0, 1); raise below :data:`MIN_P`
-    (a floor of a wrong transform would be no floor)."""
+    """Both compiled paths' moments and KS test against N(0, 1); raise below
+    :data:`MIN_P` (a floor of a wrong transform would be no floor)."""
     from scipy import stats
 
     lines = []
-    for dtype in (np.float32, np.float64):
-        z = np.empty(n, dtype=dtype)
-        rows.fill(z)
-        ks = stats.kstest(z.astype(np.float64), "norm")
-        if not ks.pvalue >= MIN_P:
-            raise SystemExit(f"the compiled {np.dtype(dtype).name} rows are not N(0, 1): "
-                             f"KS p = {ks.pvalue:.2e}")
-        lines.append(f"| {np.dtype(dtype).name} | {n:,} | {z.mean():+.2e} | {z.var():.5f} | "
-                     f"{np.abs(z).max():.2f} | {ks.statistic:.2e} | {ks.pvalue:.3f} |")
-    return ("| dtype | draws | mean | variance | max abs | KS statistic | KS p-value |\n"
-            "|---|---|---|---|---|---|---|\n" + "\n".join(lines))
+    for path, fill in (("compiled row", rows.fill), ("C row", rows.fill_c)):  # type: ignore[attr-defined]
+        for dtype in (np.float32, np.float64):
+            z = np.empty(n, dtype=dtype)
+            fill(z)
+            ks = stats.kstest(z.astype(np.float64), "norm")
+            if not ks.pvalue >= MIN_P:
+                raise SystemExit(f"the {path}'s {np.dtype(dtype).name} normals are not "
+                                 f"N(0, 1): KS p = {ks.pvalue:.2e}")
+            lines.append(f"| {path} | {np.dtype(dtype).name} | {n:,} | {z.mean():+.2e} | "
+                         f"{z.var():.5f} | {np.abs(z).max():.2f} | {ks.statistic:.2e} | "
+                         f"{ks.pvalue:.3f} |")
+    return ("| path | dtype | draws | mean | variance | max abs | KS statistic | KS p-value |\n"
+            "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines))
 
 
 def main() -> int:
@@ -168,7 +189,7 @@ def main() -> int:
             print(f"no vectorized compiled transform here ({detail.strip()[-300:]}): "
                   "nothing measured")
             return 0
-        print(f"load average {os.getloadavg()[0]:.1f}; gcc {' '.join(FLAGS)} -lmvec; "
+        print(f"load average {os.getloadavg()[0]:.1f}; gcc {' '.join(FLAGS)} -lcrypto -lmvec; "
               f"{'thread CPU time' if args.cpu_time else 'wall clock'}, best of "
               f"{args.repeats}\n")
         print("| d | path | float32 ns | float64 ns | float32 × kernel | float64 × kernel |")
@@ -187,6 +208,8 @@ def main() -> int:
                 name = np.dtype(dt).name
                 fns[f"compiled row (AES-128-CTR + compiled Box–Muller)|{name}"] = \
                     lambda out=out: compiled.fill(out)
+                fns[f"C row (OpenSSL AES-128-CTR + compiled Box–Muller, no Python)|{name}"] = \
+                    lambda out=out: compiled.fill_c(out)
                 fns[f"cipher row (the kernel: AES-128-CTR, NumPy Box–Muller)|{name}"] = \
                     lambda out=out, dt=dt: kernel.row(1, d, dt, out=out)  # noqa: B023
                 fns[f"Philox ziggurat (NumPy)|{name}"] = \
