@@ -554,7 +554,10 @@ class LearnerMessages:
 
         from flwr_corrnoise.flower import make_client_app, session
 
-        session.in_simulation = lambda: True  # the simulation rules, as in a Ray actor
+        # the simulation rules, as in a Ray actor — restored on exit: a caller in a longer
+        # process (the test suite runs benchmarks in its own) must not keep them
+        self._in_simulation = session.in_simulation
+        session.in_simulation = lambda: True
         self._tmp = tempfile.TemporaryDirectory()
         defaults = {"mechanism": "blt", "epsilon": 2.0, "delta": 1e-3, "clip-norm": 1.0,
                     "num-server-rounds": self.rounds + 4, "local-steps": self.tau,
@@ -571,6 +574,9 @@ class LearnerMessages:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        from flwr_corrnoise.flower import session
+
+        session.in_simulation = self._in_simulation
         self._tmp.cleanup()
 
     def send(self, r: int, learner: int = 0) -> None:

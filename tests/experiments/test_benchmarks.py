@@ -147,6 +147,10 @@ def test_cipher_noise() -> None:
             "Box–Muller transform, float32 (the kernel's)",
             "ziggurat main path, float64 (candidate)"} <= set(pieces)
     assert all(v > 0 for v in pieces.values())
+    # its learner messages (flower_scale.LearnerMessages) ran under the simulation rules
+    # in this process; they must not stay on for the tests that run here after it
+    from flwr_corrnoise.flower import session
+    assert session.in_simulation() is False
     grid = [r for r in rows if r[0] == "500"]  # the floating-point defence's share
     assert len(grid) == 1 and float(grid[0][1]) > 0 and float(grid[0][2]) > 0
     assert grid[0][3].endswith("%") and float(grid[0][4]) > 0 and grid[0][5].endswith("%")
