@@ -183,6 +183,8 @@ def stream_steps(dims: list[int], repeats: int, steps: int, horizon: int = 4000)
 def grid_cost(dims: list[int], repeats: int, steps: int) -> None:
     """ms per learner step, plain and with the grid, and the grid's share of it; then the
     share of a whole learner message (the issue's measure: ≤ 10 % of a learner message)."""
+    from flower_scale import LearnerMessages  # beside this script
+
     print()
     print("| d | learner step (AES blt stream + value + noise + bytes), ms | grid alone "
           "(round + exact add), ms | grid ÷ step | learner message (τ = 4), ms | "
@@ -192,11 +194,7 @@ def grid_cost(dims: list[int], repeats: int, steps: int) -> None:
         t_step, t_grid, t_msg = _grid_row(d, repeats, steps)
         print(f"| {d:,} | {1e3 * t_step:.2f} | {1e3 * t_grid:.2f} | "
               f"{100 * t_grid / t_step:.0f} % | {1e3 * t_msg:.2f} | "
-              f"{100 * MESSAGE_TAU * t_grid / t_msg:.0f} % |", flush=True)
-
-
-#: local steps of the timed learner message (``flower_scale.LearnerMessages.tau``)
-MESSAGE_TAU = 4
+              f"{100 * LearnerMessages.tau * t_grid / t_msg:.0f} % |", flush=True)
 
 
 def _grid_row(d: int, repeats: int, steps: int, std: float = 1.3
@@ -224,7 +222,6 @@ def _grid_row(d: int, repeats: int, steps: int, std: float = 1.3
     def grid() -> None:
         add_on_grid(value, round_to_grid(noise, g, out=buf), g)
 
-    assert LearnerMessages.tau == MESSAGE_TAU
     with LearnerMessages(d, "float64", repeats + 4) as messages:
         rounds = iter(range(1, repeats + 4))
         messages.send(next(rounds))  # the learner's first message creates its stream

@@ -108,19 +108,15 @@ class CompiledRows:
                 out[lo + m : lo + m + sin_n] = os_[:sin_n]
             lo += m + sin_n
 
-
-def _fill_c(self: CompiledRows, out: np.ndarray, row: int = 1) -> None:
-    """The whole row in C (``row_c``: OpenSSL's EVP AES-128-CTR a chunk at a time into a
-    buffer in cache, then the transform), with no Python between chunks."""
-    iv = row.to_bytes(16, "little")
-    rc = self.dll.row_c(ctypes.c_char_p(self.key), ctypes.c_char_p(iv),
-                        _P(out.ctypes.data), ctypes.c_size_t(out.size),
-                        ctypes.c_int(out.dtype == np.float32))
-    if rc:
-        raise RuntimeError("OpenSSL's AES-128-CTR failed in the C row")
-
-
-CompiledRows.fill_c = _fill_c  # type: ignore[attr-defined]
+    def fill_c(self, out: np.ndarray, row: int = 1) -> None:
+        """The whole row in C (``row_c``: OpenSSL's EVP AES-128-CTR a chunk at a time into
+        a buffer in cache, then the transform), with no Python between chunks."""
+        iv = row.to_bytes(16, "little")
+        rc = self.dll.row_c(ctypes.c_char_p(self.key), ctypes.c_char_p(iv),
+                            _P(out.ctypes.data), ctypes.c_size_t(out.size),
+                            ctypes.c_int(out.dtype == np.float32))
+        if rc:
+            raise RuntimeError("OpenSSL's AES-128-CTR failed in the C row")
 
 
 def transform_hot(dll: ctypes.CDLL, dtype: type, repeats: int) -> float:
@@ -150,7 +146,7 @@ def check(rows: CompiledRows, n: int) -> str:
     from scipy import stats
 
     lines = []
-    for path, fill in (("compiled row", rows.fill), ("C row", rows.fill_c)):  # type: ignore[attr-defined]
+    for path, fill in (("compiled row", rows.fill), ("C row", rows.fill_c)):
         for dtype in (np.float32, np.float64):
             z = np.empty(n, dtype=dtype)
             fill(z)

@@ -442,8 +442,8 @@ def private_sampled_steps(
     # coordinate beyond B_g (the accounting's bound); each example truncated to the grid
     # first keeps its share within B_g, and their float sum is then exact and on the grid
     # (secure_noise.add_on_grid), so the release's truncation changes nothing.
-    grid = [granularity(s.noise.std) if settings.private and s.noise is not None
-            and s.noise.secure else 0.0 for s in states]
+    grid = [granularity(s.noise.std) if s.noise is not None and s.noise.secure else 0.0
+            for s in states]
     for i, drawn in enumerate(examples):
         why_last = ""
         for example in drawn:

@@ -219,12 +219,7 @@ def round_to_grid(x: np.ndarray, g: float, out: np.ndarray | None = None) -> np.
     _check_grid(g)
     x = np.asarray(x)
     res = np.empty(x.shape, dtype=np.result_type(x, g)) if out is None else out
-    if res.shape != x.shape or not (x.flags.c_contiguous and res.flags.c_contiguous):
-        np.divide(x, g, out=res)  # one piece (broadcast or strided)
-        np.rint(res, out=res)
-        res *= g
-        return res
-    for src, part in zip(_chunks(x), _chunks(res), strict=True):
+    for src, part in _chunked(x, res):
         np.divide(src, g, out=part)
         np.rint(part, out=part)
         part *= g
@@ -235,13 +230,17 @@ def round_to_grid(x: np.ndarray, g: float, out: np.ndarray | None = None) -> np.
 GRID_CHUNK = 1 << 15
 
 
-def _chunks(a: np.ndarray) -> list[np.ndarray]:
-    """Views of a C-contiguous ``a`` as consecutive flat chunks of :data:`GRID_CHUNK`
-    elements (one view of the whole array otherwise)."""
-    if not a.flags.c_contiguous or a.size <= GRID_CHUNK:
-        return [a]
-    flat = a.reshape(-1)
-    return [flat[lo : lo + GRID_CHUNK] for lo in range(0, flat.size, GRID_CHUNK)]
+def _chunked(*arrays: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+    """The arrays side by side in consecutive flat chunks of :data:`GRID_CHUNK` elements
+    when they share one shape and are all C-contiguous; else one piece of the whole arrays
+    (NumPy then broadcasts or strides as usual)."""
+    shape = arrays[0].shape
+    if (any(a.shape != shape or not a.flags.c_contiguous for a in arrays)
+            or arrays[0].size <= GRID_CHUNK):
+        return [arrays]
+    flats = [a.reshape(-1) for a in arrays]
+    return [tuple(f[lo : lo + GRID_CHUNK] for f in flats)
+            for lo in range(0, flats[0].size, GRID_CHUNK)]
 
 
 def truncate_to_grid(x: np.ndarray, g: float) -> np.ndarray:
@@ -283,19 +282,12 @@ def add_on_grid(value: np.ndarray, noise: np.ndarray, g: float) -> np.ndarray:
         return np.asarray(value, dtype=np.float64) + noise
     _check_grid(g)
     value = np.asarray(value, dtype=np.float64)  # float32 division could round up
-    if value.shape != noise.shape:  # broadcast: one pass over the whole arrays
-        return _add_on_grid_part(np.broadcast_to(value, np.broadcast_shapes(
-            value.shape, noise.shape)), noise, g, None)
-    out = np.empty(noise.shape)
-    if not (value.flags.c_contiguous and noise.flags.c_contiguous):
-        return _add_on_grid_part(value, noise, g, out)
+    out = np.empty(np.broadcast_shapes(value.shape, noise.shape))
     # in cache-sized chunks (issue 34: ten passes over three d-buffers left the cache at
     # d = 10⁶); the same floats, every chunk checked (a NaN cannot hide in a min of chunks)
-    flat, v, e = out.reshape(-1), value.reshape(-1), noise.reshape(-1)
-    for start in range(0, flat.size, GRID_CHUNK):
-        sl = slice(start, start + GRID_CHUNK)
-        _check_units(*_units(v[sl], e[sl], g, flat[sl]), g)
-    out *= g
+    for v, e, part in _chunked(value, noise, out):
+        _check_units(*_units(v, e, g, part), g)
+        part *= g
     return out
 
 
@@ -327,15 +319,6 @@ def _check_units(lo: float, hi: float, g: float) -> None:
         raise ValueError(
             f"|value + noise| exceeds 2^53·g = {2.0**53 * g:.3g}: the sum would not be exact"
         )
-
-
-def _add_on_grid_part(value: np.ndarray, noise: np.ndarray, g: float,
-                      out: np.ndarray | None) -> np.ndarray:
-    """:func:`add_on_grid` in one piece (broadcast or non-contiguous arrays)."""
-    out = np.empty(np.broadcast_shapes(value.shape, noise.shape)) if out is None else out
-    _check_units(*_units(value, noise, g, out), g)
-    out *= g
-    return out
 
 
 def _check_grid(g: float) -> None:
