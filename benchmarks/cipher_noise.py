@@ -72,6 +72,7 @@ from cryptography.hazmat.backends.openssl.backend import backend as openssl_back
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from flwr_corrnoise import cipher_noise as cn
+from flwr_corrnoise import compiled_kernel
 from flwr_corrnoise.secure_noise import ChaCha20Gaussian
 
 CLOCK: Callable[[], float] = time.perf_counter
@@ -99,7 +100,15 @@ def load_before(path: str) -> object:
     return before.CipherGaussian
 
 
+def numpy_row(gen: cn.CipherGaussian, d: int, out: np.ndarray) -> None:
+    """The kernel's NumPy path (a learner without a C compiler): the same floats."""
+    with compiled_kernel.numpy_path():
+        gen.row(1, d, out.dtype, out=out)
+
+
 def draws(dims: list[int], repeats: int, before: object = None) -> None:
+    cn.CipherGaussian.from_seed(0).row(0, 4)  # load (or build) the compiled kernel first
+    print(f"kernel: {compiled_kernel.status()}")
     print("| d | generator | dtype | ns per normal | × Philox (same dtype) |")
     print("|---|---|---|---|---|")
     for d in dims:
@@ -118,6 +127,10 @@ def draws(dims: list[int], repeats: int, before: object = None) -> None:
                 lambda: cipher.row(1, d, np.float32, out=out32),  # noqa: B023
             ("cipher row (AES-128-CTR)", "float64"):
                 lambda: cipher.row(1, d, np.float64, out=out64),  # noqa: B023
+            ("cipher row, NumPy path", "float32"):
+                lambda: numpy_row(cipher, d, out32),  # noqa: B023
+            ("cipher row, NumPy path", "float64"):
+                lambda: numpy_row(cipher, d, out64),  # noqa: B023
             ("ziggurat (candidate, AES-128-CTR)", "float32"):
                 lambda: zig.row(1, out32),  # noqa: B023
             ("ziggurat (candidate, AES-128-CTR)", "float64"):

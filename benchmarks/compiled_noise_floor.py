@@ -18,7 +18,9 @@ CipherGaussian.row`) and NumPy's Philox ziggurat:
 * ``C row``: the same in C alone — OpenSSL's EVP AES-128-CTR a chunk at a time into a
   buffer that stays in cache, then the transform, no interpreter between chunks (links
   ``-lcrypto``: the system's OpenSSL);
-* ``cipher row``: the library's kernel (NumPy passes), ``Philox``: NumPy's ziggurat.
+* ``cipher row``: the library's kernel — since the fifth pass itself compiled
+  (:mod:`flwr_corrnoise.compiled_kernel`; this column was its NumPy passes before), and
+  ``cipher row, NumPy path``: the same floats without a compiler; ``Philox``: NumPy's ziggurat.
 
 It is a measurement, not a kernel: no refill of the rare small radius words, rows not
 addressable by counter, results rounded by libmvec (≤ 4 ulp) rather than by NumPy. The
@@ -206,14 +208,16 @@ def main() -> int:
                     lambda out=out: compiled.fill(out)
                 fns[f"C row (OpenSSL AES-128-CTR + compiled Box–Muller, no Python)|{name}"] = \
                     lambda out=out: compiled.fill_c(out)
-                fns[f"cipher row (the kernel: AES-128-CTR, NumPy Box–Muller)|{name}"] = \
+                fns[f"cipher row (the library's kernel)|{name}"] = \
                     lambda out=out, dt=dt: kernel.row(1, d, dt, out=out)  # noqa: B023
+                fns[f"cipher row, NumPy path|{name}"] = \
+                    lambda out=out: cipher_noise.numpy_row(kernel, d, out)  # noqa: B023
                 fns[f"Philox ziggurat (NumPy)|{name}"] = \
                     lambda out=out, dt=dt: philox.standard_normal(out=out, dtype=dt)  # noqa: B023
             best = cipher_noise.best_of(fns, args.repeats)
             for path in dict.fromkeys(k.split("|")[0] for k in fns):
                 ns = [1e9 * best[f"{path}|{n}"] / d for n in ("float32", "float64")]
-                ref = [1e9 * best[f"cipher row (the kernel: AES-128-CTR, NumPy Box–Muller)|{n}"]
+                ref = [1e9 * best[f"cipher row (the library's kernel)|{n}"]
                        / d for n in ("float32", "float64")]
                 print(f"| {d:,} | {path} | {ns[0]:.2f} | {ns[1]:.2f} | {ns[0] / ref[0]:.2f}× | "
                       f"{ns[1] / ref[1]:.2f}× |", flush=True)

@@ -22,32 +22,42 @@ of storing it. Domains separate float32 rows, float64 rows, the sequential strea
 (:meth:`CipherGaussian.standard_normal`) and the rare refill words below, so no two uses
 ever share a keystream block.
 
-**The transform: Box–Muller** (Box & Muller 1958). A pair of independent uniforms
-``(u, θ/2π)`` gives two independent standard normals ``R·cos θ, R·sin θ`` with
+**The transform: Box–Muller** (Box & Muller 1958), transform 2. A pair of independent
+uniforms ``(u, θ/2π)`` gives two independent standard normals ``R·cos θ, R·sin θ`` with
 ``R = √(−2 ln u)``; exact in real arithmetic, a fixed number of bits per pair (no
-rejection, so a row's keystream length is a function of ``d``), and vectorizable in NumPy
-with preallocated buffers. A row is cut into chunks of :data:`CHUNK_PAIRS` pairs (the last one
-shorter); chunk ``c`` with ``m`` pairs reads ``m`` 64-bit radius words ``w`` and then ``m``
-angle words ``a`` (32 bits for float32, 64 for float64) and writes ``z[2cK : 2cK+m]`` (the
-cosines) and ``z[2cK+m : 2cK+2m]`` (the sines) — contiguous halves, so every step writes
-into the output in place; an odd ``d`` drops the last sine.
+rejection, so a row's keystream length is a function of ``d``). A row is cut into chunks of
+:data:`CHUNK_PAIRS` pairs (the last one shorter); chunk ``c`` with ``m`` pairs reads ``m``
+64-bit radius words ``w`` and then ``m`` angle words ``a`` (32 bits for float32, 64 for
+float64) and writes ``z[2cK : 2cK+m]`` (the cosines) and ``z[2cK+m : 2cK+2m]`` (the sines);
+an odd ``d`` drops the last sine. Every step is an IEEE-754 operation in the output dtype —
+integer shifts and masks, exact int → float conversions, ``+ − × ÷``, ``√``, a comparison,
+a table read — with no FMA and no libm call, so **a row is the same float for float on
+every machine**, from the compiled loop (:mod:`~flwr_corrnoise.compiled_kernel`,
+``noise_kernel.c``: ≈ 2.2 / 4.7 ns a float32 / float64 normal here) or from the NumPy passes
+below (the fallback without a C compiler, ≈ 4× slower):
 
-* radius, main path (``w ≥ 2³²``): ``u = fl(w >> 1)·2⁻⁶³`` in the output dtype
-  (``u ∈ [2⁻³², 1]``: ≥ 31 significant bits, more than float32 holds), ``R = √(−2·ln u)``;
+* radius, main path (``w ≥ 2³²``): ``u = hi·2⁻³¹ + (lo·2⁻⁶² + 2⁻⁶³)`` with ``hi = w >> 33``
+  and ``lo`` the next 31 bits, each exact as an int32 → float conversion (``u ∈ [2⁻³², 1]``,
+  ≥ 31 significant bits in float64, all 24 in float32); ``ln u`` by splitting ``u = 2^e·x``
+  with ``x ∈ (√½, √2]`` (the mantissa, halved when above ``fl(√2)``), ``s = (x−1)/(x+1)``
+  and ``ln x = 2·atanh s = s·Σ 2s^{2j}/(2j+1)`` — 5 terms in float32, 11 in float64
+  (``|s| ≤ 0.172``: the first term left out is 2·10⁻⁹ and 6·10⁻¹⁹ of the sum) —
+  :func:`ln_uniform64`; ``R = √(−2 ln u + 0)`` (the ``+ 0`` makes ``u = 1`` give ``+0``);
 * radius, refill (``w < 2³²``, probability 2⁻³² a pair): a second 64-bit word ``v`` from
   the refill domain at this pair's index, ``u = (2W + 1)·2⁻¹²⁹`` with ``W = w·2⁶⁴ + v``
-  (< 2⁹⁶), computed in float64 — so the smallest uniform is ``2⁻¹²⁹``, not ``2⁻³²``;
-* angle, float32: ``θ = fl32(a)·fl32(2π·2⁻³²)``, ``cos θ`` and ``sin θ`` from NumPy's
-  float32 ufuncs;
-* angle, float64: NumPy's float64 ``sin``/``cos`` are scalar libm calls (3.6–12 ns an
-  element on the machines measured), so ``θ = 2π·(i + f)/2048`` is split: ``i`` (the top
-  11 bits of ``a``) picks a correctly rounded table entry ``(cos, sin)(2πi/2048)``
-  (:func:`direction_table`), ``φ = 2πf/2048 < 3.1·10⁻³`` (the 53 low bits) enters through
-  its Taylor polynomials (``sin φ`` to ``φ⁵``, ``cos φ − 1`` to ``φ⁴``: truncation
-  < 2·10⁻¹⁸) and the rotation ``z = R·(C·cos φ − S·sin φ, S·cos φ + C·sin φ)``.
-  The angle is exactly uniform (a uniform sector plus a uniform offset in it); only
-  IEEE-754 additions and multiplications are used, so this part is bit-identical on every
-  machine.
+  (< 2⁹⁶), computed in float64 by :func:`ln_uniform64` — so the smallest uniform is
+  ``2⁻¹²⁹``, not ``2⁻³²`` (the compiled loop leaves such a chunk to the NumPy path);
+* angle: the top 11 bits of ``a`` pick a sector ``i`` of ``2π/2048`` whose correctly rounded
+  ``(cos, sin)(2πi/2048)`` is a table entry (:func:`direction_table`; float32 rows round it
+  to float32), the low bits (21 of a float32 word, 52 of a float64 one) the offset
+  ``φ < 3.1·10⁻³`` in it, whose sine and ``cos φ − 1`` come from Taylor polynomials (float32:
+  ``φ − φ³/6`` and ``−φ²/2``; float64: to ``φ⁵`` and ``φ⁴``, truncation < 2·10⁻¹⁸), then the
+  rotation ``z = (RC + (RC·(cos φ − 1) − RS·sin φ), RS + (RS·(cos φ − 1) + RC·sin φ))``.
+  The angle is exactly uniform (a uniform sector plus a uniform offset in it).
+
+Transform 1 (until 2026-11-28) used NumPy's ``log`` (and float32 ``cos``/``sin``), whose last
+bits differ between SIMD levels and builds; its states (tag :data:`TRANSFORM1_TAG`) are
+refused, since this version cannot regenerate their rows.
 
 **Tail resolution, exactly.** The largest ``|z|`` is the largest radius, set by the smallest
 uniform: ``R_max = √(−2 ln u_min)``; 24-bit uniforms cut at 5.8σ, 32-bit at 6.7σ, 53-bit at
@@ -67,12 +77,11 @@ Box–Muller on floats, ``u`` near 1 has the absolute spacing of its float type,
 radius has fewer significant bits than the dtype; an output near 0 is still dense, through
 the angle (``R·cos θ`` with ``cos θ`` near 0).
 
-What is bit-identical where: a row is a pure function of ``(key, t, d, dtype)`` on one
-machine. The radius uses NumPy's ``log`` (and float32 rows its ``cos``/``sin``), whose last
-bit may differ between SIMD levels (AVX2, AVX-512) or NumPy builds, so the same key can give
-rows that differ in the last ulp on another machine — as NumPy's own ziggurat does in its
-tail. ``tests/noise/test_cipher_noise.py`` checks the rows against a scalar reference (the same
-cipher and counter, a pure-Python transform of the same bits) bit for bit.
+What is bit-identical where: a row is a pure function of ``(key, t, d, dtype)``, the same on
+every IEEE-754 machine and in both paths. ``tests/noise/test_cipher_noise.py`` checks the rows
+against a scalar reference (the same cipher and counter, a scalar transform of the same bits)
+bit for bit, ``tests/noise/test_compiled_kernel.py`` the compiled loop against the NumPy path
+in every layout the kernel draws, and that a build with fused multiply-adds is caught.
 """
 
 from __future__ import annotations
@@ -86,17 +95,21 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from . import compiled_kernel
 from .noise_keys import KEY_BITS
 from .noise_keys import key_from_seed as _seed_words
 
 #: bytes of an AES-128 key (``KEY_BITS`` = 128 from OS entropy)
 KEY_BYTES = KEY_BITS // 8
-#: first word of a packed :class:`CipherGaussian` state (noise-state format 3)
-STATE_TAG = 0xAE5C_7A11_0000_0003
-#: Box–Muller pairs per chunk: part of the format (a row's layout). A transform is ≈ 35
-#: NumPy calls of ≈ 1 µs overhead each on the shared 2-core machine, so larger chunks
-#: amortize it: d = 10⁶ measured 8192 → 32768 pairs: float32 6.7 → 5.5 ns a normal, float64
-#: 12.3 → 10.8 (the workspace: ≈ 3 MB a thread)
+#: first word of a packed :class:`CipherGaussian` state: transform 2 (noise-state format 4)
+STATE_TAG = 0xAE5C_7A11_0000_0004
+#: the tag of transform 1's states (format 3: NumPy's ``log``/``cos``/``sin``, whose rows this
+#: version cannot regenerate bit for bit): refused with a clear error
+TRANSFORM1_TAG = 0xAE5C_7A11_0000_0003
+#: Box–Muller pairs per chunk: part of the format (a row's layout). The NumPy path's
+#: transform is ≈ 60 NumPy calls of ≈ 1 µs overhead each on the shared 2-core machine, so
+#: larger chunks amortize it (the workspace: ≈ 4 MB a thread); the compiled loop works
+#: through a chunk in cache-sized pieces whatever its size
 CHUNK_PAIRS = 32768
 #: radius words below this take a second word from the refill domain (probability 2⁻³²)
 REFILL_BELOW = 1 << 32
@@ -125,9 +138,6 @@ _MAX_T = 1 << 56
 _MASK64 = (1 << 64) - 1
 _BYTES_PER_PAIR = {np.dtype(np.float32): 12, np.dtype(np.float64): 16}
 _TWO_PI = 2.0 * math.pi
-_ANGLE32 = np.float32(_TWO_PI * 2.0**-32)
-_PHI_SCALE = _TWO_PI * 2.0**-64  # the 53 low bits of a float64 angle word → φ
-_PHI_MASK = np.uint64((1 << (64 - TABLE_BITS)) - 1)
 _ZEROS = bytes(16 * CHUNK_PAIRS)  # the plaintext: CTR encryption of zeros is the keystream
 #: the most floats a generator keeps of rows computed ahead (:meth:`CipherGaussian.next_row`
 #: with ``ahead``): 32768 (256 KiB in float64); a row longer than half of it is never
@@ -205,6 +215,7 @@ def tail_tv_per_draw() -> float:
 # -- the float64 direction table ---------------------------------------------------------------
 _TABLE: tuple[np.ndarray, np.ndarray] | None = None
 _TABLE_LOCK = threading.Lock()
+_TABLE32: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def direction_table() -> tuple[np.ndarray, np.ndarray]:
@@ -219,6 +230,16 @@ def direction_table() -> tuple[np.ndarray, np.ndarray]:
             if _TABLE is None:
                 _TABLE = _build_table()
     return _TABLE
+
+
+def direction_table32() -> tuple[np.ndarray, np.ndarray]:
+    """The float32 rows' table: :func:`direction_table` rounded to float32."""
+    global _TABLE32
+    if _TABLE32 is None:
+        cos, sin = (a.astype(np.float32) for a in direction_table())
+        cos.flags.writeable = sin.flags.writeable = False
+        _TABLE32 = cos, sin
+    return _TABLE32
 
 
 def _build_table() -> tuple[np.ndarray, np.ndarray]:
@@ -252,8 +273,10 @@ class _Workspace:
         self.counters = np.empty(16 * k, dtype=np.uint8)
         self.low_layout: tuple[int, int] | None = None  # (rows, blocks) of the block indices
         self.i64 = np.empty(k, dtype=np.int64)
+        self.u64 = [np.empty(k, dtype=np.uint64) for _ in range(3)]
+        self.mask = np.empty(k, dtype=bool)
         self.f64 = [np.empty(k) for _ in range(6)]
-        self.f32 = [np.empty(k, dtype=np.float32) for _ in range(3)]
+        self.f32 = [np.empty(k, dtype=np.float32) for _ in range(6)]
         self.row32 = np.empty(2 * k, dtype=np.float32)
         self.row64 = np.empty(2 * k)
 
@@ -268,12 +291,113 @@ def _workspace() -> _Workspace:
     return ws
 
 
+class _Radius:
+    """The constants of one dtype's radius (transform 2): ``u`` from a radius word ``w``,
+    ``ln u`` by the ``atanh`` series, ``R = √(−2 ln u)``."""
+
+    def __init__(self, dtype: type, uint: type, shift: int, sqrt2_bits: int,
+                 atanh_terms: int) -> None:
+        self.dtype, self.uint = np.dtype(dtype), np.dtype(uint)
+        self.shift = uint(shift)  # the mantissa's bits
+        self.mantissa = uint((1 << shift) - 1)
+        self.one = uint((((1 << (8 * self.uint.itemsize - 1 - shift)) >> 1) - 1) << shift)
+        self.bias = dtype(int(self.one) >> shift)  # 127 or 1023
+        self.sqrt2 = uint(sqrt2_bits)  # the bits of fl(√2)
+        self.hi, self.lo, self.half = dtype(2.0**-31), dtype(2.0**-62), dtype(2.0**-63)
+        self.ln2 = dtype(math.log(2.0))
+        #: 2/(2j+1), the highest first: ln x = s·Σ 2 z^j/(2j+1), s = (x−1)/(x+1), z = s²
+        self.atanh = [dtype(2.0 / (2 * j + 1)) for j in reversed(range(atanh_terms))]
+
+
+#: float32: 5 terms (|s| ≤ 0.1716: the first left out is 2·10⁻⁹ of the sum); float64: 11
+#: (the first left out, 6·10⁻¹⁹)
+_R32 = _Radius(np.float32, np.uint32, 23, 0x3FB504F3, 5)
+_R64 = _Radius(np.float64, np.uint64, 52, 0x3FF6A09E667F3BCD, 11)
+_PHI32 = np.float32(_TWO_PI * 2.0**-32)  # a float32 angle word's 21 low bits → φ
+_SIN3_32 = np.float32(-1.0 / 6.0)
+_PHI64 = _TWO_PI * 2.0**-63  # a float64 angle word's 52 low bits → φ
+_MANT64 = np.uint64((1 << 52) - 1)
+_MAGIC64 = np.uint64(0x4330_0000_0000_0000)  # 2⁵² as bits: (k | magic) − 2⁵² = k, exactly
+#: the compiled kernel's constants, in its order (noise_kernel.c, enums F_* and D_*)
+_K32 = np.array([_R32.hi, _R32.lo, _R32.half, _R32.ln2, _PHI32, _SIN3_32, *_R32.atanh],
+                dtype=np.float32)
+_K64 = np.array([_R64.hi, _R64.lo, _R64.half, _R64.ln2, 2.0**52 + 1023, _PHI64, 1.0 / 120.0,
+                 1.0 / 6.0, 1.0 / 24.0, *_R64.atanh])
+
+
+def ln_uniform64(u: float) -> float:
+    """``ln u`` for a float64 ``u`` in ``(0, 1]``, by the steps the kernel's float64 path
+    takes (scalar: the refill radius, and the definition those paths are tested against):
+    ``u = 2^e·x`` with ``x`` in ``(√½, √2]`` (the mantissa, halved when above ``fl(√2)``),
+    ``s = (x − 1)/(x + 1)``, ``ln u = e·ln 2 + s·Σ_{j<11} 2 s^{2j}/(2j + 1)``."""
+    b = int(np.float64(u).view(np.uint64))
+    mb = (b & int(_R64.mantissa)) | int(_R64.one)
+    big = int(mb > int(_R64.sqrt2))
+    e = float((b >> 52) + big) - 1023.0
+    x = float(np.uint64(mb - (big << 52)).view(np.float64))
+    s = (x - 1.0) / (x + 1.0)
+    z = s * s
+    p = float(_R64.atanh[0])
+    for a in _R64.atanh[1:]:
+        p = p * z + float(a)
+    return e * float(_R64.ln2) + p * s
+
+
 def _refill_radius(w: int, v: int) -> float:
     """The float64 radius of a pair whose first radius word ``w`` is below 2³² and whose
     refill word is ``v``: ``u = (2W + 1)·2⁻¹²⁹``, ``W = w·2⁶⁴ + v`` (Python's int → float is
-    correctly rounded; the scaling is exact)."""
+    correctly rounded; the scaling is exact), ``R = √(−2 ln u)`` by :func:`ln_uniform64`."""
     u = math.ldexp(float(2 * ((w << 64) | v) + 1), -129)
-    return float(np.sqrt(np.float64(-2.0) * np.log(np.float64(u))))
+    return math.sqrt(ln_uniform64(u) * -2.0 + 0.0)
+
+
+def _radius_numpy(words: np.ndarray, r: np.ndarray, ws: _Workspace) -> None:
+    """``r = √(−2 ln u)`` for radius words ``words`` (uint64, ``r``'s shape), in ``r``'s
+    dtype: the steps of :func:`ln_uniform64` (and ``noise_kernel.c``) one pass each."""
+    c = _R32 if r.dtype == np.float32 else _R64
+    n, shape = r.size, r.shape
+    a = ws.u64[0][:n].reshape(shape)
+    fb = ws.f32 if c is _R32 else ws.f64
+    tmp, s, z = (b[:n].reshape(shape) for b in fb[3:6])
+    ub = ws.u64[1].view(c.uint)[:n].reshape(shape)
+    ib = ws.u64[2].view(c.uint)[:n].reshape(shape)
+    big = ws.mask[:n].reshape(shape)
+    np.right_shift(words, np.uint64(33), out=a)  # 31 bits: exact in an int32 → float
+    np.copyto(r, a, casting="unsafe")
+    r *= c.hi
+    np.right_shift(words, np.uint64(2), out=a)
+    np.bitwise_and(a, np.uint64(0x7FFF_FFFF), out=a)
+    np.copyto(tmp, a, casting="unsafe")
+    tmp *= c.lo
+    tmp += c.half
+    r += tmp  # u = hi·2⁻³¹ + (lo·2⁻⁶² + 2⁻⁶³)
+    bits = r.view(c.uint)
+    np.bitwise_and(bits, c.mantissa, out=ub)
+    ub |= c.one  # x ∈ [1, 2)
+    np.greater(ub, c.sqrt2, out=big)
+    np.copyto(ib, big, casting="unsafe")
+    np.right_shift(bits, c.shift, out=bits)  # the biased exponent (u is gone now)
+    bits += ib
+    np.copyto(tmp, bits, casting="unsafe")  # small integers: exact
+    tmp -= c.bias  # e
+    np.left_shift(ib, c.shift, out=ib)
+    ub -= ib  # x halved where it was above √2
+    x = ub.view(c.dtype)
+    np.subtract(x, c.dtype.type(1), out=s)
+    np.add(x, c.dtype.type(1), out=z)
+    np.divide(s, z, out=s)  # s = (x − 1)/(x + 1)
+    np.multiply(s, s, out=z)
+    np.multiply(z, c.atanh[0], out=r)
+    r += c.atanh[1]
+    for coef in c.atanh[2:]:
+        r *= z
+        r += coef
+    r *= s  # ln x
+    tmp *= c.ln2
+    r += tmp  # ln u = e·ln 2 + ln x
+    r *= c.dtype.type(-2)
+    r += c.dtype.type(0)  # −0 → +0 (u = 1)
+    np.sqrt(r, out=r)
 
 
 def pairs_from_keystream(ks: np.ndarray, m: int, dtype: np.dtype,
@@ -284,69 +408,66 @@ def pairs_from_keystream(ks: np.ndarray, m: int, dtype: np.dtype,
     then ``m`` angle words; the cosines go to ``out_cos`` (``m`` a row), the sines to
     ``out_sin`` (``m`` or ``m − 1`` a row). ``refill(i, j)``: the refill word of pair ``j``
     of row ``i`` (only asked for a radius word below 2³²). Public for the tests, which feed
-    it adversarial keystreams."""
+    it adversarial keystreams.
+
+    The compiled loop (:mod:`~flwr_corrnoise.compiled_kernel`) runs it when it is built; a
+    chunk with a radius word below 2³² (probability 2⁻³² a pair) is recomputed here, in
+    NumPy, which gives the same floats."""
     ws = ws or _workspace()
     if ks.ndim == 1:
         ks, out_cos, out_sin = ks[None], out_cos[None], out_sin[None]
+    if _compiled_pairs(ks, m, dtype, out_cos, out_sin):
+        return
     count = ks.shape[0]
     n = count * m
     words = ks[:, : 8 * m].view("<u8")
-    shifted = ws.i64[:n].reshape(count, m)
-    np.right_shift(words, np.uint64(1), out=shifted.view(np.uint64))
-    low = None
-    if n and int(shifted.min()) < REFILL_BELOW >> 1:  # w < 2³²: the rare refill path
-        low = np.nonzero(shifted < REFILL_BELOW >> 1)
-        radii = [_refill_radius(int(words[i, j]), refill(int(i), int(j)))
-                 for i, j in zip(*low, strict=True)]
+    f32 = dtype == np.float32
+    fb = ws.f32 if f32 else ws.f64
+    r = fb[0][:n].reshape(count, m)
+    _radius_numpy(words, r, ws)
+    if n and int(words.min()) < REFILL_BELOW:  # w < 2³²: the rare refill path
+        low = np.nonzero(words < np.uint64(REFILL_BELOW))
+        r[low] = [_refill_radius(int(words[i, j]), refill(int(i), int(j)))
+                  for i, j in zip(*low, strict=True)]
     ns = out_sin.shape[1]
-    if dtype == np.float32:
-        r, theta, tmp = (b[:n].reshape(count, m) for b in ws.f32)
-        np.copyto(r, shifted, casting="unsafe")  # correctly rounded int64 → float32
-        r *= np.float32(2.0**-63)
-        if low is not None:
-            r[low] = 1.0  # a placeholder (log 0 would warn): the refill radius replaces it
-        np.log(r, out=r)
-        r *= np.float32(-2.0)
-        np.sqrt(r, out=r)
-        if low is not None:
-            r[low] = np.asarray(radii, dtype=np.float32)
+    idx = ws.u64[0][:n].reshape(count, m)
+    if f32:
+        cos_t, sin_t = direction_table32()
+        phi, t, sn, cc, ss = (b[:n].reshape(count, m) for b in fb[1:6])
         angles = ks[:, 8 * m : 12 * m].view("<u4")
-        np.copyto(theta, angles, casting="unsafe")
-        theta *= _ANGLE32
-        np.cos(theta, out=tmp)
-        np.multiply(tmp, r, out=out_cos)
-        np.sin(theta, out=tmp)
-        np.multiply(tmp[:, :ns], r[:, :ns], out=out_sin)
-        return
-    r, phi, t, sn, cc, ss = (b[:n].reshape(count, m) for b in ws.f64)
-    np.copyto(r, shifted, casting="unsafe")
-    r *= 2.0**-63
-    if low is not None:
-        r[low] = 1.0
-    np.log(r, out=r)
-    r *= -2.0
-    np.sqrt(r, out=r)
-    if low is not None:
-        r[low] = radii
-    angles = ks[:, 8 * m : 16 * m].view("<u8")
-    cos_t, sin_t = direction_table()
-    index = shifted  # reused: the sector index, then the offset's bits
-    np.right_shift(angles, np.uint64(64 - TABLE_BITS), out=index.view(np.uint64))
-    np.take(cos_t, index, out=cc, mode="clip")  # in range by construction: no checks
-    np.take(sin_t, index, out=ss, mode="clip")
-    np.bitwise_and(angles, _PHI_MASK, out=index.view(np.uint64))
-    np.copyto(phi, index, casting="unsafe")
-    phi *= _PHI_SCALE
-    np.multiply(phi, phi, out=t)  # t = φ²
-    np.multiply(t, 1.0 / 120.0, out=sn)  # sin φ = φ + φ·t·(t/120 − 1/6)
-    sn -= 1.0 / 6.0
-    sn *= t
-    sn *= phi
-    sn += phi
-    np.multiply(t, 1.0 / 24.0, out=phi)  # cos φ − 1 = t·(t/24 − 1/2)
-    phi -= 0.5
-    phi *= t
-    cm = phi
+        np.bitwise_and(angles, np.uint32(0x1F_FFFF), out=idx, casting="unsafe")
+        np.copyto(phi, idx, casting="unsafe")
+        phi *= _PHI32
+        np.right_shift(angles, np.uint32(21), out=idx, casting="unsafe")  # the sector
+        np.take(cos_t, idx, out=cc, mode="clip")
+        np.take(sin_t, idx, out=ss, mode="clip")
+        np.multiply(phi, phi, out=t)  # t = φ²
+        np.multiply(t, _SIN3_32, out=sn)  # sin φ = (t·(−1/6))·φ + φ
+        sn *= phi
+        sn += phi
+        np.multiply(t, np.float32(-0.5), out=phi)  # cos φ − 1 = t·(−1/2)
+        cm = phi
+    else:
+        cos_t, sin_t = direction_table()
+        phi, t, sn, cc, ss = (b[:n].reshape(count, m) for b in fb[1:6])
+        angles = ks[:, 8 * m : 16 * m].view("<u8")
+        np.right_shift(angles, np.uint64(64 - TABLE_BITS), out=idx)  # the sector
+        np.take(cos_t, idx, out=cc, mode="clip")  # in range by construction: no checks
+        np.take(sin_t, idx, out=ss, mode="clip")
+        np.bitwise_and(angles, _MANT64, out=idx)  # the 52 low bits, exactly as a float
+        idx |= _MAGIC64
+        np.subtract(idx.view(np.float64), 2.0**52, out=phi)
+        phi *= _PHI64
+        np.multiply(phi, phi, out=t)  # t = φ²
+        np.multiply(t, 1.0 / 120.0, out=sn)  # sin φ = φ + φ·t·(t/120 − 1/6)
+        sn -= 1.0 / 6.0
+        sn *= t
+        sn *= phi
+        sn += phi
+        np.multiply(t, 1.0 / 24.0, out=phi)  # cos φ − 1 = t·(t/24 − 1/2)
+        phi -= 0.5
+        phi *= t
+        cm = phi
     cc *= r  # R·C
     ss *= r  # R·S
     np.multiply(cc, cm, out=t)  # z₁ = RC + (RC·(cos φ − 1) − RS·sin φ)
@@ -359,6 +480,40 @@ def pairs_from_keystream(ks: np.ndarray, m: int, dtype: np.dtype,
     np.multiply(cc, sn, out=r)
     t += r
     np.add(ss, t, out=out_sin)
+
+
+#: the compiled loop's refill test is ``w >> k == 0``: the thresholds it can take (the tests
+#: raise :data:`REFILL_BELOW` to 2⁶³)
+_BELOW_BITS = {1 << k: k for k in range(1, 64)}
+
+
+def _init_compiled(dll: Any) -> None:
+    cos64, sin64 = direction_table()
+    cos32, sin32 = direction_table32()
+    dll.cn_init(*(compiled_kernel.addr(a) for a in (cos64, sin64, cos32, sin32, _K32, _K64)))
+
+
+def _compiled_pairs(ks: np.ndarray, m: int, dtype: np.dtype, out_cos: np.ndarray,
+                    out_sin: np.ndarray) -> bool:
+    """The compiled loop on these chunks when it is built and the layout is its own (rows
+    contiguous, the same row stride for both halves); ``False``: the NumPy path runs."""
+    dll = compiled_kernel.kernel(_init_compiled)
+    if dll is None or m == 0 or REFILL_BELOW not in _BELOW_BITS:  # a power of 2 in C
+        return False
+    count, ns = ks.shape[0], out_sin.shape[1]
+    item = out_cos.itemsize
+    at = compiled_kernel.addr(ks)
+    if (ks.strides[1] != 1 or out_cos.strides[1] != item
+            or (ns and out_sin.strides[1] != item) or out_cos.dtype != dtype
+            or out_sin.dtype != dtype or at % 8):
+        return False
+    stride = out_cos.strides[0] if count > 1 else 0
+    if count > 1 and ns and out_sin.strides[0] != stride:
+        return False
+    fn = dll.cn_rows32 if dtype == np.float32 else dll.cn_rows64
+    low = fn(at, ks.strides[0], count, m, compiled_kernel.addr(out_cos),
+             compiled_kernel.addr(out_sin), stride // item, ns, _BELOW_BITS[REFILL_BELOW])
+    return not low
 
 
 def laplace_from_keystream(ks: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -436,6 +591,17 @@ class _Keystream:
     def _fill_long(self, domain: int, t: int, out: np.ndarray) -> None:
         dtype = out.dtype
         d = out.shape[0]
+        dll = compiled_kernel.kernel(_init_compiled)
+        if (dll is not None and compiled_kernel.HAS_ROW and out.flags.c_contiguous
+                and REFILL_BELOW in _BELOW_BITS):
+            rc = dll.cn_row(self.key, counter_block(domain, t), d, int(dtype == np.float32),
+                            compiled_kernel.addr(out), _BELOW_BITS[REFILL_BELOW], CHUNK_PAIRS)
+            if rc == 0:
+                return
+            if rc < 0:
+                raise RuntimeError("OpenSSL failed to produce the AES-128-CTR keystream")
+            # rc == 1: a radius word below 2³² (≈ 10⁻⁴ of the rows of a million normals):
+            # the row again, chunk by chunk, the chunk that has it in NumPy
         per_pair = _BYTES_PER_PAIR[dtype]
         enc = Cipher(algorithms.AES(self.key), modes.CTR(counter_block(domain, t))).encryptor()
         ws = _workspace()
@@ -714,6 +880,12 @@ class CipherGaussian:
     def unpack(cls, words: np.ndarray) -> CipherGaussian:
         """Inverse of :meth:`pack`; any other tag or length is an error."""
         w = [int(x) for x in np.asarray(words, dtype=np.uint64).reshape(-1)]
+        if len(w) == 5 and w[0] == TRANSFORM1_TAG:
+            raise ValueError(
+                "a noise generator saved by flwr-corrnoise with cipher transform 1 (noise-state "
+                "format 3); this version draws transform 2, so it cannot regenerate that "
+                "stream's rows bit for bit, and a correlated stream continued with other rows "
+                "would not add the noise its privacy accounting assumes: start a new stream")
         if len(w) != 5 or w[0] != STATE_TAG:
             raise ValueError(f"not a cipher-noise generator state ({len(w)} words)")
         return cls(np.array(w[1:3], dtype="<u8").tobytes(), w[3], w[4])

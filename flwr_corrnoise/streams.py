@@ -95,11 +95,12 @@ from .noise_keys import (
 from .secure_noise import STATE_TAG as SECURE_TAG
 from .secure_noise import ChaCha20Gaussian, add_on_grid, granularity, round_to_grid
 
-#: the noise-state format written: 3 since the AES-128-CTR generator (its 5-word state,
-#: tagged ``cipher_noise.STATE_TAG``); format 2 (keyed Philox, tagged ``PHILOX_TAG``) is still
-#: read and continued, format 1 (PCG64) read and re-keyed
-STATE_FORMAT = 3
-_READ_FORMATS = (1, 2, 3)
+#: the noise-state format written: 4 since the AES-128-CTR generator's transform 2 (its
+#: 5-word state, tagged ``cipher_noise.STATE_TAG``; format 3, transform 1, is refused by the
+#: generator with a clear error: its rows cannot be regenerated); format 2 (keyed Philox,
+#: tagged ``PHILOX_TAG``) is still read and continued, format 1 (PCG64) read and re-keyed
+STATE_FORMAT = 4
+_READ_FORMATS = (1, 2, 3, 4)
 
 #: a stream's generator: the AES-128-CTR kernel (written since format 3), a keyed Philox
 #: (streams of format 2, continued as they began), or ChaCha20 (secure streams)

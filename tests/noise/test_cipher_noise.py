@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 
 import mpmath
 import numpy as np
@@ -33,15 +34,48 @@ def f32_of_int(x: int) -> np.float32:
     return np.float32(float(x))  # exact: x has at most 24 significant bits
 
 
+def ref_uniform(w: int, dtype: type) -> np.floating:
+    """Transform 2's uniform of a main-path radius word: ``hi = w >> 33`` and the next 31
+    bits ``lo``, each an exact integer rounded to the dtype, ``hi·2⁻³¹ + (lo·2⁻⁶² + 2⁻⁶³)``
+    in the dtype's arithmetic."""
+    hi, lo = w >> 33, (w >> 2) & 0x7FFF_FFFF
+    if dtype is np.float32:
+        return (f32_of_int(hi) * np.float32(2.0**-31)
+                + (f32_of_int(lo) * np.float32(2.0**-62) + np.float32(2.0**-63)))
+    return np.float64(float(hi) * 2.0**-31 + (float(lo) * 2.0**-62 + 2.0**-63))
+
+
+def ref_ln(u: np.floating) -> np.floating:
+    """``ln u`` as the kernel defines it, from the bits (``struct``), one scalar IEEE step at
+    a time in ``u``'s dtype: ``u = 2^e·x``, ``x`` in ``(fl(√½), fl(√2)]``,
+    ``s = (x − 1)/(x + 1)``, ``ln x = s·Σ 2s^{2j}/(2j + 1)`` (5 terms for float32, 11 for
+    float64)."""
+    f32 = isinstance(u, np.float32)
+    fmt, ifmt, mant, bias = ("<f", "<I", 23, 127) if f32 else ("<d", "<Q", 52, 1023)
+    ft = np.float32 if f32 else np.float64
+    bits = struct.unpack(ifmt, struct.pack(fmt, u))[0]
+    e = (bits >> mant) - bias
+    xbits = (bits & ((1 << mant) - 1)) | (bias << mant)
+    sqrt2 = struct.unpack(ifmt, struct.pack(fmt, ft(math.sqrt(2.0))))[0]
+    if xbits > sqrt2:
+        xbits -= 1 << mant
+        e += 1
+    x = ft(struct.unpack(fmt, struct.pack(ifmt, xbits))[0])
+    s = (x - ft(1)) / (x + ft(1))
+    z = s * s
+    terms = 5 if f32 else 11
+    p = ft(2.0 / (2 * terms - 1))
+    for j in reversed(range(terms - 1)):
+        p = p * z + ft(2.0 / (2 * j + 1))
+    return ft(e) * ft(math.log(2.0)) + p * s
+
+
 def ref_radius(w: int, v: int, dtype: type, below: int = 1 << 32) -> np.floating:
-    if w >= below:  # u = fl(w >> 1)·2⁻⁶³, R = √(−2·ln u), in the dtype
-        if dtype is np.float32:
-            u = f32_of_int(w >> 1) * np.float32(2.0**-63)
-            return np.sqrt(np.log(u) * np.float32(-2.0))
-        u64 = np.float64(float(w >> 1) * 2.0**-63)
-        return np.sqrt(np.log(u64) * -2.0)
+    if w >= below:  # R = √(−2·ln u), in the dtype (+ 0: a −0 becomes +0)
+        u = ref_uniform(w, dtype)
+        return np.sqrt(ref_ln(u) * u.dtype.type(-2) + u.dtype.type(0))
     u = math.ldexp(float(2 * (w * 2**64 + v) + 1), -129)  # the 128-bit refill uniform
-    r = np.sqrt(np.log(np.float64(u)) * np.float64(-2.0))
+    r = np.sqrt(ref_ln(np.float64(u)) * -2.0 + 0.0)
     return np.float32(r) if dtype is np.float32 else r
 
 
@@ -57,12 +91,22 @@ def exact_table(i: int) -> tuple[float, float]:
 
 def ref_pair(radius_word: int, angle_word: int, refill_word: int, dtype: type,
              below: int = 1 << 32) -> tuple[np.floating, np.floating]:
+    """The top 11 bits of the angle word pick a sector of ``2π/2048`` (the correctly rounded
+    table, rounded again to float32 for float32 rows), the low bits (21 of a float32 word,
+    52 of a float64 one) the offset ``φ`` in it; ``sin φ``, ``cos φ − 1`` by their Taylor
+    polynomials, then the rotation."""
     r = ref_radius(radius_word, refill_word, dtype, below)
     if dtype is np.float32:
-        theta = f32_of_int(angle_word) * np.float32(2 * math.pi * 2.0**-32)
-        return np.cos(theta) * r, np.sin(theta) * r
-    i, f = angle_word >> (64 - cn.TABLE_BITS), angle_word & ((1 << (64 - cn.TABLE_BITS)) - 1)
-    phi = float(f) * (2 * math.pi * 2.0**-64)
+        i, f = angle_word >> 21, angle_word & ((1 << 21) - 1)
+        phi = np.float32(f) * np.float32(2 * math.pi * 2.0**-32)
+        t = phi * phi
+        sn = (t * np.float32(-1.0 / 6.0)) * phi + phi
+        cm = t * np.float32(-0.5)
+        c, s = (np.float32(v) for v in exact_table(i))
+        rc, rs = c * r, s * r
+        return rc + (rc * cm - rs * sn), rs + (rs * cm + rc * sn)
+    i, f = angle_word >> 53, angle_word & ((1 << 52) - 1)
+    phi = float(f) * (2 * math.pi * 2.0**-63)
     t = phi * phi
     sn = (t * (1.0 / 120.0) - 1.0 / 6.0) * t * phi + phi
     cm = (t * (1.0 / 24.0) - 0.5) * t
@@ -211,11 +255,11 @@ def test_the_direction_table_is_correctly_rounded() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_transform_is_accurate_to_a_few_ulps(dtype: type) -> None:
-    """Given the uniform ``u`` and the angle the kernel forms from the bits (their
-    discretization is the format's: ``u = fl(w >> 1)·2⁻⁶³``, a float32 angle
-    ``fl32(a)·fl32(2π·2⁻³²)``, a float64 angle exact from its 64 bits), each normal is
-    within 4 ulps (of its radius) of Box–Muller in exact arithmetic (mpmath, 120 bits): the
-    table, the polynomials, the ufuncs and the float steps lose nothing more."""
+    """Given the uniform ``u`` the kernel forms from the bits (the format's discretization:
+    ``hi·2⁻³¹ + (lo·2⁻⁶² + 2⁻⁶³)`` in the dtype) and the angle (a sector of ``2π/2048`` and
+    the offset ``2π·f·2⁻³²`` (float32) or ``2π·f·2⁻⁶³`` (float64)), each normal is within 4
+    ulps (of its radius) of Box–Muller in exact arithmetic (mpmath, 120 bits): the ``atanh``
+    series, the table, the polynomials and the float steps lose nothing more."""
     d = 400
     row = CipherGaussian(KEY).row(4, d, dtype)
     size = 12 if dtype is np.float32 else 16
@@ -227,12 +271,13 @@ def test_the_transform_is_accurate_to_a_few_ulps(dtype: type) -> None:
         for j in range(m):
             w = int.from_bytes(ks[8 * j : 8 * j + 8], "little")
             a = int.from_bytes(ks[8 * m + asize * j : 8 * m + asize * (j + 1)], "little")
+            u = mpmath.mpf(float(ref_uniform(w, dtype)))
             if dtype is np.float32:
-                u = mpmath.mpf(float(f32_of_int(w >> 1))) / mpmath.mpf(2) ** 63
-                theta = mpmath.mpf(float(f32_of_int(a) * np.float32(2 * math.pi * 2.0**-32)))
+                theta = 2 * mpmath.pi * (mpmath.mpf(a >> 21) / 2048
+                                         + mpmath.mpf(a & ((1 << 21) - 1)) / 2**32)
             else:
-                u = mpmath.mpf(float(w >> 1)) / mpmath.mpf(2) ** 63
-                theta = 2 * mpmath.pi * mpmath.mpf(a) / mpmath.mpf(2) ** 64
+                theta = 2 * mpmath.pi * (mpmath.mpf(a >> 53) / 2048
+                                         + mpmath.mpf(a & ((1 << 52) - 1)) / 2**63)
             r = mpmath.sqrt(-2 * mpmath.log(u))
             ulp = float(np.spacing(np.asarray(float(r), dtype=dtype)))
             for got, exact in ((row[j], r * mpmath.cos(theta)),
@@ -317,6 +362,16 @@ def test_pack_unpack_continues_bit_for_bit() -> None:
     clone = pickle.loads(pickle.dumps(gen))  # e.g. to a Ray worker: no OpenSSL context
     assert clone.state == gen.state
     np.testing.assert_array_equal(clone.next_row(50), gen.next_row(50))
+
+
+def test_a_transform_1_state_is_refused_with_a_clear_error() -> None:
+    """A generator saved before transform 2 (tag ``…0003``) would continue with other rows
+    than it released: refused, saying why, never continued quietly."""
+    words = CipherGaussian.from_seed(1).pack()
+    assert int(words[0]) == cn.STATE_TAG != cn.TRANSFORM1_TAG
+    words[0] = np.uint64(cn.TRANSFORM1_TAG)
+    with pytest.raises(ValueError, match=r"transform 1.*start a new stream"):
+        CipherGaussian.unpack(words)
 
 
 def test_keys_have_128_bits_from_os_entropy_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

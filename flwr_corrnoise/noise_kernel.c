@@ -1,0 +1,248 @@
+/* The compiled Box–Muller of flwr_corrnoise.cipher_noise (transform 2): the same IEEE-754
+ * steps as that module's NumPy path, in one fused loop that GCC vectorizes.
+ *
+ * Why it is bit-identical to the NumPy path: every step is one NumPy also performs one
+ * element at a time with IEEE-754 round-to-nearest — integer shifts and masks, int32 -> float
+ * conversion, +, -, *, /, sqrt, a comparison, a table read — in the same order, and the
+ * build passes -ffp-contract=off, so no a*b+c is fused into an FMA (one rounding instead of
+ * two). There is no libm call (libm's last bits differ between builds and SIMD levels).
+ * The constants and the direction tables come from Python (cn_init), so there is one copy
+ * of each. The module's docstring defines the transform; built and loaded by
+ * flwr_corrnoise/compiled_kernel.py, checked against the NumPy path and a scalar reference
+ * bit for bit by tests/noise/test_cipher_noise.py.
+ *
+ * A chunk of m pairs is m 64-bit radius words, then m angle words (32 bits for float32, 64
+ * for float64). A radius word below 2^32 takes the rare refill path, which is not here: the
+ * functions return 1 when a chunk has one, and the caller recomputes that chunk in NumPy. */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define SECTORS 2048
+
+static float COS32[SECTORS], SIN32[SECTORS];
+static double COS64[SECTORS], SIN64[SECTORS];
+/* float32 constants, in the order of cipher_noise._K32 */
+static float K32[11];
+/* float64 constants, in the order of cipher_noise._K64 */
+static double K64[20];
+
+enum { F_HI, F_LO, F_HALF, F_LN2, F_PHI, F_SIN3, F_A9, F_A7, F_A5, F_A3, F_A1 };
+enum { D_HI, D_LO, D_HALF, D_LN2, D_EXP, D_PHI, D_S5, D_S3, D_C4, D_A21 }; /* D_A21.. D_A1 */
+
+void cn_init(const double *cos64, const double *sin64, const float *cos32,
+             const float *sin32, const float *k32, const double *k64) {
+    memcpy(COS64, cos64, sizeof COS64);
+    memcpy(SIN64, sin64, sizeof SIN64);
+    memcpy(COS32, cos32, sizeof COS32);
+    memcpy(SIN32, sin32, sizeof SIN32);
+    memcpy(K32, k32, sizeof K32);
+    memcpy(K64, k64, sizeof K64);
+}
+
+static inline uint32_t f2u(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline float u2f(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static inline uint64_t d2u(double x) { uint64_t u; memcpy(&u, &x, 8); return u; }
+static inline double u2d(uint64_t u) { double x; memcpy(&x, &u, 8); return x; }
+
+static inline float radius32(uint64_t w, const float *restrict K) {
+    float u = (float)(int32_t)(w >> 33) * K[F_HI]
+              + ((float)(int32_t)((w >> 2) & 0x7FFFFFFF) * K[F_LO] + K[F_HALF]);
+    uint32_t b = f2u(u);
+    uint32_t mb = (b & 0x7FFFFF) | 0x3F800000;
+    uint32_t big = mb > 0x3FB504F3; /* the mantissa above fl32(sqrt 2): halve it */
+    float e = (float)(int32_t)((b >> 23) + big) - 127.0f;
+    float x = u2f(mb - (big << 23));
+    float s = (x - 1.0f) / (x + 1.0f);
+    float z = s * s;
+    float p = (((K[F_A9] * z + K[F_A7]) * z + K[F_A5]) * z + K[F_A3]) * z + K[F_A1];
+    float lnu = e * K[F_LN2] + p * s;
+    return __builtin_sqrtf(lnu * -2.0f + 0.0f); /* + 0: u = 1 gives +0, not -0 */
+}
+
+static inline void angle32(float R, uint32_t a, float *z1, float *z2, const float *restrict K,
+                           const float *restrict cos, const float *restrict sin) {
+    uint32_t k = a >> 21;
+    float f = (float)(int32_t)(a & 0x1FFFFF) * K[F_PHI];
+    float t = f * f;
+    float sn = (t * K[F_SIN3]) * f + f;
+    float cm = t * -0.5f;
+    float rc = cos[k] * R, rs = sin[k] * R;
+    *z1 = rc + (rc * cm - rs * sn);
+    *z2 = rs + (rs * cm + rc * sn);
+}
+
+static inline double radius64(uint64_t w, const double *restrict K) {
+    double u = (double)(int32_t)(w >> 33) * K[D_HI]
+               + ((double)(int32_t)((w >> 2) & 0x7FFFFFFF) * K[D_LO] + K[D_HALF]);
+    uint64_t b = d2u(u);
+    uint64_t mb = (b & 0xFFFFFFFFFFFFFULL) | 0x3FF0000000000000ULL;
+    uint64_t big = mb > 0x3FF6A09E667F3BCDULL;
+    double e = u2d(((b >> 52) + big) | 0x4330000000000000ULL) - K[D_EXP];
+    double x = u2d(mb - (big << 52));
+    double s = (x - 1.0) / (x + 1.0);
+    double z = s * s;
+    double p = K[D_A21];
+    for (int j = 1; j < 11; j++) p = p * z + K[D_A21 + j];
+    double lnu = e * K[D_LN2] + p * s;
+    return __builtin_sqrt(lnu * -2.0 + 0.0);
+}
+
+static inline void angle64(double R, uint64_t a, double *z1, double *z2,
+                           const double *restrict K, const double *restrict cos,
+                           const double *restrict sin) {
+    uint64_t k = a >> 53;
+    double f = (u2d((a & 0xFFFFFFFFFFFFFULL) | 0x4330000000000000ULL) - 0x1p52) * K[D_PHI];
+    double t = f * f;
+    double sn = ((t * K[D_S5] - K[D_S3]) * t) * f + f;
+    double cm = (t * K[D_C4] - 0.5) * t;
+    double rc = cos[k] * R, rs = sin[k] * R;
+    *z1 = rc + (rc * cm - rs * sn);
+    *z2 = rs + (rs * cm + rc * sn);
+}
+
+/* not inlined: its restrict arguments are what lets the loop vectorize */
+__attribute__((noinline)) static uint64_t
+row32(const uint64_t *restrict rw, const uint32_t *restrict aw, size_t m,
+                      float *restrict c, float *restrict s, size_t ns, unsigned below,
+                      const float *restrict K, const float *restrict cos,
+                      const float *restrict sin) {
+    uint64_t low = 0;
+    for (size_t i = 0; i < ns; i++) {
+        uint64_t w = rw[i];
+        low |= (w >> below) == 0;
+        angle32(radius32(w, K), aw[i], c + i, s + i, K, cos, sin);
+    }
+    for (size_t i = ns; i < m; i++) {
+        float unused;
+        low |= (rw[i] >> below) == 0;
+        angle32(radius32(rw[i], K), aw[i], c + i, &unused, K, cos, sin);
+    }
+    return low;
+}
+
+__attribute__((noinline)) static uint64_t
+row64(const uint64_t *restrict rw, const uint64_t *restrict aw, size_t m,
+                      double *restrict c, double *restrict s, size_t ns, unsigned below,
+                      const double *restrict K, const double *restrict cos,
+                      const double *restrict sin) {
+    uint64_t low = 0;
+    for (size_t i = 0; i < ns; i++) {
+        uint64_t w = rw[i];
+        low |= (w >> below) == 0;
+        angle64(radius64(w, K), aw[i], c + i, s + i, K, cos, sin);
+    }
+    for (size_t i = ns; i < m; i++) {
+        double unused;
+        low |= (rw[i] >> below) == 0;
+        angle64(radius64(rw[i], K), aw[i], c + i, &unused, K, cos, sin);
+    }
+    return low;
+}
+
+/* `rows` chunks of m pairs: chunk i's keystream at ks + i*ks_stride (bytes), its cosines at
+ * oc + i*out_stride, its sines at os + i*out_stride (elements): ns of them (m or m - 1, an
+ * odd row drops its last sine). Returns 1 if a radius word is below 2^below (2^32; nothing
+ * else should be trusted then: the caller recomputes), else 0. */
+int cn_rows32(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, float *oc,
+              float *os, size_t out_stride, size_t ns, unsigned below) {
+    /* restrict arguments: no store into the rows changes a constant or a table entry, so
+     * the compiler keeps them in registers and the loop vectorizes */
+    const float *KK = K32, *CC = COS32, *SS = SIN32;
+    uint64_t low = 0;
+    for (size_t row = 0; row < rows; row++)
+        low |= row32((const uint64_t *)(ks + row * ks_stride),
+                     (const uint32_t *)(ks + row * ks_stride + 8 * m), m,
+                     oc + row * out_stride, os + row * out_stride, ns, below, KK, CC, SS);
+    return low != 0;
+}
+
+int cn_rows64(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, double *oc,
+              double *os, size_t out_stride, size_t ns, unsigned below) {
+    const double *KK = K64, *CC = COS64, *SS = SIN64;
+    uint64_t low = 0;
+    for (size_t row = 0; row < rows; row++)
+        low |= row64((const uint64_t *)(ks + row * ks_stride),
+                     (const uint64_t *)(ks + row * ks_stride + 8 * m), m,
+                     oc + row * out_stride, os + row * out_stride, ns, below, KK, CC, SS);
+    return low != 0;
+}
+
+#ifndef CN_NO_OPENSSL
+/* A whole long row in C: the AES-128-CTR keystream from the system's OpenSSL (libcrypto, the
+ * library `cryptography` also wraps; declared here so that no OpenSSL headers are needed),
+ * generated a piece at a time into buffers that stay in cache, then the transform above —
+ * no interpreter between chunks. The bytes are the kernel's row layout (cipher_noise): the
+ * keystream of counter block `ctr0` on, chunk after chunk of `chunk` pairs, each chunk m
+ * radius words then m angle words. Returns 0, 1 (a radius word below 2^below: the caller
+ * recomputes the row) or -1 (an OpenSSL error). */
+typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
+typedef struct evp_cipher_st EVP_CIPHER;
+EVP_CIPHER_CTX *EVP_CIPHER_CTX_new(void);
+void EVP_CIPHER_CTX_free(EVP_CIPHER_CTX *ctx);
+const EVP_CIPHER *EVP_aes_128_ctr(void);
+int EVP_EncryptInit_ex(EVP_CIPHER_CTX *ctx, const EVP_CIPHER *cipher, void *impl,
+                       const unsigned char *key, const unsigned char *iv);
+int EVP_EncryptUpdate(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl,
+                      const unsigned char *in, int inl);
+
+#ifndef PIECE
+#define PIECE 4096 /* pairs a piece: 32 KiB of radius words, 16 or 32 KiB of angle words (L2) */
+#endif
+
+static const unsigned char ZEROS[16 * PIECE + 16];
+
+/* n bytes of the row's keystream from byte `offset` into buf; returns where they start */
+static const uint8_t *keystream(EVP_CIPHER_CTX *ctx, const uint8_t *ctr0, uint64_t offset,
+                                size_t n, uint8_t *buf, int *err) {
+    uint8_t iv[16];
+    uint64_t block = offset / 16;
+    size_t skip = (size_t)(offset % 16);
+    int len = 0;
+    memcpy(iv, ctr0, 8); /* domain ‖ t: the row; the low 64 bits count blocks (big-endian) */
+    for (int j = 0; j < 8; j++) iv[15 - j] = (uint8_t)(block >> (8 * j));
+    if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, iv) != 1
+        || EVP_EncryptUpdate(ctx, buf, &len, ZEROS, (int)(skip + n)) != 1
+        || len != (int)(skip + n))
+        *err = 1;
+    return buf + skip;
+}
+
+int cn_row(const uint8_t *key, const uint8_t *ctr0, size_t d, int f32, void *out,
+           unsigned below, size_t chunk) {
+    static _Thread_local uint8_t rbuf[8 * PIECE + 16] __attribute__((aligned(64)));
+    static _Thread_local uint8_t abuf[8 * PIECE + 16] __attribute__((aligned(64)));
+    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+    int err = 0;
+    if (!ctx || EVP_EncryptInit_ex(ctx, EVP_aes_128_ctr(), NULL, key, ctr0) != 1) {
+        if (ctx) EVP_CIPHER_CTX_free(ctx);
+        return -1;
+    }
+    size_t pairs = (d + 1) / 2, asize = f32 ? 4 : 8;
+    uint64_t at = 0, low = 0; /* the chunk's first keystream byte */
+    for (size_t first = 0; first < pairs && !err; first += chunk) {
+        size_t m = pairs - first < chunk ? pairs - first : chunk;
+        size_t base = 2 * first, ns = d - base - m < m ? d - base - m : m;
+        for (size_t a = 0; a < m && !err; a += PIECE) {
+            size_t k = m - a < PIECE ? m - a : PIECE;
+            size_t nsk = ns > a ? (ns - a < k ? ns - a : k) : 0;
+            const uint64_t *rw = (const uint64_t *)keystream(ctx, ctr0, at + 8 * a, 8 * k,
+                                                             rbuf, &err);
+            const uint8_t *aw = keystream(ctx, ctr0, at + 8 * m + asize * a, asize * k, abuf,
+                                          &err);
+            if (f32) {
+                float *o = (float *)out + base;
+                low |= row32(rw, (const uint32_t *)aw, k, o + a, o + m + a, nsk, below, K32,
+                             COS32, SIN32);
+            } else {
+                double *o = (double *)out + base;
+                low |= row64(rw, (const uint64_t *)aw, k, o + a, o + m + a, nsk, below, K64,
+                             COS64, SIN64);
+            }
+        }
+        at += (8 + asize) * m;
+    }
+    EVP_CIPHER_CTX_free(ctx);
+    return err ? -1 : (low != 0);
+}
+#endif

@@ -1,0 +1,114 @@
+"""The compiled transform (flwr_corrnoise/compiled_kernel.py, noise_kernel.c): the same rows
+as the NumPy path bit for bit, in every layout the kernel draws; built where a compiler is;
+and a build that fuses multiply-adds (the fault the build flags guard against) is caught."""
+
+from __future__ import annotations
+
+import ctypes.util
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from flwr_corrnoise import cipher_noise as cn
+from flwr_corrnoise import compiled_kernel as ck
+from flwr_corrnoise.cipher_noise import CipherGaussian
+
+K = cn.CHUNK_PAIRS
+HAVE_CC = ck._compiler() is not None
+needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+
+
+@pytest.fixture(autouse=True)
+def _restore_the_choice() -> Iterator[None]:
+    yield
+    ck.select(None)
+
+
+def draws(path: str, dtype: type) -> list[np.ndarray]:
+    """Every way the kernel draws, under one path."""
+    ck.select(path)
+    g = CipherGaussian.from_seed(42)
+    out = [g.row(t, d, dtype) for t, d in ((0, 1), (1, 2), (2, 3), (3, 33), (4, 1000),
+                                           (5, 2 * K - 1), (6, 2 * K + 3),
+                                           (7, 5 * K + 4097), (2**50, 10**5 + 1))]
+    out.append(g.rows(9, 7, 129, dtype))
+    gens = [CipherGaussian.from_seed(s) for s in (1, 2, 3)]
+    out.append(cn.next_rows_of(gens, np.empty((3, 4, 501), dtype=dtype)))
+    out.append(g.standard_normal(3 * K + 17, dtype=dtype))
+    cursor = CipherGaussian.from_seed(5)
+    out.append(np.stack([cursor.next_row(40, dtype, ahead=30) for _ in range(30)]))
+    assert ck.status().startswith("compiled" if path == "compiled" else "NumPy")
+    return out
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_and_numpy_paths_draw_the_same_rows(dtype: type) -> None:
+    for a, b in zip(draws("numpy", dtype), draws("compiled", dtype), strict=True):
+        assert a.dtype == b.dtype == dtype
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_cc
+def test_the_compiled_kernel_is_built_where_a_compiler_is() -> None:
+    """Where a C compiler is (CI, this machine), the kernel does not fall back quietly: the
+    library is built, with the whole-row function where OpenSSL's libcrypto links."""
+    ck.select("auto")
+    CipherGaussian.from_seed(1).row(0, 10)
+    assert ck.status().startswith("compiled"), ck.status()
+    if ctypes.util.find_library("crypto"):
+        assert ck.HAS_ROW, ck.status()
+
+
+def test_the_numpy_path_when_turned_off_or_not_buildable(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path) -> None:
+    """No compiler: the NumPy path, said by status(), the same rows; ``compiled`` asked for
+    explicitly then fails loudly; a bad choice is an error."""
+    expect = CipherGaussian.from_seed(3).row(1, 999)
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(ck.shutil, "which", lambda name: None)
+    monkeypatch.setenv(ck.ENV_CACHE, str(tmp_path))
+    ck.select("auto")
+    np.testing.assert_array_equal(CipherGaussian.from_seed(3).row(1, 999), expect)
+    assert ck.status().startswith("NumPy path: not built"), ck.status()
+    ck.select("compiled")
+    with pytest.raises(RuntimeError, match="could not be built"):
+        CipherGaussian.from_seed(3).row(1, 999)
+    ck.select("sometimes")
+    with pytest.raises(ValueError, match="auto, numpy or compiled"):
+        CipherGaussian.from_seed(3).row(1, 999)
+
+
+@needs_cc
+def test_a_build_that_fuses_multiply_adds_is_caught(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path) -> None:
+    """The fault the flags guard against: with FMA contraction the compiled rows are no
+    longer the NumPy path's — the comparison above would fail (so it can)."""
+    expect = CipherGaussian.from_seed(4).row(0, 10**5, np.float64)
+    fused = (*(f for f in ck.FLAGS if f != "-ffp-contract=off"), "-ffp-contract=fast", "-mfma")
+    monkeypatch.setattr(ck, "FLAGS", fused)
+    monkeypatch.setenv(ck.ENV_CACHE, str(tmp_path))
+    ck.select("compiled")
+    got = CipherGaussian.from_seed(4).row(0, 10**5, np.float64)
+    assert not np.array_equal(got, expect)
+    np.testing.assert_allclose(got, expect, rtol=1e-12, atol=1e-14)  # only the last bits
+
+
+@needs_cc
+def test_a_cache_folder_others_can_write_is_not_loaded_from(monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path) -> None:
+    """Loading a library runs its code beside the noise key: a folder another user could
+    have written the library into is refused (the NumPy path runs; ``compiled`` fails)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv(ck.ENV_CACHE, str(shared))
+    expect = CipherGaussian.from_seed(6).row(0, 50)
+    ck.select("auto")
+    np.testing.assert_array_equal(CipherGaussian.from_seed(6).row(0, 50), expect)
+    assert "writable by another user" in ck.status(), ck.status()
+    shared.chmod(0o755)
+    ck.select("compiled")
+    np.testing.assert_array_equal(CipherGaussian.from_seed(6).row(0, 50), expect)
+    assert ck.status().startswith("compiled")
