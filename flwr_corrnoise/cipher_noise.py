@@ -38,11 +38,18 @@ below (the fallback without a C compiler, ≈ 4× slower):
 
 * radius, main path (``w ≥ 2³²``): ``u = hi·2⁻³¹ + (lo·2⁻⁶² + 2⁻⁶³)`` with ``hi = w >> 33``
   and ``lo`` the next 31 bits, each exact as an int32 → float conversion (``u ∈ [2⁻³², 1]``,
-  ≥ 31 significant bits in float64, all 24 in float32); ``ln u`` by splitting ``u = 2^e·x``
-  with ``x ∈ (√½, √2]`` (the mantissa, halved when above ``fl(√2)``), ``s = (x−1)/(x+1)``
-  and ``ln x = 2·atanh s = s·Σ 2s^{2j}/(2j+1)`` — 5 terms in float32, 11 in float64
-  (``|s| ≤ 0.172``: the first term left out is 2·10⁻⁹ and 6·10⁻¹⁹ of the sum) —
-  :func:`ln_uniform64`; ``R = √(−2 ln u + 0)`` (the ``+ 0`` makes ``u = 1`` give ``+0``);
+  ≥ 31 significant bits in float64, all 24 in float32), and ``R = √(−2 ln u + 0)`` (the
+  ``+ 0`` makes ``u = 1`` give ``+0``), ``ln u`` without libm:
+
+  - float32: ``u = 2^e·x`` with ``x ∈ (√½, √2]`` (the mantissa, halved when above
+    ``fl(√2)``), ``s = (x−1)/(x+1)``, ``ln x = 2·atanh s = s·Σ_{j<5} 2s^{2j}/(2j+1)``
+    (``|s| ≤ 0.172``: the first term left out is 2·10⁻⁹ of the sum);
+  - float64 (:func:`ln_uniform64`; a table, because the series' 11 terms and a division
+    cost 2.7 ns a normal here and this 1.5): ``x ∈ [1, 2)``, ``i`` its top 7 mantissa bits,
+    ``c = 1 + i/128``, ``r = (x − c)·fl(1/c)`` (``|r| < 2⁻⁷``), ``ln u = (e·ln 2 + ln c) +
+    Σ_{k≤8} (−1)^{k+1} r^k/k`` (the first term left out is below 2⁻⁵⁶ of the sum), the table
+    (:func:`log_table64`) correctly rounded; for ``u ∈ [½, 1)`` it holds ``ln(c/2)`` and
+    ``e = 0``, so nothing cancels next to ``u = 1`` (a rounding below 0 there is clamped);
 * radius, refill (``w < 2³²``, probability 2⁻³² a pair): a second 64-bit word ``v`` from
   the refill domain at this pair's index, ``u = (2W + 1)·2⁻¹²⁹`` with ``W = w·2⁶⁴ + v``
   (< 2⁹⁶), computed in float64 by :func:`ln_uniform64` — so the smallest uniform is
@@ -309,38 +316,66 @@ class _Radius:
         self.atanh = [dtype(2.0 / (2 * j + 1)) for j in reversed(range(atanh_terms))]
 
 
-#: float32: 5 terms (|s| ≤ 0.1716: the first left out is 2·10⁻⁹ of the sum); float64: 11
-#: (the first left out, 6·10⁻¹⁹)
+#: float32's ``ln``: 5 terms of the ``atanh`` series (|s| ≤ 0.1716: the first left out is
+#: 2·10⁻⁹ of the sum)
 _R32 = _Radius(np.float32, np.uint32, 23, 0x3FB504F3, 5)
-_R64 = _Radius(np.float64, np.uint64, 52, 0x3FF6A09E667F3BCD, 11)
 _PHI32 = np.float32(_TWO_PI * 2.0**-32)  # a float32 angle word's 21 low bits → φ
 _SIN3_32 = np.float32(-1.0 / 6.0)
 _PHI64 = _TWO_PI * 2.0**-63  # a float64 angle word's 52 low bits → φ
 _MANT64 = np.uint64((1 << 52) - 1)
+_ONE64 = np.uint64(0x3FF0_0000_0000_0000)
 _MAGIC64 = np.uint64(0x4330_0000_0000_0000)  # 2⁵² as bits: (k | magic) − 2⁵² = k, exactly
+#: float64's ``ln(1 + r)``, |r| < 2⁻⁷: its Taylor coefficients from r⁸'s down to r's (the first
+#: left out, r⁹/9, is below 2⁻⁵⁶ of the sum)
+_LOG1P64 = [(-1.0) ** (k + 1) / k for k in range(8, 0, -1)]
+_LOG_BITS = 7  # the float64 ln's table: 128 entries c_i = 1 + i/128
 #: the compiled kernel's constants, in its order (noise_kernel.c, enums F_* and D_*)
 _K32 = np.array([_R32.hi, _R32.lo, _R32.half, _R32.ln2, _PHI32, _SIN3_32, *_R32.atanh],
                 dtype=np.float32)
-_K64 = np.array([_R64.hi, _R64.lo, _R64.half, _R64.ln2, 2.0**52 + 1023, _PHI64, 1.0 / 120.0,
-                 1.0 / 6.0, 1.0 / 24.0, *_R64.atanh])
+_K64 = np.array([2.0**-31, 2.0**-62, 2.0**-63, math.log(2.0), 2.0**52 + 1023, _PHI64,
+                 1.0 / 120.0, 1.0 / 6.0, 1.0 / 24.0, *_LOG1P64])
+
+_LOG_TABLE: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def log_table64() -> tuple[np.ndarray, np.ndarray]:
+    """The float64 ``ln``'s table: ``fl(1/c_i)`` for ``c_i = 1 + i/128`` (one correctly
+    rounded division), and ``ln c_i`` then ``ln(c_i/2)`` (256 entries), correctly rounded
+    from mpmath at 120 bits: the same on every machine."""
+    global _LOG_TABLE
+    if _LOG_TABLE is None:
+        import mpmath
+
+        n = 1 << _LOG_BITS
+        c = [1.0 + i / n for i in range(n)]  # exact
+        inv = np.array([1.0 / ci for ci in c])
+        with mpmath.workprec(120):
+            logc = np.array([float(mpmath.log(mpmath.mpf(ci))) for ci in c]
+                            + [float(mpmath.log(mpmath.mpf(ci) / 2)) for ci in c])
+        inv.flags.writeable = logc.flags.writeable = False
+        _LOG_TABLE = inv, logc
+    return _LOG_TABLE
 
 
 def ln_uniform64(u: float) -> float:
-    """``ln u`` for a float64 ``u`` in ``(0, 1]``, by the steps the kernel's float64 path
-    takes (scalar: the refill radius, and the definition those paths are tested against):
-    ``u = 2^e·x`` with ``x`` in ``(√½, √2]`` (the mantissa, halved when above ``fl(√2)``),
-    ``s = (x − 1)/(x + 1)``, ``ln u = e·ln 2 + s·Σ_{j<11} 2 s^{2j}/(2j + 1)``."""
+    """``ln u`` for a float64 ``u`` in ``(0, 1]``, by the steps of the kernel's float64 path
+    (scalar: the refill radius, and the definition the paths are tested against): ``u =
+    2^e·x``, ``x ∈ [1, 2)``, ``i`` its top 7 mantissa bits, ``c = 1 + i/128``,
+    ``r = (x − c)·fl(1/c)``, ``ln u = (e·ln 2 + ln c) + ln(1 + r)`` with ``ln(1 + r)`` to
+    ``r⁸`` (Horner), and for ``u ∈ [½, 1)``: ``e = 0`` and the table's ``ln(c/2)``."""
+    inv, logc = log_table64()
     b = int(np.float64(u).view(np.uint64))
-    mb = (b & int(_R64.mantissa)) | int(_R64.one)
-    big = int(mb > int(_R64.sqrt2))
-    e = float((b >> 52) + big) - 1023.0
-    x = float(np.uint64(mb - (big << 52)).view(np.float64))
-    s = (x - 1.0) / (x + 1.0)
-    z = s * s
-    p = float(_R64.atanh[0])
-    for a in _R64.atanh[1:]:
-        p = p * z + float(a)
-    return e * float(_R64.ln2) + p * s
+    eb = b >> 52
+    top = int(eb == 1022)
+    e = float(eb + top) - 1023.0
+    i = (b >> 45) & 127
+    x = float(np.uint64((b & int(_MANT64)) | int(_ONE64)).view(np.float64))
+    c = 1.0 + i / 128
+    r = (x - c) * float(inv[i])
+    p = _LOG1P64[0]
+    for coef in _LOG1P64[1:]:
+        p = p * r + coef
+    return (e * math.log(2.0) + float(logc[i | top << 7])) + p * r
 
 
 def _refill_radius(w: int, v: int) -> float:
@@ -348,29 +383,38 @@ def _refill_radius(w: int, v: int) -> float:
     refill word is ``v``: ``u = (2W + 1)·2⁻¹²⁹``, ``W = w·2⁶⁴ + v`` (Python's int → float is
     correctly rounded; the scaling is exact), ``R = √(−2 ln u)`` by :func:`ln_uniform64`."""
     u = math.ldexp(float(2 * ((w << 64) | v) + 1), -129)
-    return math.sqrt(ln_uniform64(u) * -2.0 + 0.0)
+    return math.sqrt(max(ln_uniform64(u) * -2.0 + 0.0, 0.0))
+
+
+def _uniform_numpy(words: np.ndarray, r: np.ndarray, a: np.ndarray, tmp: np.ndarray) -> None:
+    """``u = hi·2⁻³¹ + (lo·2⁻⁶² + 2⁻⁶³)`` into ``r`` (its dtype), ``hi = w >> 33`` and ``lo`` the
+    next 31 bits, each exact as a float; ``a``: uint64 scratch, ``tmp``: float scratch."""
+    np.right_shift(words, np.uint64(33), out=a)  # 31 bits: exact in an int32 → float
+    np.copyto(r, a, casting="unsafe")
+    r *= r.dtype.type(2.0**-31)
+    np.right_shift(words, np.uint64(2), out=a)
+    np.bitwise_and(a, np.uint64(0x7FFF_FFFF), out=a)
+    np.copyto(tmp, a, casting="unsafe")
+    tmp *= tmp.dtype.type(2.0**-62)
+    tmp += tmp.dtype.type(2.0**-63)
+    r += tmp
 
 
 def _radius_numpy(words: np.ndarray, r: np.ndarray, ws: _Workspace) -> None:
     """``r = √(−2 ln u)`` for radius words ``words`` (uint64, ``r``'s shape), in ``r``'s
-    dtype: the steps of :func:`ln_uniform64` (and ``noise_kernel.c``) one pass each."""
-    c = _R32 if r.dtype == np.float32 else _R64
+    dtype: the steps of ``noise_kernel.c`` (and, in float64, :func:`ln_uniform64`) one pass
+    each."""
+    if r.dtype == np.float64:
+        _radius64_numpy(words, r, ws)
+        return
+    c = _R32
     n, shape = r.size, r.shape
     a = ws.u64[0][:n].reshape(shape)
-    fb = ws.f32 if c is _R32 else ws.f64
-    tmp, s, z = (b[:n].reshape(shape) for b in fb[3:6])
+    tmp, s, z = (b[:n].reshape(shape) for b in ws.f32[3:6])
     ub = ws.u64[1].view(c.uint)[:n].reshape(shape)
     ib = ws.u64[2].view(c.uint)[:n].reshape(shape)
     big = ws.mask[:n].reshape(shape)
-    np.right_shift(words, np.uint64(33), out=a)  # 31 bits: exact in an int32 → float
-    np.copyto(r, a, casting="unsafe")
-    r *= c.hi
-    np.right_shift(words, np.uint64(2), out=a)
-    np.bitwise_and(a, np.uint64(0x7FFF_FFFF), out=a)
-    np.copyto(tmp, a, casting="unsafe")
-    tmp *= c.lo
-    tmp += c.half
-    r += tmp  # u = hi·2⁻³¹ + (lo·2⁻⁶² + 2⁻⁶³)
+    _uniform_numpy(words, r, a, tmp)
     bits = r.view(c.uint)
     np.bitwise_and(bits, c.mantissa, out=ub)
     ub |= c.one  # x ∈ [1, 2)
@@ -397,6 +441,47 @@ def _radius_numpy(words: np.ndarray, r: np.ndarray, ws: _Workspace) -> None:
     r += tmp  # ln u = e·ln 2 + ln x
     r *= c.dtype.type(-2)
     r += c.dtype.type(0)  # −0 → +0 (u = 1)
+    np.sqrt(r, out=r)
+
+
+def _radius64_numpy(words: np.ndarray, r: np.ndarray, ws: _Workspace) -> None:
+    n, shape = r.size, r.shape
+    a, eb, ib = (b[:n].reshape(shape) for b in ws.u64)
+    e, g, q = (b[:n].reshape(shape) for b in ws.f64[3:6])
+    top = ws.mask[:n].reshape(shape)
+    inv, logc = log_table64()
+    _uniform_numpy(words, r, a, e)
+    bits = r.view(np.uint64)
+    np.right_shift(bits, np.uint64(52), out=eb)
+    np.equal(eb, np.uint64(1022), out=top)  # u ∈ [½, 1)
+    np.copyto(ib, top, casting="unsafe")
+    eb += ib
+    np.copyto(e, eb, casting="unsafe")  # small integers: exact
+    e -= 1023.0
+    np.right_shift(bits, np.uint64(45), out=a)
+    a &= np.uint64(127)  # i
+    np.left_shift(a, np.uint64(45), out=eb)
+    eb |= _ONE64  # c = 1 + i/128
+    bits &= _MANT64
+    bits |= _ONE64  # x ∈ [1, 2) (u is gone now)
+    np.subtract(r, eb.view(np.float64), out=q)  # x − c, exact
+    np.take(inv, a, out=g, mode="clip")
+    q *= g  # r = (x − c)·fl(1/c)
+    np.left_shift(ib, np.uint64(7), out=ib)
+    a |= ib  # the ln(c/2) half for u ∈ [½, 1)
+    np.take(logc, a, out=g, mode="clip")
+    np.multiply(q, _LOG1P64[0], out=r)
+    r += _LOG1P64[1]
+    for coef in _LOG1P64[2:]:
+        r *= q
+        r += coef
+    r *= q  # ln(1 + r)
+    e *= math.log(2.0)
+    e += g
+    r += e  # ln u = (e·ln 2 + ln c) + ln(1 + r)
+    r *= -2.0
+    r += 0.0  # −0 → +0 (u = 1)
+    np.maximum(r, 0.0, out=r)  # a rounding below 0 next to u = 1
     np.sqrt(r, out=r)
 
 
@@ -490,7 +575,9 @@ _BELOW_BITS = {1 << k: k for k in range(1, 64)}
 def _init_compiled(dll: Any) -> None:
     cos64, sin64 = direction_table()
     cos32, sin32 = direction_table32()
-    dll.cn_init(*(compiled_kernel.addr(a) for a in (cos64, sin64, cos32, sin32, _K32, _K64)))
+    inv, logc = log_table64()
+    dll.cn_init(*(compiled_kernel.addr(a)
+                  for a in (cos64, sin64, cos32, sin32, _K32, _K64, inv, logc)))
 
 
 def _compiled_pairs(ks: np.ndarray, m: int, dtype: np.dtype, out_cos: np.ndarray,

@@ -134,7 +134,7 @@ def _build() -> tuple[ctypes.CDLL, bool]:
     else:
         raise RuntimeError(f"{cc} failed: {'; '.join(errors)}")
     p, size = ctypes.c_void_p, ctypes.c_size_t
-    dll.cn_init.argtypes = [p] * 6
+    dll.cn_init.argtypes = [p] * 8
     dll.cn_init.restype = None
     for name in ("cn_rows32", "cn_rows64"):
         fn = getattr(dll, name)

@@ -25,13 +25,18 @@ static double COS64[SECTORS], SIN64[SECTORS];
 /* float32 constants, in the order of cipher_noise._K32 */
 static float K32[11];
 /* float64 constants, in the order of cipher_noise._K64 */
-static double K64[20];
+static double K64[17];
+/* the float64 ln's table: 1/c_i, then ln c_i and ln(c_i/2), c_i = 1 + i/128 */
+static double INV64[128], LOGC64[256];
 
 enum { F_HI, F_LO, F_HALF, F_LN2, F_PHI, F_SIN3, F_A9, F_A7, F_A5, F_A3, F_A1 };
-enum { D_HI, D_LO, D_HALF, D_LN2, D_EXP, D_PHI, D_S5, D_S3, D_C4, D_A21 }; /* D_A21.. D_A1 */
+enum { D_HI, D_LO, D_HALF, D_LN2, D_EXP, D_PHI, D_S5, D_S3, D_C4, D_L8 }; /* D_L8 .. D_L1 */
 
 void cn_init(const double *cos64, const double *sin64, const float *cos32,
-             const float *sin32, const float *k32, const double *k64) {
+             const float *sin32, const float *k32, const double *k64, const double *inv64,
+             const double *logc64) {
+    memcpy(INV64, inv64, sizeof INV64);
+    memcpy(LOGC64, logc64, sizeof LOGC64);
     memcpy(COS64, cos64, sizeof COS64);
     memcpy(SIN64, sin64, sizeof SIN64);
     memcpy(COS32, cos32, sizeof COS32);
@@ -72,20 +77,27 @@ static inline void angle32(float R, uint32_t a, float *z1, float *z2, const floa
     *z2 = rs + (rs * cm + rc * sn);
 }
 
-static inline double radius64(uint64_t w, const double *restrict K) {
+/* float64: a table, not the atanh series (its 11 terms and a division cost 2.7 ns a normal,
+ * this 1.5): u = 2^e·x, x in [1, 2), i its top 7 mantissa bits, c = 1 + i/128 (exact),
+ * r = (x - c)·fl(1/c) (|r| < 2^-7), ln(1 + r) to r^8, ln u = (e·ln 2 + ln c) + that; for u in
+ * [1/2, 1) the table holds ln(c/2) itself (no e·ln 2 to cancel against it near u = 1). */
+static inline double radius64(uint64_t w, const double *restrict K,
+                              const double *restrict inv, const double *restrict logc) {
     double u = (double)(int32_t)(w >> 33) * K[D_HI]
                + ((double)(int32_t)((w >> 2) & 0x7FFFFFFF) * K[D_LO] + K[D_HALF]);
     uint64_t b = d2u(u);
-    uint64_t mb = (b & 0xFFFFFFFFFFFFFULL) | 0x3FF0000000000000ULL;
-    uint64_t big = mb > 0x3FF6A09E667F3BCDULL;
-    double e = u2d(((b >> 52) + big) | 0x4330000000000000ULL) - K[D_EXP];
-    double x = u2d(mb - (big << 52));
-    double s = (x - 1.0) / (x + 1.0);
-    double z = s * s;
-    double p = K[D_A21];
-    for (int j = 1; j < 11; j++) p = p * z + K[D_A21 + j];
-    double lnu = e * K[D_LN2] + p * s;
-    return __builtin_sqrt(lnu * -2.0 + 0.0);
+    uint64_t eb = b >> 52;
+    uint64_t top = eb == 1022; /* u in [1/2, 1) */
+    double e = u2d((eb + top) | 0x4330000000000000ULL) - K[D_EXP];
+    uint64_t i = (b >> 45) & 127;
+    double x = u2d((b & 0xFFFFFFFFFFFFFULL) | 0x3FF0000000000000ULL);
+    double c = u2d(0x3FF0000000000000ULL | (i << 45));
+    double r = (x - c) * inv[i];
+    double p = K[D_L8];
+    for (int j = 1; j < 8; j++) p = p * r + K[D_L8 + j];
+    double lnu = (e * K[D_LN2] + logc[i | (top << 7)]) + p * r;
+    double L = lnu * -2.0 + 0.0; /* + 0: u = 1 gives +0, not -0 */
+    return __builtin_sqrt(L > 0.0 ? L : 0.0);
 }
 
 static inline void angle64(double R, uint64_t a, double *z1, double *z2,
@@ -125,17 +137,18 @@ __attribute__((noinline)) static uint64_t
 row64(const uint64_t *restrict rw, const uint64_t *restrict aw, size_t m,
                       double *restrict c, double *restrict s, size_t ns, unsigned below,
                       const double *restrict K, const double *restrict cos,
-                      const double *restrict sin) {
+                      const double *restrict sin, const double *restrict inv,
+                      const double *restrict logc) {
     uint64_t low = 0;
     for (size_t i = 0; i < ns; i++) {
         uint64_t w = rw[i];
         low |= (w >> below) == 0;
-        angle64(radius64(w, K), aw[i], c + i, s + i, K, cos, sin);
+        angle64(radius64(w, K, inv, logc), aw[i], c + i, s + i, K, cos, sin);
     }
     for (size_t i = ns; i < m; i++) {
         double unused;
         low |= (rw[i] >> below) == 0;
-        angle64(radius64(rw[i], K), aw[i], c + i, &unused, K, cos, sin);
+        angle64(radius64(rw[i], K, inv, logc), aw[i], c + i, &unused, K, cos, sin);
     }
     return low;
 }
@@ -164,7 +177,8 @@ int cn_rows64(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, double
     for (size_t row = 0; row < rows; row++)
         low |= row64((const uint64_t *)(ks + row * ks_stride),
                      (const uint64_t *)(ks + row * ks_stride + 8 * m), m,
-                     oc + row * out_stride, os + row * out_stride, ns, below, KK, CC, SS);
+                     oc + row * out_stride, os + row * out_stride, ns, below, KK, CC, SS, INV64,
+                     LOGC64);
     return low != 0;
 }
 
@@ -192,57 +206,57 @@ int EVP_EncryptUpdate(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl,
 
 static const unsigned char ZEROS[16 * PIECE + 16];
 
-/* n bytes of the row's keystream from byte `offset` into buf; returns where they start */
-static const uint8_t *keystream(EVP_CIPHER_CTX *ctx, const uint8_t *ctr0, uint64_t offset,
-                                size_t n, uint8_t *buf, int *err) {
-    uint8_t iv[16];
+/* Point ctx at byte `offset` of the row's keystream (the counter block holding it, then the
+ * bytes before it within that block drawn and dropped); returns 0, or 1 on an error. */
+static int seek(EVP_CIPHER_CTX *ctx, const uint8_t *ctr0, uint64_t offset) {
+    uint8_t iv[16], drop[16];
     uint64_t block = offset / 16;
-    size_t skip = (size_t)(offset % 16);
-    int len = 0;
+    int skip = (int)(offset % 16), len = 0;
     memcpy(iv, ctr0, 8); /* domain ‖ t: the row; the low 64 bits count blocks (big-endian) */
     for (int j = 0; j < 8; j++) iv[15 - j] = (uint8_t)(block >> (8 * j));
-    if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, iv) != 1
-        || EVP_EncryptUpdate(ctx, buf, &len, ZEROS, (int)(skip + n)) != 1
-        || len != (int)(skip + n))
-        *err = 1;
-    return buf + skip;
+    if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, iv) != 1) return 1;
+    return skip && (EVP_EncryptUpdate(ctx, drop, &len, ZEROS, skip) != 1 || len != skip);
 }
 
+static int draw(EVP_CIPHER_CTX *ctx, uint8_t *buf, size_t n) {
+    int len = 0;
+    return EVP_EncryptUpdate(ctx, buf, &len, ZEROS, (int)n) != 1 || len != (int)n;
+}
+
+/* Two CTR contexts walk a chunk side by side — one through its radius words, one through
+ * its angle words — a piece of each at a time, so both stay in cache and a context is
+ * pointed anew only once a chunk. */
 int cn_row(const uint8_t *key, const uint8_t *ctr0, size_t d, int f32, void *out,
            unsigned below, size_t chunk) {
     static _Thread_local uint8_t rbuf[8 * PIECE + 16] __attribute__((aligned(64)));
     static _Thread_local uint8_t abuf[8 * PIECE + 16] __attribute__((aligned(64)));
-    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-    int err = 0;
-    if (!ctx || EVP_EncryptInit_ex(ctx, EVP_aes_128_ctr(), NULL, key, ctr0) != 1) {
-        if (ctx) EVP_CIPHER_CTX_free(ctx);
-        return -1;
-    }
+    EVP_CIPHER_CTX *cr = EVP_CIPHER_CTX_new(), *ca = EVP_CIPHER_CTX_new();
+    int err = !cr || !ca || EVP_EncryptInit_ex(cr, EVP_aes_128_ctr(), NULL, key, ctr0) != 1
+              || EVP_EncryptInit_ex(ca, EVP_aes_128_ctr(), NULL, key, ctr0) != 1;
     size_t pairs = (d + 1) / 2, asize = f32 ? 4 : 8;
     uint64_t at = 0, low = 0; /* the chunk's first keystream byte */
     for (size_t first = 0; first < pairs && !err; first += chunk) {
         size_t m = pairs - first < chunk ? pairs - first : chunk;
         size_t base = 2 * first, ns = d - base - m < m ? d - base - m : m;
+        err = seek(cr, ctr0, at) || seek(ca, ctr0, at + 8 * m);
         for (size_t a = 0; a < m && !err; a += PIECE) {
             size_t k = m - a < PIECE ? m - a : PIECE;
             size_t nsk = ns > a ? (ns - a < k ? ns - a : k) : 0;
-            const uint64_t *rw = (const uint64_t *)keystream(ctx, ctr0, at + 8 * a, 8 * k,
-                                                             rbuf, &err);
-            const uint8_t *aw = keystream(ctx, ctr0, at + 8 * m + asize * a, asize * k, abuf,
-                                          &err);
+            err = draw(cr, rbuf, 8 * k) || draw(ca, abuf, asize * k);
             if (f32) {
                 float *o = (float *)out + base;
-                low |= row32(rw, (const uint32_t *)aw, k, o + a, o + m + a, nsk, below, K32,
-                             COS32, SIN32);
+                low |= row32((const uint64_t *)rbuf, (const uint32_t *)abuf, k, o + a,
+                             o + m + a, nsk, below, K32, COS32, SIN32);
             } else {
                 double *o = (double *)out + base;
-                low |= row64(rw, (const uint64_t *)aw, k, o + a, o + m + a, nsk, below, K64,
-                             COS64, SIN64);
+                low |= row64((const uint64_t *)rbuf, (const uint64_t *)abuf, k, o + a,
+                             o + m + a, nsk, below, K64, COS64, SIN64, INV64, LOGC64);
             }
         }
         at += (8 + asize) * m;
     }
-    EVP_CIPHER_CTX_free(ctx);
+    if (cr) EVP_CIPHER_CTX_free(cr);
+    if (ca) EVP_CIPHER_CTX_free(ca);
     return err ? -1 : (low != 0);
 }
 #endif

@@ -45,37 +45,53 @@ def ref_uniform(w: int, dtype: type) -> np.floating:
     return np.float64(float(hi) * 2.0**-31 + (float(lo) * 2.0**-62 + 2.0**-63))
 
 
+@functools.cache
+def exact_ln(x: float) -> float:
+    """``ln x`` correctly rounded to float64 (mpmath at 200 bits)."""
+    with mpmath.workprec(200):
+        return float(mpmath.log(mpmath.mpf(x)))
+
+
 def ref_ln(u: np.floating) -> np.floating:
     """``ln u`` as the kernel defines it, from the bits (``struct``), one scalar IEEE step at
-    a time in ``u``'s dtype: ``u = 2^e·x``, ``x`` in ``(fl(√½), fl(√2)]``,
-    ``s = (x − 1)/(x + 1)``, ``ln x = s·Σ 2s^{2j}/(2j + 1)`` (5 terms for float32, 11 for
-    float64)."""
-    f32 = isinstance(u, np.float32)
-    fmt, ifmt, mant, bias = ("<f", "<I", 23, 127) if f32 else ("<d", "<Q", 52, 1023)
-    ft = np.float32 if f32 else np.float64
-    bits = struct.unpack(ifmt, struct.pack(fmt, u))[0]
-    e = (bits >> mant) - bias
-    xbits = (bits & ((1 << mant) - 1)) | (bias << mant)
-    sqrt2 = struct.unpack(ifmt, struct.pack(fmt, ft(math.sqrt(2.0))))[0]
-    if xbits > sqrt2:
-        xbits -= 1 << mant
-        e += 1
-    x = ft(struct.unpack(fmt, struct.pack(ifmt, xbits))[0])
-    s = (x - ft(1)) / (x + ft(1))
-    z = s * s
-    terms = 5 if f32 else 11
-    p = ft(2.0 / (2 * terms - 1))
-    for j in reversed(range(terms - 1)):
-        p = p * z + ft(2.0 / (2 * j + 1))
-    return ft(e) * ft(math.log(2.0)) + p * s
+    a time in ``u``'s dtype. float32: ``u = 2^e·x``, ``x`` in ``(fl(√½), fl(√2)]``,
+    ``s = (x − 1)/(x + 1)``, ``ln x = s·Σ_{j<5} 2s^{2j}/(2j + 1)``. float64: ``x ∈ [1, 2)``,
+    ``c = 1 + i/128`` from its top 7 mantissa bits, ``r = (x − c)·fl(1/c)``,
+    ``ln u = (e·ln 2 + ln c) + Σ_{k≤8} (−1)^{k+1} r^k/k``, and for ``u ∈ [½, 1)`` ``e = 0``
+    with ``ln(c/2)`` in place of ``ln c``."""
+    if isinstance(u, np.float32):
+        bits = struct.unpack("<I", struct.pack("<f", u))[0]
+        e = (bits >> 23) - 127
+        xbits = (bits & ((1 << 23) - 1)) | (127 << 23)
+        if xbits > struct.unpack("<I", struct.pack("<f", np.float32(math.sqrt(2.0))))[0]:
+            xbits -= 1 << 23
+            e += 1
+        x = np.float32(struct.unpack("<f", struct.pack("<I", xbits))[0])
+        s = (x - np.float32(1)) / (x + np.float32(1))
+        z = s * s
+        p = np.float32(2.0 / 9)
+        for j in (3, 2, 1, 0):
+            p = p * z + np.float32(2.0 / (2 * j + 1))
+        return np.float32(e) * np.float32(math.log(2.0)) + p * s
+    bits = struct.unpack("<Q", struct.pack("<d", float(u)))[0]
+    e = (bits >> 52) - 1023
+    i = (bits >> 45) & 127
+    x = struct.unpack("<d", struct.pack("<Q", (bits & ((1 << 52) - 1)) | (1023 << 52)))[0]
+    c = 1.0 + i / 128
+    r = (x - c) * (1.0 / c)
+    p = -1.0 / 8
+    for k in (7, 6, 5, 4, 3, 2, 1):
+        p = p * r + (-1.0) ** (k + 1) / k
+    lnc = exact_ln(c / 2) if e == -1 else exact_ln(c)
+    return np.float64((float(0 if e == -1 else e) * math.log(2.0) + lnc) + p * r)
 
 
 def ref_radius(w: int, v: int, dtype: type, below: int = 1 << 32) -> np.floating:
     if w >= below:  # R = √(−2·ln u), in the dtype (+ 0: a −0 becomes +0)
         u = ref_uniform(w, dtype)
-        return np.sqrt(ref_ln(u) * u.dtype.type(-2) + u.dtype.type(0))
+        return np.sqrt(max(ref_ln(u) * u.dtype.type(-2) + u.dtype.type(0), u.dtype.type(0)))
     u = math.ldexp(float(2 * (w * 2**64 + v) + 1), -129)  # the 128-bit refill uniform
-    r = np.sqrt(ref_ln(np.float64(u)) * -2.0 + 0.0)
+    r = np.sqrt(max(ref_ln(np.float64(u)) * -2.0 + 0.0, 0.0))
     return np.float32(r) if dtype is np.float32 else r
 
 
