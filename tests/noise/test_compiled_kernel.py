@@ -112,3 +112,36 @@ def test_a_cache_folder_others_can_write_is_not_loaded_from(monkeypatch: pytest.
     ck.select("compiled")
     np.testing.assert_array_equal(CipherGaussian.from_seed(6).row(0, 50), expect)
     assert ck.status().startswith("compiled")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_radius_words_at_the_edges_agree_in_both_paths_and_the_reference(dtype: type) -> None:
+    """Words whose uniform is 1 (R = +0), just below 1 (where ln u is tiny), on either side
+    of ½ (float64's two table halves), and the smallest main-path words: the compiled loop,
+    the NumPy path and the scalar reference give the same floats, none NaN or negative."""
+    from tests.noise.test_cipher_noise import ref_pair
+
+    edges = [2**64 - 1, 2**64 - 4, 2**64 - 2**11, 2**64 - 2**40, 2**63, 2**63 + 4,
+             2**63 - 4, 2**62, 2**32, 2**32 + 3, 2**33 - 1]
+    rng = np.random.default_rng(7)
+    words = np.array(edges + [int(x) for x in rng.integers(2**32, 2**63, 53, dtype=np.uint64)],
+                     dtype=np.uint64)
+    m = words.size
+    asize = 4 if dtype is np.float32 else 8
+    ks = np.empty((8 + asize) * m, dtype=np.uint8)
+    ks[: 8 * m] = words.view(np.uint8)
+    ks[8 * m :] = rng.integers(0, 256, asize * m, dtype=np.uint8)
+    dt = np.dtype(dtype)
+    outs = []
+    for path in ("compiled", "numpy"):
+        ck.select(path if HAVE_CC else "numpy")
+        out = np.empty(2 * m, dtype=dt)
+        cn.pairs_from_keystream(ks, m, dt, lambda i, j: 0, out[:m], out[m:])
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    for j in range(m):
+        a = int.from_bytes(ks[8 * m + asize * j : 8 * m + asize * (j + 1)].tobytes(), "little")
+        assert (outs[0][j], outs[0][m + j]) == ref_pair(int(words[j]), a, 0, dtype)
+    radius = np.hypot(outs[0][:m].astype(np.float64), outs[0][m:].astype(np.float64))
+    assert np.all(np.isfinite(radius)) and radius[0] == 0.0  # u = 1
+    assert 0 < radius[3] < 1e-3  # u = 1 − 2⁻²⁴ in float32, closer in float64
