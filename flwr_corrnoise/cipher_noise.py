@@ -597,9 +597,9 @@ def _compiled_pairs(ks: np.ndarray, m: int, dtype: np.dtype, out_cos: np.ndarray
     stride = out_cos.strides[0] if count > 1 else 0
     if count > 1 and ns and out_sin.strides[0] != stride:
         return False
-    fn = dll.cn_rows32 if dtype == np.float32 else dll.cn_rows64
-    low = fn(at, ks.strides[0], count, m, compiled_kernel.addr(out_cos),
-             compiled_kernel.addr(out_sin), stride // item, ns, _BELOW_BITS[REFILL_BELOW])
+    low = dll.cn_rows(at, ks.strides[0], count, m, compiled_kernel.addr(out_cos),
+                      compiled_kernel.addr(out_sin), stride // item, ns,
+                      _BELOW_BITS[REFILL_BELOW], int(dtype == np.float32))
     return not low
 
 

@@ -136,10 +136,8 @@ def _build() -> tuple[ctypes.CDLL, bool]:
     p, size = ctypes.c_void_p, ctypes.c_size_t
     dll.cn_init.argtypes = [p] * 8
     dll.cn_init.restype = None
-    for name in ("cn_rows32", "cn_rows64"):
-        fn = getattr(dll, name)
-        fn.argtypes = [p, size, size, size, p, p, size, size, ctypes.c_uint]
-        fn.restype = ctypes.c_int
+    dll.cn_rows.argtypes = [p, size, size, size, p, p, size, size, ctypes.c_uint, ctypes.c_int]
+    dll.cn_rows.restype = ctypes.c_int
     has_row = hasattr(dll, "cn_row")
     if has_row:
         dll.cn_row.argtypes = [ctypes.c_char_p, ctypes.c_char_p, size, ctypes.c_int, p,

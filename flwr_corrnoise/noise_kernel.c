@@ -113,12 +113,13 @@ static inline void angle64(double R, uint64_t a, double *z1, double *z2,
     *z2 = rs + (rs * cm + rc * sn);
 }
 
-/* not inlined: its restrict arguments are what lets the loop vectorize */
+/* One chunk's pairs (row64 below is the same loop in float64: C has no generics, and a
+ * macro would hide the loop the compiler must vectorize). Not inlined: its restrict
+ * arguments are what lets the loop vectorize. */
 __attribute__((noinline)) static uint64_t
-row32(const uint64_t *restrict rw, const uint32_t *restrict aw, size_t m,
-                      float *restrict c, float *restrict s, size_t ns, unsigned below,
-                      const float *restrict K, const float *restrict cos,
-                      const float *restrict sin) {
+row32(const uint64_t *restrict rw, const uint32_t *restrict aw, size_t m, float *restrict c,
+      float *restrict s, size_t ns, unsigned below, const float *restrict K,
+      const float *restrict cos, const float *restrict sin) {
     uint64_t low = 0;
     for (size_t i = 0; i < ns; i++) {
         uint64_t w = rw[i];
@@ -134,11 +135,10 @@ row32(const uint64_t *restrict rw, const uint32_t *restrict aw, size_t m,
 }
 
 __attribute__((noinline)) static uint64_t
-row64(const uint64_t *restrict rw, const uint64_t *restrict aw, size_t m,
-                      double *restrict c, double *restrict s, size_t ns, unsigned below,
-                      const double *restrict K, const double *restrict cos,
-                      const double *restrict sin, const double *restrict inv,
-                      const double *restrict logc) {
+row64(const uint64_t *restrict rw, const uint64_t *restrict aw, size_t m, double *restrict c,
+      double *restrict s, size_t ns, unsigned below, const double *restrict K,
+      const double *restrict cos, const double *restrict sin, const double *restrict inv,
+      const double *restrict logc) {
     uint64_t low = 0;
     for (size_t i = 0; i < ns; i++) {
         uint64_t w = rw[i];
@@ -154,31 +154,25 @@ row64(const uint64_t *restrict rw, const uint64_t *restrict aw, size_t m,
 }
 
 /* `rows` chunks of m pairs: chunk i's keystream at ks + i*ks_stride (bytes), its cosines at
- * oc + i*out_stride, its sines at os + i*out_stride (elements): ns of them (m or m - 1, an
- * odd row drops its last sine). Returns 1 if a radius word is below 2^below (2^32; nothing
- * else should be trusted then: the caller recomputes), else 0. */
-int cn_rows32(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, float *oc,
-              float *os, size_t out_stride, size_t ns, unsigned below) {
-    /* restrict arguments: no store into the rows changes a constant or a table entry, so
-     * the compiler keeps them in registers and the loop vectorizes */
-    const float *KK = K32, *CC = COS32, *SS = SIN32;
+ * oc + i*out_stride, its sines at os + i*out_stride (elements, float32 if f32 else float64):
+ * ns of them (m or m - 1, an odd row drops its last sine). Returns 1 if a radius word is
+ * below 2^below (2^32; nothing else should be trusted then: the caller recomputes), else 0.
+ * The tables and constants go in as restrict arguments: no store into the rows changes
+ * them, so the compiler keeps them in registers and the loops vectorize. */
+int cn_rows(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, void *oc, void *os,
+            size_t out_stride, size_t ns, unsigned below, int f32) {
     uint64_t low = 0;
-    for (size_t row = 0; row < rows; row++)
-        low |= row32((const uint64_t *)(ks + row * ks_stride),
-                     (const uint32_t *)(ks + row * ks_stride + 8 * m), m,
-                     oc + row * out_stride, os + row * out_stride, ns, below, KK, CC, SS);
-    return low != 0;
-}
-
-int cn_rows64(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, double *oc,
-              double *os, size_t out_stride, size_t ns, unsigned below) {
-    const double *KK = K64, *CC = COS64, *SS = SIN64;
-    uint64_t low = 0;
-    for (size_t row = 0; row < rows; row++)
-        low |= row64((const uint64_t *)(ks + row * ks_stride),
-                     (const uint64_t *)(ks + row * ks_stride + 8 * m), m,
-                     oc + row * out_stride, os + row * out_stride, ns, below, KK, CC, SS, INV64,
-                     LOGC64);
+    for (size_t row = 0; row < rows; row++) {
+        const uint64_t *rw = (const uint64_t *)(ks + row * ks_stride);
+        const uint8_t *aw = ks + row * ks_stride + 8 * m;
+        if (f32)
+            low |= row32(rw, (const uint32_t *)aw, m, (float *)oc + row * out_stride,
+                         (float *)os + row * out_stride, ns, below, K32, COS32, SIN32);
+        else
+            low |= row64(rw, (const uint64_t *)aw, m, (double *)oc + row * out_stride,
+                         (double *)os + row * out_stride, ns, below, K64, COS64, SIN64, INV64,
+                         LOGC64);
+    }
     return low != 0;
 }
 
