@@ -44,13 +44,16 @@ which grid point is released, and much finer than the noise (``2⁻³²·V``: a 
 KS test against N(0, 1)). ``|value + noise| ≤ 2⁵³·g`` leaves room for values up to
 ``2²¹·V``.
 
-The sampler is Box–Muller on 53-bit uniforms: ``u₁ = (k₁+1)·2⁻⁵³ ∈ (0, 1]``,
-``u₂ = k₂·2⁻⁵³``, ``(r cos 2πu₂, r sin 2πu₂)`` with ``r = √(−2 ln u₁)``. Why: a fixed
-16 bytes per pair (no rejection), so the key stream position is a function of the number
-of draws and restore is exact, and its float outputs are dense at ``≈ 2⁻⁴⁷`` in the bulk,
-so every grid cell of width ``2⁻³²·V`` is reachable (a test checks the coverage on a
-coarse grid). ``u₁ ≥ 2⁻⁵³`` truncates ``|ξ|`` at ≈ 8.57, a tail of mass ≈ 10⁻¹⁷, which
-belongs in δ (negligible beside any δ used in practice). What this does not cover: timing
+The sampler is the library's noise transform (:mod:`~flwr_corrnoise.cipher_noise`,
+transform 2; since secure format 2, 2026-11-28) on the ChaCha20 keystream: Box–Muller with a
+fixed 16 bytes a pair (no rejection, so the keystream position is a function of the number
+of draws and restore is exact), the radius from a 64-bit word — and, below 2³², a second
+word from block ``2⁹⁵ + w`` (no draw reaches it) — so ``u ≥ 2⁻¹²⁹`` and ``|ξ| ≤ 13.37``,
+a tail of mass ``2⁻¹²⁸`` a pair, below any δ by twenty orders of magnitude (format 1 used
+53-bit uniforms: a cut at 8.57σ, ``1.1·10⁻¹⁶`` a pair, which at 10¹⁰ draws would have added
+``2·10⁻⁶`` to δ at ε = 1 — unaccounted). Its float outputs are dense at ``≈ 2⁻⁴⁷`` in the
+bulk, so every grid cell of width ``2⁻³²·V`` is reachable (a test checks the coverage on a
+coarse grid), and they are the same floats on every machine, compiled or not. What this does not cover: timing
 side channels, and the other end of the computation (the gradient itself is float
 arithmetic on private data — the released ``trunc_g(g) + noise`` is exact, what produced
 ``g`` is not this module's concern).
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Callable
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -69,7 +73,11 @@ _BLOCK = 64  # bytes per ChaCha20 block
 _COUNTER_SPAN = 1 << 32  # OpenSSL's ChaCha20 counter is 32 bits: blocks per nonce
 _MAX_BLOCK = 1 << 96  # 32-bit counter + 64 bits of the nonce used as the high part
 _MASK64 = (1 << 64) - 1
-STATE_TAG = 0x5EC0_C4A2_0000_0001  # first word of a packed secure state (format 1)
+STATE_TAG = 0x5EC0_C4A2_0000_0002  # first word of a packed secure state (format 2)
+#: format 1's tag: Box–Muller on 53-bit uniforms (a tail cut at 8.57σ), refused on restore
+FORMAT1_TAG = 0x5EC0_C4A2_0000_0001
+_MAX_DRAW_BLOCK = 1 << 92  # draws stay below this block: the refill words live above 2⁹⁵
+_REFILL_BASE = 1 << 95
 
 
 class ChaCha20Gaussian:
@@ -125,6 +133,11 @@ class ChaCha20Gaussian:
     def unpack(cls, words: np.ndarray) -> ChaCha20Gaussian:
         """Inverse of :meth:`pack`; a PCG64 state or a wrong tag is an error."""
         w = [int(x) for x in np.asarray(words, dtype=np.uint64).reshape(-1)]
+        if len(w) == 7 and w[0] == FORMAT1_TAG:
+            raise ValueError(
+                "a secure (ChaCha20) generator state of format 1 (53-bit Box–Muller, saved by "
+                "an earlier flwr-corrnoise): this version draws the library's transform 2 and "
+                "cannot continue that stream's rows: start a new stream")
         if len(w) != 7 or w[0] != STATE_TAG:
             raise ValueError("not a secure (ChaCha20) generator state")
         key = b"".join(x.to_bytes(8, "little") for x in w[1:5])
@@ -161,26 +174,50 @@ class ChaCha20Gaussian:
         return out
 
     def standard_normal(self, n: int) -> np.ndarray:
-        """``n`` i.i.d. N(0, 1) float64 draws (Box–Muller, both outputs of a pair)."""
+        """``n`` i.i.d. N(0, 1) float64 draws: the library's noise transform
+        (:mod:`~flwr_corrnoise.cipher_noise`, transform 2 — compiled where a compiler is,
+        the same floats in NumPy) on this keystream, in its row layout (chunks of
+        ``CHUNK_PAIRS`` pairs, each its radius words then its angle words), so the radius
+        reaches ``u = 2⁻¹²⁹`` through the refill words like every other stream's."""
         n = int(n)
         if n < 0:
             raise ValueError("n must be >= 0")
         m = (n + 1) // 2
-        words = self._fill(-(-16 * m // _BLOCK)).view("<u8")[: 2 * m]
-        k = (words >> np.uint64(11)).astype(np.float64)  # 53 bits
-        r, theta = k[:m], k[m:]
-        r += 1.0
-        r *= 2.0**-53  # u₁ ∈ (0, 1]
-        np.log(r, out=r)
-        r *= -2.0
-        np.sqrt(r, out=r)
-        theta *= 2.0 * math.pi * 2.0**-53  # 2π·u₂, u₂ ∈ [0, 1)
-        out = np.empty(2 * m)
-        np.cos(theta, out=out[:m])
-        np.sin(theta, out=out[m:])
-        out[:m] *= r
-        out[m:] *= r
-        return out[:n]
+        first = self._block
+        if first + -(-16 * m // _BLOCK) > _MAX_DRAW_BLOCK:
+            raise ValueError("the secure generator's keystream for draws is exhausted (2^92 "
+                             "blocks)")
+        ks = self._fill(-(-16 * m // _BLOCK))
+        out = np.empty(n)
+        _normals_from_keystream(ks, n, out, lambda word: self._refill_word(8 * first + word))
+        return out
+
+    def _refill_word(self, word: int) -> int:
+        """The refill word of the radius word at 64-bit index ``word`` of the keystream: the
+        first 8 bytes of block ``2⁹⁵ + word`` (a range no draw reaches: draws stay below
+        block 2⁹²), so no keystream byte is used twice."""
+        block = _REFILL_BASE + int(word)
+        iv = (block % _COUNTER_SPAN).to_bytes(4, "little") + (
+            block // _COUNTER_SPAN).to_bytes(12, "little")
+        enc = Cipher(algorithms.ChaCha20(self._key, iv), mode=None).encryptor()
+        return int.from_bytes(enc.update(bytes(8)), "little")
+
+
+def _normals_from_keystream(ks: np.ndarray, n: int, out: np.ndarray,
+                            refill: Callable[[int], int]) -> None:
+    """``n`` normals into ``out`` from ``16·⌈n/2⌉`` keystream bytes in the kernel's row layout;
+    ``refill(w)``: the refill word of the radius word at 64-bit index ``w`` of ``ks``."""
+    from .cipher_noise import CHUNK_PAIRS, pairs_from_keystream
+
+    pairs = (n + 1) // 2
+    f64 = np.dtype(np.float64)
+    for first in range(0, pairs, CHUNK_PAIRS):
+        m = min(CHUNK_PAIRS, pairs - first)
+        at = 16 * first  # the chunk's first byte: 16 bytes a pair before it
+        base = 2 * first
+        pairs_from_keystream(ks[at : at + 16 * m], m, f64,
+                             lambda _, j, at=at: refill(at // 8 + j),
+                             out[base : base + m], out[base + m : min(base + 2 * m, n)])
 
 
 def _check_block(block: int) -> int:

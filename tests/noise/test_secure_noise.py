@@ -12,6 +12,8 @@ import pytest
 from flwr.app import Context, RecordDict
 from scipy import stats
 
+from flwr_corrnoise import cipher_noise as cn
+from flwr_corrnoise import secure_noise
 from flwr_corrnoise.flower.session import LearnerSession
 from flwr_corrnoise.learner import local_round
 from flwr_corrnoise.learner_state import LearnerState
@@ -27,6 +29,7 @@ from flwr_corrnoise.secure_noise import (
 )
 from flwr_corrnoise.settings import PrivacyConfigError, PrivacySettings
 from flwr_corrnoise.streams import NoiseStream
+from tests.noise.test_cipher_noise import ref_pair
 
 KEY = bytes(range(32))
 
@@ -79,16 +82,39 @@ def test_keystream_is_chacha20_at_the_block_counter(block: int) -> None:
     assert gen.state == (KEY, block + 2)
 
 
-def test_box_muller_from_the_keystream_words() -> None:
-    """standard_normal(n) is Box–Muller on 53-bit uniforms from consecutive words."""
+def test_the_draws_are_the_kernels_transform_of_the_keystream() -> None:
+    """standard_normal(n) is the library's transform 2 (the scalar reference of
+    tests/noise/test_cipher_noise.py) on consecutive keystream words: the pairs' radius
+    words, then their angle words."""
     n = 10  # 5 pairs: 10 words, 80 bytes → 2 blocks
     got = ChaCha20Gaussian(KEY).standard_normal(n)
     words = struct.unpack("<10Q", (reference_block(KEY, 0) + reference_block(KEY, 1))[:80])
-    k = [w >> 11 for w in words]
-    r = [math.sqrt(-2 * math.log((k[i] + 1) * 2.0**-53)) for i in range(5)]
-    th = [2 * math.pi * 2.0**-53 * k[5 + i] for i in range(5)]
-    want = [r[i] * math.cos(th[i]) for i in range(5)] + [r[i] * math.sin(th[i]) for i in range(5)]
-    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+    pairs = [ref_pair(words[j], words[5 + j], 0, np.float64) for j in range(5)]
+    want = [c for c, _ in pairs] + [s for _, s in pairs]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_refill_words_come_from_their_own_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the refill threshold raised to 2⁶³ about half the radius words take the refill
+    path: word ``w`` of the keystream (counted from block 0) takes the first 8 bytes of
+    block ``2⁹⁵ + w``, which no draw reaches — and the second call's words count on."""
+    monkeypatch.setattr(cn, "REFILL_BELOW", 1 << 63)
+    gen = ChaCha20Gaussian(KEY, 3)
+    got = [gen.standard_normal(7), gen.standard_normal(7)]
+    for call, first in ((0, 3), (1, 4)):  # 4 pairs = 64 bytes: one block a call
+        words = struct.unpack("<8Q", reference_block(KEY, first))
+        want = []
+        for j in range(4):
+            v = int.from_bytes(reference_block(KEY, 2**95 + 8 * first + j)[:8], "little")
+            want.append(ref_pair(words[j], words[4 + j], v, np.float64, below=1 << 63))
+        np.testing.assert_array_equal(got[call], [c for c, _ in want] + [s for _, s in want[:3]])
+
+
+def test_a_format_1_state_is_refused() -> None:
+    words = ChaCha20Gaussian(KEY).pack()
+    words[0] = np.uint64(secure_noise.FORMAT1_TAG)
+    with pytest.raises(ValueError, match=r"format 1.*start a new stream"):
+        ChaCha20Gaussian.unpack(words)
 
 
 def test_exact_law_mean_variance_ks() -> None:
