@@ -54,9 +54,9 @@ a tail of mass ``2⁻¹²⁸`` a pair, below any δ by twenty orders of magnitud
 ``2·10⁻⁶`` to δ at ε = 1 — unaccounted). Its float outputs are dense at ``≈ 2⁻⁴⁷`` in the
 bulk, so every grid cell of width ``2⁻³²·V`` is reachable (a test checks the coverage on a
 coarse grid), and they are the same floats on every machine, compiled or not.
-What this does not cover: timing side channels, and the other end of the computation (the gradient itself is float
-arithmetic on private data — the released ``trunc_g(g) + noise`` is exact, what produced
-``g`` is not this module's concern).
+What this does not cover: timing side channels, and the other end of the computation (the
+gradient itself is float arithmetic on private data — the released ``trunc_g(g) + noise``
+is exact, what produced ``g`` is not this module's concern).
 """
 
 from __future__ import annotations
