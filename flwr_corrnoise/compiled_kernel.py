@@ -16,7 +16,9 @@ container) runs the NumPy path and sends exactly the noise it would have sent wi
 
 How it is built: the first process that needs it compiles ``noise_kernel.c`` with the
 system's C compiler (``$CC``, else ``cc``/``gcc``; ``-O3 -march=native -ffp-contract=off``)
-into ``$FLWR_CORRNOISE_CACHE`` (default ``~/.cache/flwr_corrnoise/kernel``), named by a hash
+into ``$FLWR_CORRNOISE_KERNEL_CACHE`` (default ``~/.cache/flwr_corrnoise/kernel``, under
+``$XDG_CACHE_HOME`` when set; its own variable, not the factorizations' ``FLWR_CORRNOISE_CACHE``,
+so that pointing that one elsewhere does not rebuild the kernel in every process), named by a hash
 of the source, the flags, the compiler and the CPU, written to a temporary file and renamed
 into place (so Ray workers starting together never load a half-written file), and loaded
 with :mod:`ctypes`. Nothing is downloaded; no Python headers or OpenSSL headers are needed.
@@ -46,7 +48,7 @@ SOURCE = Path(__file__).with_name("noise_kernel.c")
 #: sqrt becomes one instruction (the argument is never negative: clamped at 0)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared")
 ENV_CHOICE = "FLWR_CORRNOISE_KERNEL"
-ENV_CACHE = "FLWR_CORRNOISE_CACHE"
+ENV_CACHE = "FLWR_CORRNOISE_KERNEL_CACHE"
 
 _LOCK = threading.Lock()
 #: the loaded library, or None (the NumPy path); whether loading was tried; why; the choice
@@ -151,6 +153,17 @@ def _choice() -> str:
     if choice not in ("auto", "numpy", "compiled"):
         raise ValueError(f"{ENV_CHOICE} is auto, numpy or compiled, not {choice!r}")
     return choice
+
+
+def prebuild() -> str:
+    """Build the library now (if a compiler is there) without loading it, so that processes
+    started next find it built instead of each compiling its own copy (the test session
+    calls it once before its workers start); returns what happened."""
+    try:
+        _build()
+    except Exception as exc:  # the processes will say so themselves, and use NumPy
+        return f"not built ({exc})"
+    return f"built in {cache_folder()}"
 
 
 def _load(init: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL | None:

@@ -15,6 +15,16 @@ if "FLWR_CORRNOISE_CACHE" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="flwr-corrnoise-cache-")
     os.environ["FLWR_CORRNOISE_CACHE"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+# The compiled noise kernel (flwr_corrnoise/compiled_kernel.py): a session folder of its own,
+# built once here in the controller before any worker or process the tests start, so that
+# they load it instead of each compiling a copy (and the user's cache is not written).
+if "FLWR_CORRNOISE_KERNEL_CACHE" not in os.environ:
+    _kernel = tempfile.mkdtemp(prefix="flwr-corrnoise-kernel-")
+    os.environ["FLWR_CORRNOISE_KERNEL_CACHE"] = _kernel
+    atexit.register(shutil.rmtree, _kernel, ignore_errors=True)
+    from flwr_corrnoise import compiled_kernel as _compiled_kernel
+
+    _compiled_kernel.prebuild()
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # One BLAS thread per process: four xdist workers share 2 cores, and a multi-threaded
 # eigh/solve on an oversubscribed machine is 10–40× slower in wall time (solve_dual(400):
