@@ -33,7 +33,7 @@ an odd ``d`` drops the last sine. Every step is an IEEE-754 operation in the out
 integer shifts and masks, exact int → float conversions, ``+ − × ÷``, ``√``, a comparison,
 a table read — with no FMA and no libm call, so **a row is the same float for float on
 every machine**, from the compiled loop (:mod:`~flwr_corrnoise.compiled_kernel`,
-``noise_kernel.c``: ≈ 2.2 / 4.7 ns a float32 / float64 normal here) or from the NumPy passes
+``noise_kernel.c``: ≈ 2.5–3.3 / 4.2–5.0 ns a float32 / float64 normal here) or from the NumPy passes
 below (the fallback without a C compiler, ≈ 4× slower):
 
 * radius, main path (``w ≥ 2³²``): ``u = hi·2⁻³¹ + (lo·2⁻⁶² + 2⁻⁶³)`` with ``hi = w >> 33``

@@ -4,7 +4,7 @@ Why compiled: a Box–Muller pair in NumPy is ≈ 35 passes over memory (each uf
 and NumPy's float32 ``log``/``cos``/``sin`` cost 2.6 ns an element on the AVX2 machine
 measured, so the NumPy kernel drew a float32 normal in ≈ 5.4 ns and a float64 one in
 ≈ 10.9 ns; issue 34 asks for 2.5 and 5. One fused C loop over the same steps
-(``noise_kernel.c`` beside this module) does it in ≈ 1.5 / 2.7 ns of transform
+(``noise_kernel.c`` beside this module) does it in ≈ 1.7–2.0 / 3.2–3.7 ns of transform
 (docs/benchmarks.md, "Issue 34, fifth pass").
 
 Why it can be optional without changing a single noise value: the transform
@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -50,6 +51,7 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC"
 ENV_CHOICE = "FLWR_CORRNOISE_KERNEL"
 ENV_CACHE = "FLWR_CORRNOISE_KERNEL_CACHE"
 
+log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 #: the loaded library, or None (the NumPy path); whether loading was tried; why; the choice
 #: made by :func:`select` (None: the environment's)
@@ -184,6 +186,9 @@ def _load(init: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL | None:
                     raise RuntimeError(f"the compiled noise kernel could not be built: {exc}"
                                        ) from exc
                 dll, has_row, why = None, False, f"NumPy path: not built ({exc})"
+                log.warning("flwr-corrnoise: the noise kernel is not compiled (%s); drawing "
+                            "in NumPy instead: the same noise, about 4x slower (install a C "
+                            "compiler, or set %s=numpy to silence this)", exc, ENV_CHOICE)
         _DLL, HAS_ROW, _WHY, _LOADED = dll, has_row, why, True
         return dll
 

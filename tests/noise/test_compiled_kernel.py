@@ -62,9 +62,9 @@ def test_the_compiled_kernel_is_built_where_a_compiler_is() -> None:
 
 
 def test_the_numpy_path_when_turned_off_or_not_buildable(monkeypatch: pytest.MonkeyPatch,
-                                                         tmp_path) -> None:
-    """No compiler: the NumPy path, said by status(), the same rows; ``compiled`` asked for
-    explicitly then fails loudly; a bad choice is an error."""
+                                                         tmp_path, caplog) -> None:
+    """No compiler: the NumPy path, said by status() and a warning, the same rows;
+    ``compiled`` asked for explicitly then fails loudly; a bad choice is an error."""
     expect = CipherGaussian.from_seed(3).row(1, 999)
     monkeypatch.setenv("CC", "/nonexistent/cc")
     monkeypatch.setattr(ck.shutil, "which", lambda name: None)
@@ -72,6 +72,7 @@ def test_the_numpy_path_when_turned_off_or_not_buildable(monkeypatch: pytest.Mon
     ck.select("auto")
     np.testing.assert_array_equal(CipherGaussian.from_seed(3).row(1, 999), expect)
     assert ck.status().startswith("NumPy path: not built"), ck.status()
+    assert "not compiled" in caplog.text and "the same noise" in caplog.text
     ck.select("compiled")
     with pytest.raises(RuntimeError, match="could not be built"):
         CipherGaussian.from_seed(3).row(1, 999)
