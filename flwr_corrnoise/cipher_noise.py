@@ -279,7 +279,6 @@ class _Workspace:
         self.ks = np.empty(16 * k + 16, dtype=np.uint8)  # + a block: ECB's update_into
         self.counters = np.empty(16 * k, dtype=np.uint8)
         self.low_layout: tuple[int, int] | None = None  # (rows, blocks) of the block indices
-        self.i64 = np.empty(k, dtype=np.int64)
         self.u64 = [np.empty(k, dtype=np.uint64) for _ in range(3)]
         self.mask = np.empty(k, dtype=bool)
         self.f64 = [np.empty(k) for _ in range(6)]
@@ -298,27 +297,14 @@ def _workspace() -> _Workspace:
     return ws
 
 
-class _Radius:
-    """The constants of one dtype's radius (transform 2): ``u`` from a radius word ``w``,
-    ``ln u`` by the ``atanh`` series, ``R = √(−2 ln u)``."""
-
-    def __init__(self, dtype: type, uint: type, shift: int, sqrt2_bits: int,
-                 atanh_terms: int) -> None:
-        self.dtype, self.uint = np.dtype(dtype), np.dtype(uint)
-        self.shift = uint(shift)  # the mantissa's bits
-        self.mantissa = uint((1 << shift) - 1)
-        self.one = uint((((1 << (8 * self.uint.itemsize - 1 - shift)) >> 1) - 1) << shift)
-        self.bias = dtype(int(self.one) >> shift)  # 127 or 1023
-        self.sqrt2 = uint(sqrt2_bits)  # the bits of fl(√2)
-        self.hi, self.lo, self.half = dtype(2.0**-31), dtype(2.0**-62), dtype(2.0**-63)
-        self.ln2 = dtype(math.log(2.0))
-        #: 2/(2j+1), the highest first: ln x = s·Σ 2 z^j/(2j+1), s = (x−1)/(x+1), z = s²
-        self.atanh = [dtype(2.0 / (2 * j + 1)) for j in reversed(range(atanh_terms))]
-
-
-#: float32's ``ln``: 5 terms of the ``atanh`` series (|s| ≤ 0.1716: the first left out is
-#: 2·10⁻⁹ of the sum)
-_R32 = _Radius(np.float32, np.uint32, 23, 0x3FB504F3, 5)
+#: float32's ``ln``: ``x`` from the mantissa bits (``_ONE32`` the exponent of 1), halved
+#: above ``fl32(√2)`` (``_SQRT2_32``), and 5 terms of the ``atanh`` series, ``2/(2j+1)`` from the
+#: highest (|s| ≤ 0.1716: the first left out is 2·10⁻⁹ of the sum)
+_MANT32 = np.uint32((1 << 23) - 1)
+_ONE32 = np.uint32(0x3F80_0000)
+_SQRT2_32 = np.uint32(0x3FB5_04F3)
+_LN2_32 = np.float32(math.log(2.0))
+_ATANH32 = [np.float32(2.0 / (2 * j + 1)) for j in range(4, -1, -1)]
 _PHI32 = np.float32(_TWO_PI * 2.0**-32)  # a float32 angle word's 21 low bits → φ
 _SIN3_32 = np.float32(-1.0 / 6.0)
 _PHI64 = _TWO_PI * 2.0**-63  # a float64 angle word's 52 low bits → φ
@@ -330,7 +316,7 @@ _MAGIC64 = np.uint64(0x4330_0000_0000_0000)  # 2⁵² as bits: (k | magic) − 2
 _LOG1P64 = [(-1.0) ** (k + 1) / k for k in range(8, 0, -1)]
 _LOG_BITS = 7  # the float64 ln's table: 128 entries c_i = 1 + i/128
 #: the compiled kernel's constants, in its order (noise_kernel.c, enums F_* and D_*)
-_K32 = np.array([_R32.hi, _R32.lo, _R32.half, _R32.ln2, _PHI32, _SIN3_32, *_R32.atanh],
+_K32 = np.array([2.0**-31, 2.0**-62, 2.0**-63, _LN2_32, _PHI32, _SIN3_32, *_ATANH32],
                 dtype=np.float32)
 _K64 = np.array([2.0**-31, 2.0**-62, 2.0**-63, math.log(2.0), 2.0**52 + 1023, _PHI64,
                  1.0 / 120.0, 1.0 / 6.0, 1.0 / 24.0, *_LOG1P64])
@@ -400,51 +386,48 @@ def _uniform_numpy(words: np.ndarray, r: np.ndarray, a: np.ndarray, tmp: np.ndar
     r += tmp
 
 
-def _radius_numpy(words: np.ndarray, r: np.ndarray, ws: _Workspace) -> None:
-    """``r = √(−2 ln u)`` for radius words ``words`` (uint64, ``r``'s shape), in ``r``'s
-    dtype: the steps of ``noise_kernel.c`` (and, in float64, :func:`ln_uniform64`) one pass
-    each."""
-    if r.dtype == np.float64:
-        _radius64_numpy(words, r, ws)
-        return
-    c = _R32
+def _radius32_numpy(words: np.ndarray, r: np.ndarray, ws: _Workspace) -> None:
+    """``r = √(−2 ln u)`` in float32 for radius words ``words`` (uint64, ``r``'s shape): the
+    steps of ``noise_kernel.c``'s ``radius32``, one pass each."""
     n, shape = r.size, r.shape
     a = ws.u64[0][:n].reshape(shape)
     tmp, s, z = (b[:n].reshape(shape) for b in ws.f32[3:6])
-    ub = ws.u64[1].view(c.uint)[:n].reshape(shape)
-    ib = ws.u64[2].view(c.uint)[:n].reshape(shape)
+    ub = ws.u64[1].view(np.uint32)[:n].reshape(shape)
+    ib = ws.u64[2].view(np.uint32)[:n].reshape(shape)
     big = ws.mask[:n].reshape(shape)
     _uniform_numpy(words, r, a, tmp)
-    bits = r.view(c.uint)
-    np.bitwise_and(bits, c.mantissa, out=ub)
-    ub |= c.one  # x ∈ [1, 2)
-    np.greater(ub, c.sqrt2, out=big)
+    bits = r.view(np.uint32)
+    np.bitwise_and(bits, _MANT32, out=ub)
+    ub |= _ONE32  # x ∈ [1, 2)
+    np.greater(ub, _SQRT2_32, out=big)
     np.copyto(ib, big, casting="unsafe")
-    np.right_shift(bits, c.shift, out=bits)  # the biased exponent (u is gone now)
+    np.right_shift(bits, np.uint32(23), out=bits)  # the biased exponent (u is gone now)
     bits += ib
     np.copyto(tmp, bits, casting="unsafe")  # small integers: exact
-    tmp -= c.bias  # e
-    np.left_shift(ib, c.shift, out=ib)
+    tmp -= np.float32(127)  # e
+    np.left_shift(ib, np.uint32(23), out=ib)
     ub -= ib  # x halved where it was above √2
-    x = ub.view(c.dtype)
-    np.subtract(x, c.dtype.type(1), out=s)
-    np.add(x, c.dtype.type(1), out=z)
+    x = ub.view(np.float32)
+    np.subtract(x, np.float32(1), out=s)
+    np.add(x, np.float32(1), out=z)
     np.divide(s, z, out=s)  # s = (x − 1)/(x + 1)
     np.multiply(s, s, out=z)
-    np.multiply(z, c.atanh[0], out=r)
-    r += c.atanh[1]
-    for coef in c.atanh[2:]:
+    np.multiply(z, _ATANH32[0], out=r)
+    r += _ATANH32[1]
+    for coef in _ATANH32[2:]:
         r *= z
         r += coef
     r *= s  # ln x
-    tmp *= c.ln2
+    tmp *= _LN2_32
     r += tmp  # ln u = e·ln 2 + ln x
-    r *= c.dtype.type(-2)
-    r += c.dtype.type(0)  # −0 → +0 (u = 1)
+    r *= np.float32(-2)
+    r += np.float32(0)  # −0 → +0 (u = 1)
     np.sqrt(r, out=r)
 
 
 def _radius64_numpy(words: np.ndarray, r: np.ndarray, ws: _Workspace) -> None:
+    """The float64 radius: the steps of :func:`ln_uniform64` (and ``noise_kernel.c``'s
+    ``radius64``), one pass each."""
     n, shape = r.size, r.shape
     a, eb, ib = (b[:n].reshape(shape) for b in ws.u64)
     e, g, q = (b[:n].reshape(shape) for b in ws.f64[3:6])
@@ -509,7 +492,7 @@ def pairs_from_keystream(ks: np.ndarray, m: int, dtype: np.dtype,
     f32 = dtype == np.float32
     fb = ws.f32 if f32 else ws.f64
     r = fb[0][:n].reshape(count, m)
-    _radius_numpy(words, r, ws)
+    (_radius32_numpy if f32 else _radius64_numpy)(words, r, ws)
     if n and int(words.min()) < REFILL_BELOW:  # w < 2³²: the rare refill path
         low = np.nonzero(words < np.uint64(REFILL_BELOW))
         r[low] = [_refill_radius(int(words[i, j]), refill(int(i), int(j)))
@@ -689,21 +672,36 @@ class _Keystream:
                 raise RuntimeError("OpenSSL failed to produce the AES-128-CTR keystream")
             # rc == 1: a radius word below 2³² (≈ 10⁻⁴ of the rows of a million normals):
             # the row again, chunk by chunk, the chunk that has it in NumPy
-        per_pair = _BYTES_PER_PAIR[dtype]
         enc = Cipher(algorithms.AES(self.key), modes.CTR(counter_block(domain, t))).encryptor()
         ws = _workspace()
         zeros = memoryview(_ZEROS)
-        pairs = (d + 1) // 2
-        for first in range(0, pairs, CHUNK_PAIRS):
-            m = min(CHUNK_PAIRS, pairs - first)
-            nbytes = per_pair * m
-            ks = ws.ks[:nbytes]
-            enc.update_into(zeros[:nbytes], ks)
-            base = 2 * first
-            pairs_from_keystream(
-                ks, m, dtype,
-                lambda _, j, first=first: self.refill_word(domain, t, first + j),
-                out[base : base + m], out[base + m : min(base + 2 * m, d)], ws)
+
+        def chunk(_: int, nbytes: int) -> np.ndarray:  # the CTR keystream goes on in order
+            enc.update_into(zeros[:nbytes], ws.ks[:nbytes])
+            return ws.ks[:nbytes]
+
+        row_from_chunks(out, chunk, lambda first, j: self.refill_word(domain, t, first + j),
+                        ws)
+
+
+def row_from_chunks(out: np.ndarray, keystream: Callable[[int, int], np.ndarray],
+                    refill: Callable[[int, int], int], ws: _Workspace | None = None
+                    ) -> np.ndarray:
+    """A row of ``len(out)`` normals in the kernel's row layout (module docstring), chunk by
+    chunk: ``keystream(first, nbytes)`` gives the bytes of the chunk whose first pair is
+    ``first``; ``refill(first, j)`` the refill word of its pair ``j``. The one place that
+    cuts a row into chunks (the AES rows' NumPy path, the secure sampler)."""
+    d, dtype = out.shape[0], out.dtype
+    per_pair = _BYTES_PER_PAIR[dtype]
+    ws = ws or _workspace()
+    pairs = (d + 1) // 2
+    for first in range(0, pairs, CHUNK_PAIRS):
+        m = min(CHUNK_PAIRS, pairs - first)
+        base = 2 * first
+        pairs_from_keystream(keystream(first, per_pair * m), m, dtype,
+                             lambda _, j, first=first: refill(first, j),
+                             out[base : base + m], out[base + m : min(base + 2 * m, d)], ws)
+    return out
 
 
 def fill_rows_of(streams: Sequence[_Keystream], domain: int, starts: Sequence[int],

@@ -63,7 +63,8 @@ _CHOICE: str | None = None
 HAS_ROW = False
 #: link options tried in order: the development symlink, then the runtime libraries, then
 #: none (the transform alone: the keystream comes from ``cryptography`` chunk by chunk)
-_LINKS = (["-lcrypto"], ["-l:libcrypto.so.3"], ["-l:libcrypto.so.1.1"], ["-DCN_NO_OPENSSL"])
+_LINKS = (("row", "-lcrypto"), ("row", "-l:libcrypto.so.3"), ("row", "-l:libcrypto.so.1.1"),
+          ("bare", "-DCN_NO_OPENSSL"))
 
 
 def _compiler() -> str | None:
@@ -92,7 +93,7 @@ def cache_folder() -> Path:
 def _check_private(*paths: Path) -> None:
     """Refuse a library someone else could have written: loading it runs its code in the
     learner, beside its noise key. The folder and the file must be this user's and not
-    writable by group or others (a shared ``FLWR_CORRNOISE_CACHE`` is refused, not used)."""
+    writable by group or others (a shared ``FLWR_CORRNOISE_KERNEL_CACHE`` is refused, not used)."""
     uid = os.getuid() if hasattr(os, "getuid") else None
     for path in paths:
         st = path.stat()
@@ -113,16 +114,16 @@ def _build() -> tuple[ctypes.CDLL, bool]:
     folder = cache_folder()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     errors = []
-    for link in _LINKS:
-        target = folder / f"noise_kernel-{digest}-{'row' if link[0][1] == 'l' else 'bare'}.so"
+    for kind, link in _LINKS:
+        target = folder / f"noise_kernel-{digest}-{kind}.so"
         if not target.exists():
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
             os.close(fd)
             try:
-                done = subprocess.run([*cc.split(), *FLAGS, "-o", tmp, str(SOURCE), *link],
+                done = subprocess.run([*cc.split(), *FLAGS, "-o", tmp, str(SOURCE), link],
                                       capture_output=True, text=True, timeout=300)
                 if done.returncode != 0:
-                    errors.append(f"{' '.join(link)}: {done.stderr.strip()[-300:]}")
+                    errors.append(f"{link}: {done.stderr.strip()[-300:]}")
                     continue
                 os.replace(tmp, target)
             finally:
@@ -158,9 +159,9 @@ def _choice() -> str:
 
 
 def prebuild() -> str:
-    """Build the library now (if a compiler is there) without loading it, so that processes
-    started next find it built instead of each compiling its own copy (the test session
-    calls it once before its workers start); returns what happened."""
+    """Build the library now (if a compiler is there), without making it this process's
+    kernel, so that processes started next find it built instead of each compiling its own
+    copy (the test session calls it once before its workers start); returns what happened."""
     try:
         _build()
     except Exception as exc:  # the processes will say so themselves, and use NumPy

@@ -8,8 +8,8 @@
  * two). There is no libm call (libm's last bits differ between builds and SIMD levels).
  * The constants and the direction tables come from Python (cn_init), so there is one copy
  * of each. The module's docstring defines the transform; built and loaded by
- * flwr_corrnoise/compiled_kernel.py, checked against the NumPy path and a scalar reference
- * bit for bit by tests/noise/test_cipher_noise.py.
+ * flwr_corrnoise/compiled_kernel.py, checked against a scalar reference bit for bit by
+ * tests/noise/test_cipher_noise.py and against the NumPy path by test_compiled_kernel.py.
  *
  * A chunk of m pairs is m 64-bit radius words, then m angle words (32 bits for float32, 64
  * for float64). A radius word below 2^32 takes the rare refill path, which is not here: the
@@ -153,26 +153,30 @@ row64(const uint64_t *restrict rw, const uint64_t *restrict aw, size_t m, double
     return low;
 }
 
+/* m pairs of one chunk or piece in either dtype (the one dispatch of cn_rows and cn_row):
+ * radius words rw, angle words aw, cosines at oc, sines at os (ns of them). The tables and
+ * constants go in as restrict arguments: no store into the row changes them, so the
+ * compiler keeps them in registers and the loops vectorize. */
+static uint64_t chunk_pairs(int f32, const uint64_t *rw, const uint8_t *aw, size_t m,
+                            void *oc, void *os, size_t ns, unsigned below) {
+    if (f32)
+        return row32(rw, (const uint32_t *)aw, m, oc, os, ns, below, K32, COS32, SIN32);
+    return row64(rw, (const uint64_t *)aw, m, oc, os, ns, below, K64, COS64, SIN64, INV64,
+                 LOGC64);
+}
+
 /* `rows` chunks of m pairs: chunk i's keystream at ks + i*ks_stride (bytes), its cosines at
  * oc + i*out_stride, its sines at os + i*out_stride (elements, float32 if f32 else float64):
  * ns of them (m or m - 1, an odd row drops its last sine). Returns 1 if a radius word is
- * below 2^below (2^32; nothing else should be trusted then: the caller recomputes), else 0.
- * The tables and constants go in as restrict arguments: no store into the rows changes
- * them, so the compiler keeps them in registers and the loops vectorize. */
+ * below 2^below (2^32; nothing else should be trusted then: the caller recomputes), else 0. */
 int cn_rows(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, void *oc, void *os,
             size_t out_stride, size_t ns, unsigned below, int f32) {
+    size_t step = out_stride * (f32 ? sizeof(float) : sizeof(double)); /* bytes a row */
     uint64_t low = 0;
-    for (size_t row = 0; row < rows; row++) {
-        const uint64_t *rw = (const uint64_t *)(ks + row * ks_stride);
-        const uint8_t *aw = ks + row * ks_stride + 8 * m;
-        if (f32)
-            low |= row32(rw, (const uint32_t *)aw, m, (float *)oc + row * out_stride,
-                         (float *)os + row * out_stride, ns, below, K32, COS32, SIN32);
-        else
-            low |= row64(rw, (const uint64_t *)aw, m, (double *)oc + row * out_stride,
-                         (double *)os + row * out_stride, ns, below, K64, COS64, SIN64, INV64,
-                         LOGC64);
-    }
+    for (size_t row = 0; row < rows; row++)
+        low |= chunk_pairs(f32, (const uint64_t *)(ks + row * ks_stride),
+                           ks + row * ks_stride + 8 * m, m, (char *)oc + row * step,
+                           (char *)os + row * step, ns, below);
     return low != 0;
 }
 
@@ -198,7 +202,7 @@ int EVP_EncryptUpdate(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl,
 #define PIECE 4096 /* pairs a piece: 32 KiB of radius words, 16 or 32 KiB of angle words (L2) */
 #endif
 
-static const unsigned char ZEROS[16 * PIECE + 16];
+static const unsigned char ZEROS[8 * PIECE]; /* the plaintext: CTR of zeros is the keystream */
 
 /* Point ctx at byte `offset` of the row's keystream (the counter block holding it, then the
  * bytes before it within that block drawn and dropped); returns 0, or 1 on an error. */
@@ -222,8 +226,8 @@ static int draw(EVP_CIPHER_CTX *ctx, uint8_t *buf, size_t n) {
  * pointed anew only once a chunk. */
 int cn_row(const uint8_t *key, const uint8_t *ctr0, size_t d, int f32, void *out,
            unsigned below, size_t chunk) {
-    static _Thread_local uint8_t rbuf[8 * PIECE + 16] __attribute__((aligned(64)));
-    static _Thread_local uint8_t abuf[8 * PIECE + 16] __attribute__((aligned(64)));
+    static _Thread_local uint8_t rbuf[8 * PIECE] __attribute__((aligned(64)));
+    static _Thread_local uint8_t abuf[8 * PIECE] __attribute__((aligned(64)));
     EVP_CIPHER_CTX *cr = EVP_CIPHER_CTX_new(), *ca = EVP_CIPHER_CTX_new();
     int err = !cr || !ca || EVP_EncryptInit_ex(cr, EVP_aes_128_ctr(), NULL, key, ctr0) != 1
               || EVP_EncryptInit_ex(ca, EVP_aes_128_ctr(), NULL, key, ctr0) != 1;
@@ -237,15 +241,10 @@ int cn_row(const uint8_t *key, const uint8_t *ctr0, size_t d, int f32, void *out
             size_t k = m - a < PIECE ? m - a : PIECE;
             size_t nsk = ns > a ? (ns - a < k ? ns - a : k) : 0;
             err = draw(cr, rbuf, 8 * k) || draw(ca, abuf, asize * k);
-            if (f32) {
-                float *o = (float *)out + base;
-                low |= row32((const uint64_t *)rbuf, (const uint32_t *)abuf, k, o + a,
-                             o + m + a, nsk, below, K32, COS32, SIN32);
-            } else {
-                double *o = (double *)out + base;
-                low |= row64((const uint64_t *)rbuf, (const uint64_t *)abuf, k, o + a,
-                             o + m + a, nsk, below, K64, COS64, SIN64, INV64, LOGC64);
-            }
+            size_t item = f32 ? sizeof(float) : sizeof(double);
+            char *o = (char *)out + base * item;
+            low |= chunk_pairs(f32, (const uint64_t *)rbuf, abuf, k, o + a * item,
+                               o + (m + a) * item, nsk, below);
         }
         at += (8 + asize) * m;
     }

@@ -63,10 +63,11 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from .cipher_noise import row_from_chunks
 
 GRID_BITS = 32  # the grid is 2⁻³² of the noise std (rounded up to a power of two)
 _BLOCK = 64  # bytes per ChaCha20 block
@@ -188,9 +189,10 @@ class ChaCha20Gaussian:
             raise ValueError("the secure generator's keystream for draws is exhausted (2^92 "
                              "blocks)")
         ks = self._fill(-(-16 * m // _BLOCK))
-        out = np.empty(n)
-        _normals_from_keystream(ks, n, out, lambda word: self._refill_word(8 * first + word))
-        return out
+        # radius word j of the chunk at pair `first_pair` is word 2·first_pair + j of ks
+        return row_from_chunks(
+            np.empty(n), lambda pair, nbytes: ks[16 * pair : 16 * pair + nbytes],
+            lambda pair, j: self._refill_word(8 * first + 2 * pair + j))
 
     def _refill_word(self, word: int) -> int:
         """The refill word of the radius word at 64-bit index ``word`` of the keystream: the
@@ -201,23 +203,6 @@ class ChaCha20Gaussian:
             block // _COUNTER_SPAN).to_bytes(12, "little")
         enc = Cipher(algorithms.ChaCha20(self._key, iv), mode=None).encryptor()
         return int.from_bytes(enc.update(bytes(8)), "little")
-
-
-def _normals_from_keystream(ks: np.ndarray, n: int, out: np.ndarray,
-                            refill: Callable[[int], int]) -> None:
-    """``n`` normals into ``out`` from ``16·⌈n/2⌉`` keystream bytes in the kernel's row layout;
-    ``refill(w)``: the refill word of the radius word at 64-bit index ``w`` of ``ks``."""
-    from .cipher_noise import CHUNK_PAIRS, pairs_from_keystream
-
-    pairs = (n + 1) // 2
-    f64 = np.dtype(np.float64)
-    for first in range(0, pairs, CHUNK_PAIRS):
-        m = min(CHUNK_PAIRS, pairs - first)
-        at = 16 * first  # the chunk's first byte: 16 bytes a pair before it
-        base = 2 * first
-        pairs_from_keystream(ks[at : at + 16 * m], m, f64,
-                             lambda _, j, at=at: refill(at // 8 + j),
-                             out[base : base + m], out[base + m : min(base + 2 * m, n)])
 
 
 def _check_block(block: int) -> int:
