@@ -138,7 +138,10 @@ def aes_block(key: bytes, block: int, count: int = 1) -> bytes:
     return enc.update(b"".join((block + i).to_bytes(16, "big") for i in range(count)))
 
 
-def ref_row(key: bytes, t: int, d: int, dtype: type, below: int = 1 << 32) -> np.ndarray:
+def ref_row(key: bytes, t: int, d: int, dtype: type, below: int = 1 << 32,
+            refills: list[tuple[int, int]] | None = None) -> np.ndarray:
+    """Row ``t`` by the scalar reference; ``refills`` (if given) collects ``(t, pair)`` of
+    every refill word it reads."""
     dom = 1 if dtype is np.float32 else 0
     size = 12 if dtype is np.float32 else 16
     pairs = (d + 1) // 2
@@ -156,6 +159,8 @@ def ref_row(key: bytes, t: int, d: int, dtype: type, below: int = 1 << 32) -> np
             a = int.from_bytes(chunk[8 * m + asize * j : 8 * m + asize * (j + 1)], "little")
             v = 0
             if w < below:
+                if refills is not None:
+                    refills.append((t, first + j))
                 refill = ((dom | 2) << 120) | (t << 64) | (first + j)
                 v = int.from_bytes(aes_block(key, refill)[:8], "little")
             c, s = ref_pair(w, a, v, dtype, below)
@@ -220,12 +225,25 @@ def test_the_refill_path_end_to_end(dtype: type, d: int,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """With the refill threshold raised to 2⁶³ about half the pairs take the refill path
     (its words from their own domain at the pair's index), in short rows (ECB, two in one
-    transform) and a long one (CTR): the rows equal the reference with the same threshold."""
+    transform) and a long one (CTR): the rows equal the reference with the same threshold,
+    and the kernel asks for exactly the reference's refill words (a refill word's bits
+    reach the float only below 2⁵², so the rows alone would not see a wrong pair index)."""
     monkeypatch.setattr(cn, "REFILL_BELOW", 1 << 63)
+    asked: list[tuple[int, int]] = []
+    real = cn._Keystream.refill_word
+
+    def spy(self: cn._Keystream, domain: int, t: int, pair: int) -> int:
+        asked.append((t, pair))
+        return real(self, domain, t, pair)
+
+    monkeypatch.setattr(cn._Keystream, "refill_word", spy)
     count = 2 if d < K else 1
     got = CipherGaussian(KEY).rows(9, count, d, dtype)
+    want: list[tuple[int, int]] = []
     for i in range(count):
-        np.testing.assert_array_equal(got[i], ref_row(KEY, 9 + i, d, dtype, below=1 << 63))
+        np.testing.assert_array_equal(got[i], ref_row(KEY, 9 + i, d, dtype, below=1 << 63,
+                                                      refills=want))
+    assert want and sorted(asked) == sorted(want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

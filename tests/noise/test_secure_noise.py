@@ -95,19 +95,44 @@ def test_the_draws_are_the_kernels_transform_of_the_keystream() -> None:
 
 
 def test_refill_words_come_from_their_own_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the refill threshold raised to 2⁶³ about half the radius words take the refill
-    path: word ``w`` of the keystream (counted from block 0) takes the first 8 bytes of
-    block ``2⁹⁵ + w``, which no draw reaches — and the second call's words count on."""
+    """Radius word ``w`` of the keystream (counted from block 0) takes, below the refill
+    threshold, the first 8 bytes of block ``2⁹⁵ + w`` (which no draw reaches), and the draws
+    ask for exactly those words, the second call's counting on. The threshold is raised to
+    2⁶³ so that about half the words take the path; a refill word's bits reach the float
+    only below 2⁵², so the words asked for are checked, and each word against ChaCha20."""
+    for w in (0, 5, 2**40 + 3):
+        want = int.from_bytes(reference_block(KEY, 2**95 + w)[:8], "little")
+        assert ChaCha20Gaussian(KEY)._refill_word(w) == want
     monkeypatch.setattr(cn, "REFILL_BELOW", 1 << 63)
+    asked: list[int] = []
+    real = ChaCha20Gaussian._refill_word
+
+    def spy(self: ChaCha20Gaussian, word: int) -> int:
+        asked.append(word)
+        return real(self, word)
+
+    monkeypatch.setattr(ChaCha20Gaussian, "_refill_word", spy)
     gen = ChaCha20Gaussian(KEY, 3)
     got = [gen.standard_normal(7), gen.standard_normal(7)]
+    want_asked = []
     for call, first in ((0, 3), (1, 4)):  # 4 pairs = 64 bytes: one block a call
         words = struct.unpack("<8Q", reference_block(KEY, first))
         want = []
         for j in range(4):
-            v = int.from_bytes(reference_block(KEY, 2**95 + 8 * first + j)[:8], "little")
+            v = 0
+            if words[j] < 1 << 63:
+                want_asked.append(8 * first + j)
+                v = int.from_bytes(reference_block(KEY, 2**95 + 8 * first + j)[:8], "little")
             want.append(ref_pair(words[j], words[4 + j], v, np.float64, below=1 << 63))
         np.testing.assert_array_equal(got[call], [c for c, _ in want] + [s for _, s in want[:3]])
+    assert want_asked and asked == want_asked
+    # a call of two chunks: the second chunk's words start 2·CHUNK_PAIRS words in
+    asked.clear()
+    n, k = 2 * cn.CHUNK_PAIRS + 6, cn.CHUNK_PAIRS
+    ChaCha20Gaussian(KEY, 5).standard_normal(n)
+    words = np.frombuffer(ChaCha20Gaussian(KEY, 5).keystream(-(-16 * (n // 2) // 64)), "<u8")
+    radius = np.concatenate([np.arange(k), 2 * k + np.arange(3)])  # the radius words' places
+    assert asked == [8 * 5 + int(w) for w in radius if words[w] < 1 << 63]
 
 
 def test_a_format_1_state_is_refused() -> None:
