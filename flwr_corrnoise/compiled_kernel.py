@@ -59,6 +59,8 @@ _DLL: ctypes.CDLL | None = None
 _LOADED = False
 _WHY = "not loaded yet"
 _CHOICE: str | None = None
+#: the ``init`` functions run on the loaded library (:func:`kernel`)
+_INITED: set[Callable[[ctypes.CDLL], None]] = set()
 #: whether the library has the whole-row function (built against OpenSSL's libcrypto)
 HAS_ROW = False
 #: link options tried in order: the development symlink, then the runtime libraries, then
@@ -143,6 +145,9 @@ def _build() -> tuple[ctypes.CDLL, bool]:
     dll.cn_init.restype = None
     dll.cn_rows.argtypes = [p, size, size, size, p, p, size, size, ctypes.c_uint, ctypes.c_int]
     dll.cn_rows.restype = ctypes.c_int
+    for name in ("cn_blt_step32", "cn_blt_step64"):
+        getattr(dll, name).argtypes = [p, size, p, size, p, p, p, size, size]
+        getattr(dll, name).restype = None
     has_row = hasattr(dll, "cn_row")
     if has_row:
         dll.cn_row.argtypes = [ctypes.c_char_p, ctypes.c_char_p, size, ctypes.c_int, p,
@@ -169,17 +174,20 @@ def prebuild() -> str:
     return f"built in {cache_folder()}"
 
 
-def _load(init: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL | None:
+def _load(init: Callable[[ctypes.CDLL], None] | None) -> ctypes.CDLL | None:
     global _DLL, _LOADED, _WHY, HAS_ROW
     with _LOCK:
         if _LOADED:
             return _DLL
         choice = _choice()
         dll, has_row, why = None, False, f"NumPy path: turned off ({ENV_CHOICE}=numpy)"
+        _INITED.clear()
         if choice != "numpy":
             try:
                 dll, has_row = _build()
-                init(dll)
+                if init is not None:
+                    init(dll)
+                    _INITED.add(init)
                 why = (f"compiled, {'rows with OpenSSL' if has_row else 'transform only'} "
                        f"({cache_folder()})")
             except Exception as exc:  # any build failure means the NumPy path
@@ -194,13 +202,17 @@ def _load(init: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL | None:
         return dll
 
 
-def kernel(init: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL | None:
-    """The loaded library, ``init`` run on it once (the tables and constants), or ``None``
-    for the NumPy path. Decided once a process (a function call on every chunk must stay
-    cheap); :func:`select` decides again."""
-    if _LOADED:
-        return _DLL
-    return _load(init)
+def kernel(init: Callable[[ctypes.CDLL], None] | None = None) -> ctypes.CDLL | None:
+    """The loaded library, ``init`` run on it once (the draws' tables and constants; the
+    recurrence needs none), or ``None`` for the NumPy path. Decided once a process (a
+    function call on every chunk must stay cheap); :func:`select` decides again."""
+    dll = _DLL if _LOADED else _load(init)
+    if dll is not None and init is not None and init not in _INITED:
+        with _LOCK:
+            if init not in _INITED:
+                init(dll)
+                _INITED.add(init)
+    return dll
 
 
 def select(choice: str | None) -> None:

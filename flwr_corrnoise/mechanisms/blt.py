@@ -386,17 +386,10 @@ class BLTKernel(StreamKernel):
         r = state.buf
         e = draw()
         theta, omega = state.consts["theta"], state.consts["omega"]
-        dim = r.shape[1]
-        chunk = ops.chunk or dim
         # the new buffers in a fresh array (``state`` keeps its own): ``θ⊙r + e`` straight
         # into it, the same floats as in place and no extra pass over memory
-        out = ops.empty(r.shape[0], dim)
-        # in cache-sized column chunks, so the k×d buffers cross memory once per step
-        for lo in range(0, dim, chunk):
-            sl = slice(lo, lo + chunk)
-            part = r[:, sl]
-            ops.sub_matvec(e[sl], omega, part)
-            ops.decay_add(part, theta, e[sl], out[:, sl])
+        out = ops.empty(r.shape[0], r.shape[1])
+        ops.blt_step(r, theta, omega, e, out)
         return e, BLTState(buf=out, consts=state.consts)
 
     def save(self, state: BLTState) -> Saved:

@@ -54,10 +54,6 @@ Draw = Callable[[], Array]
 class ArrayOps(Protocol):
     """What a kernel needs from an array library besides its operators."""
 
-    #: columns per chunk of a buffer update (``None``: whole rows; chunking keeps NumPy's
-    #: ``k×d`` BLT buffers in cache, and would only add kernel launches on a GPU)
-    chunk: int | None
-
     def zeros(self, rows: int, dim: int) -> Array:
         """A ``rows×dim`` array of zeros in the stream's dtype and device."""
 
@@ -77,10 +73,11 @@ class ArrayOps(Protocol):
     def sub_matvec(self, e: Array, w: Array, r: Array) -> None:
         """``e −= w @ r`` in place (``w``: ``k`` weights, ``r``: ``k×m`` rows)."""
 
-    def decay_add(self, r: Array, theta: Array, e: Array, out: Array | None = None) -> None:
-        """``out ← θ⊙r + e`` (``θ``: ``k×1``, ``e`` broadcast over the rows); ``out`` is
-        ``r`` itself by default (in place), or a fresh array of ``r``'s shape — the same
-        floats either way, one pass."""
+    def blt_step(self, r: Array, theta: Array, omega: Array, e: Array, out: Array) -> None:
+        """One step of BLT's recurrence over its ``k×d`` buffers ``r``: ``e −= ω @ r`` in
+        place, then ``out ← θ⊙r + e`` (``θ``: ``k×1``; ``out`` a fresh ``k×d`` array, never
+        ``r``). One operation, not two, so that an implementation can fuse it into one
+        pass over the buffers (:class:`NumpyOps`: the compiled kernel)."""
 
 
 class NumpyOps:
@@ -88,7 +85,9 @@ class NumpyOps:
     or float32 for a float32 model (:data:`NUMPY_OPS32`; half the state, half the memory
     traffic of the recurrence)."""
 
-    chunk: int | None = 1 << 15  # 4 buffers × 32k floats ≤ 1 MB: stays in cache
+    #: columns per chunk of the NumPy path's :meth:`blt_step` (4 buffers × 32k floats
+    #: ≤ 1 MB: each chunk's passes stay in cache)
+    chunk = 1 << 15
 
     def __init__(self, dtype: type[np.floating] = np.float64) -> None:
         self.dtype = np.dtype(dtype)
@@ -113,11 +112,51 @@ class NumpyOps:
     def sub_matvec(self, e: np.ndarray, w: np.ndarray, r: np.ndarray) -> None:
         e -= w @ r
 
-    def decay_add(self, r: np.ndarray, theta: np.ndarray, e: np.ndarray,
-                  out: np.ndarray | None = None) -> None:
-        out = r if out is None else out
-        np.multiply(r, theta, out=out)
-        out += e
+    def blt_step(self, r: np.ndarray, theta: np.ndarray, omega: np.ndarray, e: np.ndarray,
+                 out: np.ndarray) -> None:
+        """The recurrence in one fixed order of IEEE operations, each rounded to the
+        stream's dtype: ``s = ω₀r₀``, ``s = s + ωᵢrᵢ`` for ``i = 1 … k−1``, ``e = e − s``,
+        ``outᵢ = θᵢrᵢ + e``. The compiled kernel (``cn_blt_step32``/``64`` in
+        ``noise_kernel.c``) runs exactly these operations in one pass over the buffers (at
+        d = 10⁵ the NumPy passes, even in cache-sized chunks, were ≈ 14 % of a float32
+        learner message); without it, or for a layout it does not take, NumPy runs them in
+        cache-sized column chunks. Either way the same floats on every machine — a BLAS
+        ``ω @ r`` would sum in an order of its own (and with FMA where it likes)."""
+        k, dim = r.shape
+        if self._compiled(r, theta, omega, e, out, k, dim):
+            return
+        for lo in range(0, dim, self.chunk):
+            sl = slice(lo, lo + self.chunk)
+            part, el = r[:, sl], e[sl]
+            if k:
+                s = np.multiply(part[0], omega[0])
+                for i in range(1, k):
+                    s += part[i] * omega[i]
+                el -= s
+            np.multiply(part, theta, out=out[:, sl])
+            out[:, sl] += el
+
+    def _compiled(self, r: np.ndarray, theta: np.ndarray, omega: np.ndarray, e: np.ndarray,
+                  out: np.ndarray, k: int, dim: int) -> bool:
+        """The compiled step when the kernel is built and the layout is its own (unit column
+        strides, ``out`` apart from ``r``); ``False``: the NumPy path runs."""
+        from .. import compiled_kernel  # the noise kernel's library (no Flower, no torch)
+
+        dll = compiled_kernel.kernel()
+        item = self.dtype.itemsize
+        if (dll is None or not dim or not k or r.dtype != self.dtype or out.dtype != self.dtype
+                or e.dtype != self.dtype or e.strides != (item,)
+                or r.strides[1] != item or out.strides[1] != item
+                or np.may_share_memory(r, out) or np.may_share_memory(e, r)
+                or np.may_share_memory(e, out)):
+            return False
+        th = np.ascontiguousarray(theta, dtype=self.dtype).ravel()
+        om = np.ascontiguousarray(omega, dtype=self.dtype)
+        step = dll.cn_blt_step32 if item == 4 else dll.cn_blt_step64
+        addr = compiled_kernel.addr
+        step(addr(r), r.strides[0] // item if k > 1 else 0, addr(out),
+             out.strides[0] // item if k > 1 else 0, addr(e), addr(th), addr(om), k, dim)
+        return True
 
 
 NUMPY_OPS = NumpyOps()

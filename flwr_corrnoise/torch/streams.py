@@ -76,8 +76,6 @@ class TorchOps:
     one device. No column chunking: on a GPU it would only add kernel launches, and on a
     CPU torch's own kernels are already blocked."""
 
-    chunk: int | None = None
-
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype = dtype
         self.device = device
@@ -101,10 +99,10 @@ class TorchOps:
         # one gemv over the k×d buffers (``w @ r`` takes a slower path and a temporary)
         torch.addmv(e, r.t(), w, alpha=-1, out=e)
 
-    def decay_add(self, r: torch.Tensor, theta: torch.Tensor, e: torch.Tensor,
-                  out: torch.Tensor | None = None) -> None:
-        # one pass over the buffers instead of two
-        torch.addcmul(e, r, theta, out=r if out is None else out)
+    def blt_step(self, r: torch.Tensor, theta: torch.Tensor, omega: torch.Tensor,
+                 e: torch.Tensor, out: torch.Tensor) -> None:
+        self.sub_matvec(e, omega, r)
+        torch.addcmul(e, r, theta, out=out)  # one pass over the buffers instead of two
 
 
 class TorchNoiseStream(NoiseStream):

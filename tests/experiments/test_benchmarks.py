@@ -329,7 +329,7 @@ def test_message_shares_reads_py_spy_stacks(monkeypatch: pytest.MonkeyPatch) -> 
     send = "<module> (flower_scale.py:1);LearnerMessages.send (flower_scale.py:551)"
     lines = [
         f"{send};BLTKernel.next (blt.py:390);NoiseStream._draw (streams.py:447) 6",
-        f"{send};BLTKernel.next (blt.py:390);NumpyOps.decay_add (streaming.py:114) 2",
+        f"{send};BLTKernel.next (blt.py:390);NumpyOps.blt_step (streaming.py:135) 2",
         f"{send};LearnerTransaction.open (session.py:629);read (state_offload.py:199) 1",
         f"{send};make_client_app.<locals>.round_ (client.py:222) 1",
         f"{send};PrivacySettings.calibration;optimize_blt (blt.py:300) 50",

@@ -146,3 +146,54 @@ def test_radius_words_at_the_edges_agree_in_both_paths_and_the_reference(dtype: 
     radius = np.hypot(outs[0][:m].astype(np.float64), outs[0][m:].astype(np.float64))
     assert np.all(np.isfinite(radius)) and radius[0] == 0.0  # u = 1
     assert 0 < radius[3] < 1e-3  # u = 1 − 2⁻²⁴ in float32, closer in float64
+
+
+def blt_reference(r: np.ndarray, theta: np.ndarray, omega: np.ndarray,
+                  e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """BLT's step one column at a time in the dtype's scalars, the order NumpyOps.blt_step
+    defines: s = ω₀r₀ + ω₁r₁ + … left to right, e − s, then θᵢrᵢ + e."""
+    e = e.copy()
+    out = np.empty_like(r)
+    k, d = r.shape
+    for j in range(d):
+        if k:
+            s = omega[0] * r[0, j]
+            for i in range(1, k):
+                s = s + omega[i] * r[i, j]
+            e[j] = e[j] - s
+        for i in range(k):
+            out[i, j] = theta[i, 0] * r[i, j] + e[j]
+    return e, out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("k", "d", "strided"), [(1, 1, False), (2, 513, False),
+                                                 (4, 1100, True), (5, 700, False),
+                                                 (0, 9, False)])
+def test_the_blt_step_is_one_order_of_ieee_operations_on_both_paths(
+        dtype: type, k: int, d: int, strided: bool) -> None:
+    """BLT's recurrence (`NumpyOps.blt_step`, `cn_blt_step32/64`): the compiled pass and the
+    NumPy path give the same floats as a scalar reference of the defined order, on rows
+    that are a view of wider ones too. Why it matters: the noise a learner adds is then the
+    same on every machine, with or without a compiler (a BLAS `ω @ r` sums in its own
+    order)."""
+    from flwr_corrnoise.mechanisms.streaming import numpy_ops
+
+    rng = np.random.default_rng(k * 1000 + d)
+    wide = rng.standard_normal((k, d + 37 if strided else d)).astype(dtype)
+    r = wide[:, 5:5 + d] if strided else wide
+    theta = rng.uniform(0.5, 1.0, (k, 1)).astype(dtype)
+    omega = rng.standard_normal(k).astype(dtype)
+    e0 = rng.standard_normal(d).astype(dtype)
+    want_e, want_out = blt_reference(r, theta, omega, e0)
+    ops = numpy_ops(dtype)
+    for path in (["numpy", "compiled"] if HAVE_CC else ["numpy"]):
+        ck.select(path)
+        e, out = e0.copy(), np.empty((k, d), dtype=dtype)
+        ops.blt_step(r, theta, omega, e, out)
+        assert ck.status().startswith("compiled" if path == "compiled" else "NumPy")
+        # the compiled pass takes this layout (it is not the NumPy path under another name)
+        assert ops._compiled(r, theta, omega, e0.copy(), np.empty((k, d), dtype=dtype), k,
+                             d) is (path == "compiled" and k > 0)
+        np.testing.assert_array_equal(e, want_e, err_msg=path)
+        np.testing.assert_array_equal(out, want_out, err_msg=path)
