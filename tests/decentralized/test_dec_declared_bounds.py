@@ -273,3 +273,36 @@ def test_task_without_declared_bounds_is_refused_by_the_accountant() -> None:
     algo = ChenWang(G.ring(N), task, STEPS, clip=1.0)
     with pytest.raises(ValueError, match="declares no gradient_bound"):
         algo.epsilon(algo.init(np.arange(N), 0, _privacy()), 5)
+
+
+def test_projected_rows_and_clipped_terms_are_within_their_bounds_exactly() -> None:
+    """The accountants take the feature bound B and the clip as exact bounds. In floating
+    point a row scaled onto the sphere, or a term scaled to the clip, overshoots by
+    rounding; rows and terms go to the bound less the float64 margin
+    (learner.clip_margin), so their **exact** norms (rational arithmetic) are within it —
+    a projected row, a logistic sample's data term, a multiclass example's gradient."""
+    from fractions import Fraction
+
+    from flwr_corrnoise.decentralized.tasks import project_rows
+
+    def exact(v: np.ndarray) -> Fraction:
+        return sum(Fraction(float(x)) ** 2 for x in np.ravel(v))
+
+    rng = np.random.default_rng(11)
+    dim = 64
+    rows = rng.normal(size=(90, dim)) * rng.choice([1e-3, 1.0, 1e6], size=(90, 1))
+    for bound in (1.0, 0.3, 7.1):
+        for row in project_rows(rows, bound):
+            assert exact(row) <= Fraction(bound) ** 2
+    clip = 0.37
+    task = LogisticTask([(rng.normal(size=(4, dim)), np.array([0, 1, 0, 1]))], reg=0.0,
+                        horizon=5, feature_bound=3.0)
+    multi = MulticlassTask(rng.normal(size=(8, dim)), np.arange(8) % 3, 1, num_classes=3)
+    for _ in range(60):
+        a = rng.normal(size=dim) * rng.choice([0.1, 1.0, 100.0])
+        theta = rng.normal(size=(1, dim)) * 30
+        g = task.grad(theta, a[None, None], np.array([[float(rng.random() < 0.5)]]), clip)
+        assert exact(g) <= Fraction(clip) ** 2
+        w = rng.normal(size=(1, 3 * dim)) * 30
+        g = multi.grad(w, a[None, None], np.array([[float(rng.integers(3))]]), clip)
+        assert exact(g) <= Fraction(clip) ** 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flwr_corrnoise.learner import StepCounts, private_step, private_steps
+from flwr_corrnoise.learner import StepCounts, clip_margin, private_step, private_steps
 from flwr_corrnoise.learner_state import LearnerState
 from flwr_corrnoise.mechanisms import MECHANISMS, build_factorization
 from flwr_corrnoise.mechanisms.streaming import HistoryKernel
@@ -198,7 +198,9 @@ def test_private_steps_is_private_step_row_by_row(mechanism: str) -> None:
     assert [c.nonfinite for c in counts] == [0, 0, 1]
     # by hand: (3, 4, 0) has norm 5 > B_g = 0.5, the second row is within, the third zero;
     # each plus its own stream's first increment (a twin stream of the same seed)
-    signal = np.array([[0.3, 0.4, 0.0], [0.1, 0.0, 0.2], [0.0, 0.0, 0.0]])
+    # (clipped to B_g less the float64 margin that keeps the release's exact norm ≤ B_g)
+    shrink = 1.0 - clip_margin(3)
+    signal = np.array([[0.3 * shrink, 0.4 * shrink, 0.0], [0.1, 0.0, 0.2], [0.0, 0.0, 0.0]])
     if settings.private:
         assert [c.clipped for c in counts] == [1, 0, 0]
         noise = np.array([LearnerState.create(settings, [(3,)], seed=i).noise.next()

@@ -368,3 +368,42 @@ def test_hook_path_equals_the_torch_func_path(private: bool) -> None:
         model = TwoTower()
         PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model, s,
                          per_example="hooks")
+
+
+def _exact_sq(t: torch.Tensor):
+    """‖t‖² in exact rational arithmetic, one term per distinct value (fast on the
+    equal-valued vectors below, exact on any)."""
+    from fractions import Fraction
+
+    values, counts = np.unique(t.detach().double().numpy().ravel(), return_counts=True)
+    return sum(int(c) * Fraction(float(v)) ** 2 for v, c in zip(values, counts, strict=True))
+
+
+def test_a_float32_clip_is_within_the_clip_norm_exactly() -> None:
+    """The sensitivity behind ε is B_g per example (or per step, whole-batch clipping).
+    torch's float32 norms drift (here 7·10⁻⁵ of the norm on 3·10⁵ equal numbers), so a
+    clip to B_g by them overshoots it; the norms are summed in float64 and the factor
+    leaves the dtype's margin (learner.clip_margin). Checked in exact arithmetic: the
+    whole-batch clip (PrivateOptimizer._clip_whole) and every per-example clipped gradient
+    ``c_i·g_i`` (grad_sample.clip_factors), equal-valued and random, are within B_g — and
+    the margin is negligible (≥ B_g·(1 − 10⁻⁶))."""
+    from fractions import Fraction
+
+    from flwr_corrnoise.torch.grad_sample import Materialized, clip_factors
+
+    clip = 0.5
+    model = torch.nn.Linear(1000, 300)
+    private = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model,
+                               settings(clip=clip), seed=1)
+    bound = Fraction(clip) ** 2
+    for value in (0.1, 3.7e-3, 1.0 / 3):
+        grads = [torch.full((300, 1000), value), torch.full((300,), value)]
+        clipped = private._clip_whole(grads, None)
+        n2 = sum(_exact_sq(g) for g in clipped)
+        assert n2 <= bound and float(n2) ** 0.5 >= clip * (1 - 1e-6), float(n2) ** 0.5
+    gen = torch.Generator().manual_seed(3)
+    for g in (torch.full((4, 300_000), 0.1), 5 * torch.randn(24, 1000, generator=gen)):
+        c = clip_factors([Materialized(g)], torch.zeros(g.shape[0]), clip)[2]
+        for i in range(g.shape[0]):
+            n2 = _exact_sq(g[i] * c[i].to(g.dtype))  # as weighted_sum forms it (model dtype)
+            assert n2 <= bound and float(n2) ** 0.5 >= clip * (1 - 1e-6), (i, float(n2) ** 0.5)
