@@ -233,18 +233,41 @@ def clip_by_global_norm(g: np.ndarray, clip_norm: float,
 def row_norms(g: np.ndarray) -> np.ndarray:
     """The L2 norm of every row of the 2-D ``g``. Why one function: the private step clips
     ``L`` learners' rows at once, and a release clipped alone (:func:`clip_by_global_norm`)
-    must be clipped by the same floats."""
+    must be clipped by the same floats. Summed in float64 whatever ``g``'s dtype (the
+    bound behind :func:`clip_margin`; a float32 row's squares are exact in float64)."""
+    g = np.asarray(g, dtype=np.float64)
     return np.sqrt(np.einsum("ij,ij->i", g, g))
 
 
-def _flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """The arrays as one flat float64 vector. One float64 array comes back as a view (no
-    copy: at d = 10⁵ a copy per step was ≈ 2 % of a learner's message); both callers copy
-    it before anything writes to it (into the step's gradient rows, into the local
-    models)."""
+def _flatten(arrays: Sequence[np.ndarray], dtype: Any = np.float64) -> np.ndarray:
+    """The arrays as one flat vector of ``dtype`` (float64, or a float32 learner's float32:
+    :func:`step_dtype`). One array of that dtype comes back as a view (no copy: at
+    d = 10⁵ a copy per step was ≈ 2 % of a learner's message); both callers copy it
+    before anything writes to it (into the step's gradient rows, into the local models)."""
     if isinstance(arrays, (list, tuple)) and len(arrays) == 1:
-        return np.asarray(arrays[0], dtype=np.float64).ravel()
-    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+        return np.asarray(arrays[0], dtype=dtype).ravel()
+    return np.concatenate([np.asarray(a, dtype=dtype).ravel() for a in arrays])
+
+
+def step_dtype(states: Sequence[LearnerState], settings: PrivacySettings,
+               params: Sequence[Any]) -> np.dtype:
+    """The dtype a round's arithmetic runs in: float32 for a float32 model (every array of
+    ``params``) whose learners all have float32 streams, float64 otherwise (a float64
+    model — even one whose stream began in float32 —, float64 or secure streams, the
+    noiseless baseline).
+
+    Why: a float32 stream releases in float32 anyway (``float32(clip(g)) + e``), so the
+    local models, gradients and round sums in float64 bought nothing but twice the memory
+    traffic and a conversion each way — a fifth of a float32 learner's message at
+    d = 10⁵ — and handed the user's gradient code float64 parameters for a float32
+    model. The clip stays exact either way: norms are summed in float64 and the margin is
+    the release dtype's (:func:`clip_margin`)."""
+    f32 = np.dtype(np.float32)
+    if settings.private and states and all(
+            getattr(s.noise, "noise_dtype", None) == f32 for s in states) and all(
+            getattr(p, "dtype", None) == f32 for p in params):
+        return f32
+    return np.dtype(np.float64)
 
 
 # -- a datum whose gradient cannot be computed: the one rule every front end applies -------
@@ -302,7 +325,8 @@ def attempt_datum(compute: Callable[[], _T], where: str = "the gradient") -> tup
         return None, FAILED
 
 
-def datum_gradient(compute: Callable[[], Any], size: int) -> tuple[np.ndarray, str]:
+def datum_gradient(compute: Callable[[], Any], size: int,
+                   dtype: Any = np.float64) -> tuple[np.ndarray, str]:
     """One datum's flat float64 gradient for a model of ``size`` parameters, or zeros (and
     why, see :func:`attempt_datum`) if it cannot be computed: an exception, a result that
     is not ``size`` numbers, or a non-finite one. The NumPy front ends'
@@ -311,16 +335,19 @@ def datum_gradient(compute: Callable[[], Any], size: int) -> tuple[np.ndarray, s
     def flat() -> np.ndarray:
         value = compute()
         if isinstance(value, np.ndarray) or np.isscalar(value):
-            return np.asarray(value, dtype=np.float64).ravel()
-        return _flatten(value)
+            return np.asarray(value, dtype=dtype).ravel()
+        return _flatten(value, dtype)
 
-    g, why = attempt_datum(flat)
+    # converted first, then checked: a finite float64 number beyond float32's range
+    # becomes inf in a float32 step, and is then not finite (zero), never a NaN release
+    with np.errstate(over="ignore"):
+        g, why = attempt_datum(flat)
     if g is not None and g.size != size:
         log.debug("a gradient of %d numbers for a model of %d: zero gradient", g.size, size)
         g, why = None, FAILED
     if g is not None and not np.all(np.isfinite(g)):
         g, why = None, NONFINITE
-    return (np.zeros(size) if g is None else g), why
+    return (np.zeros(size, dtype=dtype) if g is None else g), why
 
 
 class RoundNoise(Protocol):
@@ -369,6 +396,7 @@ def private_steps(
     computes: Sequence[Callable[[], Any]] | None = None,
     rows: np.ndarray | None = None,
     noise: RoundNoise | None = None,
+    dtype: Any = np.float64,
 ) -> np.ndarray:
     """:func:`private_step` for ``L`` learners of one settings at once: row ``i`` of the
     ``L×size`` result is learner ``i``'s release, computed by the same rules in the same
@@ -386,11 +414,12 @@ def private_steps(
     code for its datum otherwise. ``noise``: how the ``L`` rows get their noise (the
     engine's open stream groups, kept over a round by :func:`local_rounds`); by default
     each learner's own stream adds its increment (:meth:`~flwr_corrnoise.streams.
-    NoiseStream.add_next`).
+    NoiseStream.add_next`). ``dtype``: the rows' (:func:`step_dtype`, from
+    :func:`local_rounds`); float64 by default.
     """
     if states:  # the learner furthest along decides (one check for the L counters)
         check_horizon(settings, max(state.step for state in states))
-    g = _gradient_rows(len(states), size, counts, computes, rows)
+    g = _gradient_rows(len(states), size, counts, computes, rows, dtype)
     if settings.private:
         adaptive = settings.adaptive is not None  # each learner's own C_t (state)
         clips = [AdaptiveClipState.from_payload(s.payload) for s in states] if adaptive else []
@@ -521,12 +550,13 @@ def _next_clip_norms(states: Sequence[LearnerState], clips: Sequence[AdaptiveCli
 
 def _gradient_rows(count: int, size: int, counts: Sequence[StepCounts],
                    computes: Sequence[Callable[[], Any]] | None,
-                   rows: np.ndarray | None) -> np.ndarray:
+                   rows: np.ndarray | None, dtype: Any = np.float64) -> np.ndarray:
     """The ``count×size`` gradients of a step: ``rows`` (a batch, copied) with every row
     that is not all finite set to zero, or each ``computes[i]`` through
     :func:`datum_gradient`; each learner's :class:`StepCounts` told why."""
     if rows is not None:
-        g = np.array(rows, dtype=np.float64)
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, then zeroed below
+            g = np.array(rows, dtype=dtype)
         if g.shape != (count, size):
             raise ValueError(f"gradient rows of shape {g.shape}, expected {(count, size)}")
         finite = np.isfinite(g).all(axis=1)
@@ -540,9 +570,9 @@ def _gradient_rows(count: int, size: int, counts: Sequence[StepCounts],
         return g
     if computes is None or len(computes) != count:
         raise ValueError("one gradient computation per learner is needed")
-    g = np.empty((count, size))
+    g = np.empty((count, size), dtype=dtype)
     for i, compute in enumerate(computes):
-        g[i], why = datum_gradient(compute, size)
+        g[i], why = datum_gradient(compute, size, dtype)
         counts[i].zeroed(why)
     return g
 
@@ -625,7 +655,9 @@ def local_rounds(
     size = sum(math.prod(s) for s in shapes)
     for state in states:
         check_round(state, settings, size, int(tau))
-    x = _flatten(params)
+    dtype = step_dtype(states, settings, params)
+    with np.errstate(over="ignore"):  # a float64 model beyond float32's range: refused below
+        x = _flatten(params, dtype)
     if not np.all(np.isfinite(x)):
         raise NonFiniteError("the global model received from the server is not finite")
     # The round runs on forks of the states and is written back only when it succeeded: a
@@ -654,7 +686,7 @@ def local_rounds(
                 partial(gradients[i], split_flat(z[i], shapes), w.position)
                 for i, w in enumerate(work)]
             g = private_steps(work, settings, x.size, counts, computes=computes, rows=rows,
-                              noise=opened)
+                              noise=opened, dtype=dtype)
             z -= eta * g
             total += g
         for w in work:

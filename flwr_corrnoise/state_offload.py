@@ -322,7 +322,10 @@ def _owned_path(handle: OffloadHandle, folder: Path) -> Path:
     """The handle's file, if it is this learner's: in ``folder`` (symlinks resolved) under
     a state file's name of the handle's generation; else :class:`StateIntegrityError`."""
     path = Path(handle.path)
-    if (not path.is_absolute() or path.parent.resolve() != folder.resolve()
+    # the handle names the folder as write() spelled it (folder / name): equal text is the
+    # same folder, with no resolve() (an lstat per path component) on every message
+    if (not path.is_absolute()
+            or (path.parent != folder and path.parent.resolve() != folder.resolve())
             or _generation_of(path.name) != int(handle.generation)):
         raise StateIntegrityError(
             f"this learner's handle in context.state names {path}, which is not a state "

@@ -401,12 +401,12 @@ class BLTKernel(StreamKernel):
     def check(self, state: BLTState, step: int, dim: int) -> None:
         if tuple(state.buf.shape) != (self.theta.size, dim):
             raise ValueError("BLT noise state does not have one buffer per BLT buffer")
-        # a tensor (the torch stream): its sum is finite iff every element is, barring an
-        # overflow of the sum, which fails closed; torch's elementwise isfinite costs a
-        # restore more than the rest of it on a CPU (benchmarks/stream_state_io.py)
-        finite = math.isfinite(float(state.buf.sum())) if hasattr(state.buf, "isfinite") \
-            else np.all(np.isfinite(state.buf))
-        if not bool(finite):
+        # the sum is finite iff every element is, barring an overflow of the sum, which
+        # fails closed; an elementwise isfinite costs a restore more than the rest of it
+        # (torch on a CPU; NumPy's makes and scans a mask: benchmarks/stream_state_io.py)
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = float(state.buf.sum())
+        if not math.isfinite(total):
             raise ValueError("BLT noise state holds non-finite values")
 
     def stack(self, ops: ArrayOps, states: list[BLTState], dim: int) -> BLTState:

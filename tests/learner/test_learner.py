@@ -258,10 +258,13 @@ def test_a_clipped_release_never_exceeds_the_clip_norm_exactly(dtype: type) -> N
         g = rng.standard_normal(size)
         scale = [1e3, 1.0, 0.7 / np.linalg.norm(g) * (1 + 1e-9 * rng.standard_normal())][trial % 3]
         g = g * scale
-        res = local_round([np.zeros(129), np.zeros((8, 16))],
+        model = trial % 2 and dtype  # a float32 stream: float32 steps for a float32 model
+        res = local_round([np.zeros(129, dtype=model or None),
+                           np.zeros((8, 16), dtype=model or None)],
                           lambda p, t, g=g: [g[:129], g[129:].reshape(8, 16)],
                           state, settings, tau=1, eta=1.0)
         release = np.concatenate([u.ravel() for u in res.update])
+        assert release.dtype == (np.float32 if model == np.float32 else np.float64)
         assert np.array_equal(release, release.astype(dtype))  # formed in the stream's dtype
         n2 = _exact_norm_squared(release)
         assert n2 <= bound, (trial, float(n2) ** 0.5)
