@@ -302,6 +302,11 @@ def child(spec: RunSpec, result_path: Path) -> None:
                 fh.write(f"{time.perf_counter() - t0}\n")
             with open(times / f"{os.getpid()}.state", "a") as fh:  # what stays per learner
                 fh.write(f"{state_bytes(context)}\n")
+            kernel = times / f"{os.getpid()}.kernel"  # which noise kernel the actor ran
+            if not kernel.exists():
+                from flwr_corrnoise import compiled_kernel
+
+                kernel.write_text(compiled_kernel.status())
 
     strategy.sampled, strategy.aggregate_s = res.sampled, res.aggregate_s
 
@@ -472,6 +477,9 @@ def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dic
     if client_s:
         row["client_ms"] = 1e3 * statistics.median(client_s)
         row["messages"] = len(client_s)
+    kernels = sorted({f.read_text().split(" (")[0] for f in Path(spec.times_dir).glob("*.kernel")})
+    if kernels:
+        row["kernel"] = "; ".join(kernels)
     kept = [int(v) for f in Path(spec.times_dir).glob("*.state") for v in f.read_text().split()]
     if kept:
         row["state_bytes_max"] = max(kept)

@@ -272,3 +272,28 @@ def test_a_clipped_release_never_exceeds_the_clip_norm_exactly(dtype: type) -> N
         clipped, _ = clip_by_global_norm(g, 0.7, dtype)  # the rule alone: the same bound
         assert _exact_norm_squared(np.asarray(clipped).astype(dtype)) <= bound
     assert closest >= 0.7 * (1 - 1e-6)  # the margin is negligible for training
+
+
+def test_a_float32_learner_steps_in_float32_and_zeroes_what_float32_cannot_hold() -> None:
+    """A float32 model with a float32 stream steps in float32 (learner.step_dtype): the
+    gradient code gets float32 parameters and the update is float32. A gradient the user's
+    code returns in float64 beyond float32's range (1e39) is not representable in the
+    step: it counts as non-finite (zero, its noise still added), never a NaN or an
+    infinite release; a float64 model with the same float32 stream steps in float64."""
+    settings = PrivacySettings("blt", 1.0, 1e-3, clip_norm=0.5, horizon=8)
+    state = LearnerState.create(settings, SHAPES, seed=4, dtype=np.float32)
+    seen = []
+
+    def grad(params, position):
+        seen.append({p.dtype for p in params})
+        return [np.full(3, 1e39), np.zeros((2, 2))] if position == 1 else \
+            [np.full(3, 0.1), np.full((2, 2), 0.2)]
+
+    res = local_round([np.zeros(3, np.float32), np.zeros((2, 2), np.float32)], grad, state,
+                      settings, tau=2, eta=0.1)
+    assert seen == [{np.dtype(np.float32)}] * 2
+    assert all(u.dtype == np.float32 and np.all(np.isfinite(u)) for u in res.update)
+    assert res.diagnostics["nonfinite-steps"] == 1.0
+    res = local_round([np.zeros(3), np.zeros((2, 2))], grad, state, settings, tau=2, eta=0.1)
+    assert seen[2:] == [{np.dtype(np.float64)}] * 2
+    assert all(u.dtype == np.float64 for u in res.update)
