@@ -452,6 +452,39 @@ def _release_dtype(state: LearnerState) -> np.dtype:
     return np.dtype(getattr(state.noise, "noise_dtype", np.float64))
 
 
+class BlockNoise:
+    """A round's noise drawn as one block per stream (:meth:`~flwr_corrnoise.streams.
+    NoiseStream.next_block`) when the round opens: the :class:`RoundNoise`
+    :func:`local_rounds` uses for learners whose streams all draw blocks. Why: a BLT
+    stream stepped once a step reads and writes its ``k×d`` buffers ``τ`` times a round;
+    as one block, once. The increments are the same floats, released the same way
+    (:meth:`~flwr_corrnoise.streams.NoiseStream.release`), step ``i`` of the round getting
+    row ``i``; the noise is data-independent, so drawing it first changes nothing else. A
+    round that fails after opening is not written back (the streams are forks), like any
+    other."""
+
+    def __init__(self, streams: Sequence[NoiseStream], tau: int) -> None:
+        self.streams = list(streams)
+        self.blocks = [stream.next_block(tau) for stream in self.streams]
+        self.at = 0
+
+    @staticmethod
+    def usable(streams: Sequence[NoiseStream | None]) -> bool:
+        """Whether every stream draws blocks (NumPy, from the kernel, not secure)."""
+        return bool(streams) and all(s is not None and s.draws_blocks for s in streams)
+
+    def add(self, g: np.ndarray) -> np.ndarray:
+        if self.at >= len(self.blocks[0]):
+            raise HorizonExhaustedError("more steps than the round's block of noise")
+        for i, (stream, block) in enumerate(zip(self.streams, self.blocks, strict=True)):
+            g[i] = stream.release(g[i], block[self.at])
+        self.at += 1
+        return g
+
+    def close(self) -> None:
+        self.blocks = []
+
+
 def _add_noise(states: Sequence[LearnerState], g: np.ndarray,
                noise: RoundNoise | None) -> np.ndarray:
     """Each row of ``g`` plus its learner's next increment: through the open stream
@@ -671,6 +704,8 @@ def local_rounds(
         total = np.zeros_like(z)
         if settings.private and noise is not None:  # e.g. one recurrence per group
             opened = noise([w.noise for w in work], int(tau))  # type: ignore[misc]
+        elif settings.private and BlockNoise.usable([w.noise for w in work]):
+            opened = BlockNoise([w.noise for w in work], int(tau))  # type: ignore[misc]
         for _ in range(int(tau)):
             if schedule is not None:
                 drawn = [[partial(gradients[i], split_flat(z[i], shapes), int(j))

@@ -216,6 +216,42 @@ int cn_rows(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, void *oc
 BLT_STEP(cn_blt_step32, float)
 BLT_STEP(cn_blt_step64, double)
 
+/* `tau` steps of the same recurrence in one pass over the buffers (a learner's round): rows
+ * (tau rows, rows_stride apart) hold the steps' draws and receive their increments; r is
+ * copied into out block by block and stepped there in place while the block is in cache, so
+ * the k buffers cross memory once a round instead of once a step. Column by column the same
+ * operations in the same order as tau calls of the one-step function: the same floats. */
+#define BLT_STEPS(NAME, T)                                                                  \
+    void NAME(const T *restrict r, size_t r_stride, T *restrict out, size_t out_stride,    \
+              T *restrict rows, size_t rows_stride, const T *restrict theta,               \
+              const T *restrict omega, size_t k, size_t d, size_t tau) {                   \
+        T s[BLT_BLOCK];                                                                    \
+        for (size_t lo = 0; lo < d && k; lo += BLT_BLOCK) {                                \
+            size_t n = d - lo < BLT_BLOCK ? d - lo : BLT_BLOCK;                            \
+            for (size_t i = 0; i < k; i++)                                                 \
+                memcpy(out + i * out_stride + lo, r + i * r_stride + lo, n * sizeof(T));   \
+            for (size_t t = 0; t < tau; t++) {                                             \
+                const T *o0 = out + lo;                                                    \
+                T w0 = omega[0];                                                           \
+                for (size_t j = 0; j < n; j++) s[j] = w0 * o0[j];                          \
+                for (size_t i = 1; i < k; i++) {                                           \
+                    const T *oi = out + i * out_stride + lo;                               \
+                    T wi = omega[i];                                                       \
+                    for (size_t j = 0; j < n; j++) s[j] = s[j] + wi * oi[j];               \
+                }                                                                          \
+                T *el = rows + t * rows_stride + lo;                                       \
+                for (size_t j = 0; j < n; j++) el[j] = el[j] - s[j];                       \
+                for (size_t i = 0; i < k; i++) {                                           \
+                    T *oi = out + i * out_stride + lo;                                     \
+                    T ti = theta[i];                                                       \
+                    for (size_t j = 0; j < n; j++) oi[j] = ti * oi[j] + el[j];             \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+    }
+BLT_STEPS(cn_blt_steps32, float)
+BLT_STEPS(cn_blt_steps64, double)
+
 #ifndef CN_NO_OPENSSL
 /* A whole long row in C: the AES-128-CTR keystream from the system's OpenSSL (libcrypto, the
  * library `cryptography` also wraps; declared here so that no OpenSSL headers are needed),

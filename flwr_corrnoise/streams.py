@@ -85,7 +85,7 @@ from .cipher_noise import CipherGaussian
 from .mechanisms import Factorization, build_factorization, check_mechanism
 from .mechanisms.base import check_horizon
 from .mechanisms.registry import factorization_by_digest
-from .mechanisms.streaming import NUMPY_OPS, NUMPY_OPS32, ArrayOps, numpy_ops
+from .mechanisms.streaming import NUMPY_OPS, NUMPY_OPS32, ArrayOps, NumpyOps, numpy_ops
 from .noise_keys import (
     KEY_BITS,
     PHILOX_TAG,
@@ -434,6 +434,41 @@ class NoiseStream:
         unit, self._state = self._kernel.next(self._state, self.step, self._cursor, self._ops)
         self.step += 1
         return self._scaled(unit)
+
+    @property
+    def draws_blocks(self) -> bool:
+        """Whether :meth:`next_block` is this stream's fast path: a NumPy stream drawing
+        from the kernel (not secure: its grid is per step), whose rows come as a block."""
+        return (self._draws_into and self._kernel.has_steps
+                and isinstance(self._rng, CipherGaussian) and isinstance(self._ops, NumpyOps))
+
+    def next_block(self, count: int) -> np.ndarray:
+        """The next ``count`` increments as one ``count × d`` array (row ``i`` is
+        ``e[step + i]``, the stream's dtype); advances the step by ``count``. The same
+        floats as ``count`` calls of :meth:`next`, drawn in one block and stepped by the
+        kernel's :meth:`~flwr_corrnoise.mechanisms.streaming.StreamKernel.steps` — for BLT
+        one pass over its buffers instead of one a step. Refused, before anything is
+        drawn, if the block would pass the horizon. Only where :attr:`draws_blocks` (BLT,
+        the default mechanism)."""
+        self._release()
+        count = int(count)
+        if count < 0 or self.step + count > self.horizon:
+            raise HorizonExhaustedError(
+                f"the {self.mechanism} noise stream is calibrated for {self.horizon} steps; "
+                f"{count} more from step {self.step} would exceed the privacy budget (or "
+                "reuse noise)")
+        if not self.draws_blocks:
+            raise ValueError("next_block is for NumPy streams drawing from the kernel")
+        rows = np.empty((count, self.dim), dtype=self.noise_dtype)
+        self._draw_rows(rows)
+        units, self._state = self._kernel.steps(self._state, self.step, rows, self._ops)
+        self.step += count
+        return self._scaled(units)
+
+    def release(self, value: np.ndarray, increment: np.ndarray) -> np.ndarray:
+        """``value`` released with an increment this stream already handed out
+        (:meth:`next_block`): what :meth:`add_next` forms with :meth:`next`'s."""
+        return self._add(value, increment)
 
     def _check_step(self) -> None:
         """Refuse a step past the horizon, before anything is drawn."""

@@ -392,6 +392,15 @@ class BLTKernel(StreamKernel):
         ops.blt_step(r, theta, omega, e, out)
         return e, BLTState(buf=out, consts=state.consts)
 
+    has_steps = True
+
+    def steps(self, state: BLTState, step: int, rows: Array,
+              ops: ArrayOps) -> tuple[Array, BLTState]:
+        theta, omega = state.consts["theta"], state.consts["omega"]
+        out = ops.empty(state.buf.shape[0], state.buf.shape[1])
+        ops.blt_steps(state.buf, theta, omega, rows, out)  # type: ignore[attr-defined]
+        return rows, BLTState(buf=out, consts=state.consts)
+
     def save(self, state: BLTState) -> Saved:
         return [], [state.buf[i] for i in range(state.buf.shape[0])]
 

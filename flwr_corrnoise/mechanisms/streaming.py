@@ -136,6 +136,44 @@ class NumpyOps:
             np.multiply(part, theta, out=out[:, sl])
             out[:, sl] += el
 
+    def blt_steps(self, r: np.ndarray, theta: np.ndarray, omega: np.ndarray,
+                  rows: np.ndarray, out: np.ndarray) -> None:
+        """``len(rows)`` :meth:`blt_step` s at once: ``rows`` (steps × d) holds the draws
+        and receives the increments, ``out`` the buffers after the last step. Compiled
+        (``cn_blt_steps32``/``64``): one pass over the buffers, the steps done block by
+        block while the block is in cache; the same floats as step by step, which is the
+        NumPy path."""
+        k, dim = r.shape
+        if self._compiled_steps(r, theta, omega, rows, out, k, dim):
+            return
+        current = r
+        for i in range(rows.shape[0]):
+            nxt = out if i == rows.shape[0] - 1 else np.empty_like(out)
+            self.blt_step(current, theta, omega, rows[i], nxt)
+            current = nxt
+        if rows.shape[0] == 0:
+            out[...] = r
+
+    def _compiled_steps(self, r: np.ndarray, theta: np.ndarray, omega: np.ndarray,
+                        rows: np.ndarray, out: np.ndarray, k: int, dim: int) -> bool:
+        from .. import compiled_kernel
+
+        dll = compiled_kernel.kernel()
+        item = self.dtype.itemsize
+        if (dll is None or not dim or not k or not rows.shape[0]
+                or any(a.dtype != self.dtype for a in (r, out, rows))
+                or any(a.strides[1] != item for a in (r, out, rows))
+                or np.may_share_memory(r, out) or np.may_share_memory(rows, r)
+                or np.may_share_memory(rows, out)):
+            return False
+        th = np.ascontiguousarray(theta, dtype=self.dtype).ravel()
+        om = np.ascontiguousarray(omega, dtype=self.dtype)
+        steps = dll.cn_blt_steps32 if item == 4 else dll.cn_blt_steps64
+        addr = compiled_kernel.addr
+        steps(addr(r), r.strides[0] // item, addr(out), out.strides[0] // item, addr(rows),
+              rows.strides[0] // item, addr(th), addr(om), k, dim, rows.shape[0])
+        return True
+
     def _compiled(self, r: np.ndarray, theta: np.ndarray, omega: np.ndarray, e: np.ndarray,
                   out: np.ndarray, k: int, dim: int) -> bool:
         """The compiled step when the kernel is built and the layout is its own (unit column
@@ -235,6 +273,18 @@ class StreamKernel(ABC):
         modify, and the state after it. ``state`` itself is never changed (see the module
         docstring: a kept state can be stepped again, which is how a failed round is
         undone)."""
+
+    #: whether :meth:`steps` is implemented (a kernel whose steps draw one row each and
+    #: can share one pass over its state)
+    has_steps: bool = False
+
+    def steps(self, state: Any, step: int, rows: Array, ops: ArrayOps) -> tuple[Array, Any]:
+        """``len(rows)`` steps at once: ``rows`` holds their draws (one row a step, in
+        order) and receives their increments in place; returns ``(rows, state')`` — the
+        same floats and state as :meth:`next` step after step. Only where
+        :attr:`has_steps` (BLT: a learner's round reads and writes its buffers once
+        instead of once a step); other kernels draw through their cursor step by step."""
+        raise NotImplementedError(f"{type(self).__name__} steps one step at a time")
 
     @abstractmethod
     def save(self, state: Any) -> Saved:

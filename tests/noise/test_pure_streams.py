@@ -118,3 +118,84 @@ def test_a_failed_round_writes_nothing_and_the_rerun_is_the_uninterrupted_one() 
         for a, b in zip(redo, ref, strict=True):
             np.testing.assert_allclose(a.update[0], b.update[0], rtol=1e-13, atol=1e-13)
             assert a.state.step == b.state.step == 8
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("path", ["compiled", "numpy"])
+def test_a_block_of_steps_is_the_steps_one_by_one(dtype: type, path: str) -> None:
+    """NoiseStream.next_block (a learner's round in one pass over BLT's buffers: the
+    compiled cn_blt_steps, or the NumPy path step by step): the same increments and the
+    same state, bit for bit, as next() τ times — at a d that spans many column blocks
+    and ends mid-block — then it goes on like a stream that never drew a block; a block
+    past the horizon is refused before anything is drawn."""
+    from flwr_corrnoise import compiled_kernel as ck
+    from flwr_corrnoise.streams import HorizonExhaustedError, NoiseStream
+
+    ck.select(path)
+    try:
+        a = NoiseStream.create("blt", horizon=12, dim=70_001, std=1.3, seed=3, dtype=dtype)
+        a.next()
+        b = NoiseStream.from_bytes(a.to_bytes())
+        assert b.draws_blocks
+        one_by_one = np.stack([a.next() for _ in range(4)])
+        np.testing.assert_array_equal(b.next_block(4), one_by_one)
+        assert b.step == a.step == 5
+        for key, value in a.state_dict().items():
+            np.testing.assert_array_equal(b.state_dict()[key], value, err_msg=key)
+        np.testing.assert_array_equal(b.next(), a.next())
+        with pytest.raises(HorizonExhaustedError):
+            b.next_block(7)
+        assert b.step == 6
+        np.testing.assert_array_equal(b.next_block(6), np.stack([a.next() for _ in range(6)]))
+    finally:
+        ck.select(None)
+
+
+def test_only_kernels_that_step_in_blocks_draw_blocks() -> None:
+    """A kernel without a fused form (the tree, banded-inverse) and a secure stream (its
+    grid is per step) never take the block path: their rounds step one by one."""
+    from flwr_corrnoise.streams import NoiseStream
+
+    assert not NoiseStream.create("tree", horizon=8, dim=4, std=1.0, seed=1).draws_blocks
+    assert not NoiseStream.create("banded-inverse", horizon=8, dim=4, std=1.0,
+                                  seed=1).draws_blocks
+    assert not NoiseStream.create("blt", horizon=8, dim=4, std=1.0, secure=True).draws_blocks
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_round_on_blocks_is_the_round_step_by_step(dtype: type,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """learner.BlockNoise (the round's noise drawn as one block a stream when it opens):
+    the same update, state and counters, bit for bit, as the round stepped one increment
+    at a time — a clipped step, a non-finite step and an ordinary one — and it is the
+    path a BLT learner's round takes."""
+    from flwr_corrnoise import learner as L  # noqa: N812
+
+    settings = PrivacySettings("blt", 2.0, 1e-3, clip_norm=0.5, horizon=40)
+    grads = [np.full(6, 3.0), np.full(6, np.nan), np.full(6, 0.01), np.arange(6.0)]
+
+    def run(blocks: bool):
+        monkeypatch.setattr(L.BlockNoise, "usable",
+                            staticmethod(lambda s: blocks and all(x.draws_blocks for x in s)))
+        opened = []
+        real = L.BlockNoise.__init__
+
+        def spy(self, streams, tau):
+            opened.append(tau)
+            real(self, streams, tau)
+
+        monkeypatch.setattr(L.BlockNoise, "__init__", spy)
+        state = LearnerState.create(settings, [(2, 3)], seed=9, dtype=dtype)
+        model = [np.zeros((2, 3), dtype=dtype)]
+        out = [L.local_round(model, lambda p, t: [grads[t % 4].reshape(2, 3)], state,
+                             settings, tau=4, eta=0.1) for _ in range(2)]
+        return out, state, opened
+
+    (a, sa, oa), (b, sb, ob) = run(True), run(False)
+    assert oa == [4, 4] and ob == []
+    for ra, rb in zip(a, b, strict=True):
+        np.testing.assert_array_equal(ra.update[0], rb.update[0])
+        assert ra.diagnostics == rb.diagnostics
+    assert (sa.step, sa.position) == (sb.step, sb.position) == (8, 8)
+    for key, value in sa.noise.state_dict().items():
+        np.testing.assert_array_equal(sb.noise.state_dict()[key], value, err_msg=key)
