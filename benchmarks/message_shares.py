@@ -22,8 +22,8 @@ from pathlib import Path
 
 #: (part, frame prefixes): the first part one of a sample's frames starts with
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("noise: the 4·d Gaussian draws", ("NoiseStream._draw ",)),
-    ("noise: BLT's recurrence", ("BLTKernel.next ",)),
+    ("noise: the 4·d Gaussian draws", ("NoiseStream._draw ", "NoiseStream._draw_rows ")),
+    ("noise: BLT's recurrence", ("BLTKernel.next ", "BLTKernel.steps ")),
     ("the task's gradient (plain's work too)", ("linear_gradient.<locals>.gradient ",)),
     ("load: read, check, rebuild the state", ("LearnerTransaction.open ",)),
     ("commit: write the new state", ("LearnerTransaction.commit ",
