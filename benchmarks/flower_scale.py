@@ -526,8 +526,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 #: functions, the recurrence without the draws it calls; "other" is the rest of the
 #: message: the round's arithmetic, clipping, privacy metadata, Flower's records)
 PROFILE_PARTS = (
-    ("noise: draws", "streams.py", "_draw"),
-    ("noise: recurrence", "blt.py", "next"),
+    ("noise: draws", "streams.py", "_draw_rows"),  # a BLT round's block (BlockNoise)
+    ("noise: recurrence", "streams.py", "next_block"),
     ("load (read + checks)", "session.py", "open"),
     ("commit (write)", "session.py", "commit"),
     ("gradient (the task's)", "flower_scale.py", "gradient"),

@@ -428,19 +428,30 @@ def _run_seeds(runs: int, seed: int | None, reuse_seed: bool,
 def _without_noise_at(stream: Any, step: int | None) -> None:
     """The deliberate fault "no noise at one step": the stream that runs, with the
     increment of ``step`` replaced by zeros where it is handed out (its recurrence and
-    generator advance as always). Wraps the stream object's own ``next``, through which
-    every release of it passes (``add_next`` calls it; a one-learner group calls the
-    stream's own ``add_next``), so the release is formed by the real code."""
+    generator advance as always). Wraps the stream object's own ``next`` and
+    ``next_block``, through which every release of it passes (``add_next`` calls
+    ``next``; a one-learner group calls the stream's own ``add_next``; a BLT round draws
+    its steps as one block, :class:`~flwr_corrnoise.learner.BlockNoise`), so the release
+    is formed by the real code."""
     if step is None:
         return
-    real_next = stream.next
+    real_next, real_block = stream.next, getattr(stream, "next_block", None)
 
     def next_without_noise_at_one_step() -> Any:
         at = stream.step
         increment = real_next()
         return increment * 0 if at == step else increment
 
+    def block_without_noise_at_one_step(count: int) -> Any:
+        at = stream.step
+        block = real_block(count)  # type: ignore[misc]
+        if at <= step < at + count:
+            block[step - at] = 0
+        return block
+
     stream.next = next_without_noise_at_one_step
+    if real_block is not None:
+        stream.next_block = block_without_noise_at_one_step
 
 
 @dataclass(frozen=True)

@@ -145,9 +145,6 @@ def _build() -> tuple[ctypes.CDLL, bool]:
     dll.cn_init.restype = None
     dll.cn_rows.argtypes = [p, size, size, size, p, p, size, size, ctypes.c_uint, ctypes.c_int]
     dll.cn_rows.restype = ctypes.c_int
-    for name in ("cn_blt_step32", "cn_blt_step64"):
-        getattr(dll, name).argtypes = [p, size, p, size, p, p, p, size, size]
-        getattr(dll, name).restype = None
     for name in ("cn_blt_steps32", "cn_blt_steps64"):
         getattr(dll, name).argtypes = [p, size, p, size, p, size, p, p, size, size, size]
         getattr(dll, name).restype = None

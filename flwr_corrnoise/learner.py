@@ -471,7 +471,7 @@ class BlockNoise:
     @staticmethod
     def usable(streams: Sequence[NoiseStream | None]) -> bool:
         """Whether every stream draws blocks (NumPy, from the kernel, not secure)."""
-        return bool(streams) and all(s is not None and s.draws_blocks for s in streams)
+        return bool(streams) and all(getattr(s, "draws_blocks", False) for s in streams)
 
     def add(self, g: np.ndarray) -> np.ndarray:
         if self.at >= len(self.blocks[0]):

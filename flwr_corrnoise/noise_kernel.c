@@ -180,47 +180,17 @@ int cn_rows(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, void *oc
     return low != 0;
 }
 
-/* One step of a BLT stream's recurrence (Dvijotham et al., "Efficient and Near-Optimal Noise
- * Generation for Streaming Differential Privacy"), fused into one pass over its k buffers:
- * e -= sum_i omega_i r_i, then out_i = theta_i r_i + e. The order is the NumPy path's
- * (streaming.NumpyOps.blt_step), every product and sum rounded on its own (no FMA:
- * -ffp-contract=off), so both give the same floats on every machine. In blocks of BLT_BLOCK
- * columns: the partial sums stay in L1 and every loop vectorizes. r and out: k rows, rows
- * r_stride and out_stride elements apart; e: d elements, updated in place. */
+/* `tau` steps of a BLT stream's recurrence (Dvijotham et al., "Efficient and Near-Optimal
+ * Noise Generation for Streaming Differential Privacy") in one pass over its k buffers: step
+ * t takes e = rows[t] (its draw, replaced by its increment), e -= sum_i omega_i r_i, then
+ * r_i = theta_i r_i + e. The order is the NumPy path's (streaming.NumpyOps.blt_step), every
+ * product and sum rounded on its own (no FMA: -ffp-contract=off), so both give the same
+ * floats on every machine. In blocks of BLT_BLOCK columns: r is copied into out block by
+ * block and stepped there in place while the block is in cache (the partial sums in L1,
+ * every loop vectorized), so a learner's round crosses the buffers once, not once a step.
+ * r and out: k rows, r_stride and out_stride elements apart; rows: tau rows, rows_stride
+ * apart. One step (tau = 1) is the single-step case, the same floats. */
 #define BLT_BLOCK 512
-#define BLT_STEP(NAME, T)                                                                   \
-    void NAME(const T *restrict r, size_t r_stride, T *restrict out, size_t out_stride,    \
-              T *restrict e, const T *restrict theta, const T *restrict omega, size_t k,   \
-              size_t d) {                                                                  \
-        T s[BLT_BLOCK];                                                                    \
-        for (size_t lo = 0; lo < d && k; lo += BLT_BLOCK) {                                \
-            size_t n = d - lo < BLT_BLOCK ? d - lo : BLT_BLOCK;                            \
-            const T *r0 = r + lo;                                                          \
-            T w0 = omega[0];                                                               \
-            for (size_t j = 0; j < n; j++) s[j] = w0 * r0[j];                              \
-            for (size_t i = 1; i < k; i++) {                                               \
-                const T *ri = r + i * r_stride + lo;                                       \
-                T wi = omega[i];                                                           \
-                for (size_t j = 0; j < n; j++) s[j] = s[j] + wi * ri[j];                   \
-            }                                                                              \
-            T *el = e + lo;                                                                \
-            for (size_t j = 0; j < n; j++) el[j] = el[j] - s[j];                           \
-            for (size_t i = 0; i < k; i++) {                                               \
-                const T *ri = r + i * r_stride + lo;                                       \
-                T *oi = out + i * out_stride + lo;                                         \
-                T ti = theta[i];                                                           \
-                for (size_t j = 0; j < n; j++) oi[j] = ti * ri[j] + el[j];                 \
-            }                                                                              \
-        }                                                                                  \
-    }
-BLT_STEP(cn_blt_step32, float)
-BLT_STEP(cn_blt_step64, double)
-
-/* `tau` steps of the same recurrence in one pass over the buffers (a learner's round): rows
- * (tau rows, rows_stride apart) hold the steps' draws and receive their increments; r is
- * copied into out block by block and stepped there in place while the block is in cache, so
- * the k buffers cross memory once a round instead of once a step. Column by column the same
- * operations in the same order as tau calls of the one-step function: the same floats. */
 #define BLT_STEPS(NAME, T)                                                                  \
     void NAME(const T *restrict r, size_t r_stride, T *restrict out, size_t out_stride,    \
               T *restrict rows, size_t rows_stride, const T *restrict theta,               \

@@ -116,14 +116,14 @@ class NumpyOps:
                  out: np.ndarray) -> None:
         """The recurrence in one fixed order of IEEE operations, each rounded to the
         stream's dtype: ``s = ω₀r₀``, ``s = s + ωᵢrᵢ`` for ``i = 1 … k−1``, ``e = e − s``,
-        ``outᵢ = θᵢrᵢ + e``. The compiled kernel (``cn_blt_step32``/``64`` in
-        ``noise_kernel.c``) runs exactly these operations in one pass over the buffers (at
+        ``outᵢ = θᵢrᵢ + e``. The compiled kernel (``cn_blt_steps32``/``64`` in
+        ``noise_kernel.c``, one step) runs exactly these operations in one pass over the buffers (at
         d = 10⁵ the NumPy passes, even in cache-sized chunks, were ≈ 14 % of a float32
         learner message); without it, or for a layout it does not take, NumPy runs them in
         cache-sized column chunks. Either way the same floats on every machine — a BLAS
         ``ω @ r`` would sum in an order of its own (and with FMA where it likes)."""
         k, dim = r.shape
-        if self._compiled(r, theta, omega, e, out, k, dim):
+        if self._compiled_steps(r, theta, omega, e[None, :], out, k, dim):  # a view
             return
         for lo in range(0, dim, self.chunk):
             sl = slice(lo, lo + self.chunk)
@@ -142,7 +142,8 @@ class NumpyOps:
         and receives the increments, ``out`` the buffers after the last step. Compiled
         (``cn_blt_steps32``/``64``): one pass over the buffers, the steps done block by
         block while the block is in cache; the same floats as step by step, which is the
-        NumPy path."""
+        NumPy path. Either compiled function runs when the kernel is built and the layout
+        is its own (unit column strides, ``out`` apart from ``r`` and ``rows``)."""
         k, dim = r.shape
         if self._compiled_steps(r, theta, omega, rows, out, k, dim):
             return
@@ -172,28 +173,6 @@ class NumpyOps:
         addr = compiled_kernel.addr
         steps(addr(r), r.strides[0] // item, addr(out), out.strides[0] // item, addr(rows),
               rows.strides[0] // item, addr(th), addr(om), k, dim, rows.shape[0])
-        return True
-
-    def _compiled(self, r: np.ndarray, theta: np.ndarray, omega: np.ndarray, e: np.ndarray,
-                  out: np.ndarray, k: int, dim: int) -> bool:
-        """The compiled step when the kernel is built and the layout is its own (unit column
-        strides, ``out`` apart from ``r``); ``False``: the NumPy path runs."""
-        from .. import compiled_kernel  # the noise kernel's library (no Flower, no torch)
-
-        dll = compiled_kernel.kernel()
-        item = self.dtype.itemsize
-        if (dll is None or not dim or not k or r.dtype != self.dtype or out.dtype != self.dtype
-                or e.dtype != self.dtype or e.strides != (item,)
-                or r.strides[1] != item or out.strides[1] != item
-                or np.may_share_memory(r, out) or np.may_share_memory(e, r)
-                or np.may_share_memory(e, out)):
-            return False
-        th = np.ascontiguousarray(theta, dtype=self.dtype).ravel()
-        om = np.ascontiguousarray(omega, dtype=self.dtype)
-        step = dll.cn_blt_step32 if item == 4 else dll.cn_blt_step64
-        addr = compiled_kernel.addr
-        step(addr(r), r.strides[0] // item if k > 1 else 0, addr(out),
-             out.strides[0] // item if k > 1 else 0, addr(e), addr(th), addr(om), k, dim)
         return True
 
 

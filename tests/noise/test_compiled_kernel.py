@@ -172,11 +172,11 @@ def blt_reference(r: np.ndarray, theta: np.ndarray, omega: np.ndarray,
                                                  (0, 9, False)])
 def test_the_blt_step_is_one_order_of_ieee_operations_on_both_paths(
         dtype: type, k: int, d: int, strided: bool) -> None:
-    """BLT's recurrence (`NumpyOps.blt_step`, `cn_blt_step32/64`): the compiled pass and the
-    NumPy path give the same floats as a scalar reference of the defined order, on rows
-    that are a view of wider ones too. Why it matters: the noise a learner adds is then the
-    same on every machine, with or without a compiler (a BLAS `ω @ r` sums in its own
-    order)."""
+    """BLT's recurrence (`NumpyOps.blt_step`, `cn_blt_steps32/64` at one step): the
+    compiled pass and the NumPy path give the same floats as a scalar reference of the
+    defined order, on rows that are a view of wider ones too. Why it matters: the noise a
+    learner adds is then the same on every machine, with or without a compiler (a BLAS
+    `ω @ r` sums in its own order)."""
     from flwr_corrnoise.mechanisms.streaming import numpy_ops
 
     rng = np.random.default_rng(k * 1000 + d)
@@ -193,7 +193,8 @@ def test_the_blt_step_is_one_order_of_ieee_operations_on_both_paths(
         ops.blt_step(r, theta, omega, e, out)
         assert ck.status().startswith("compiled" if path == "compiled" else "NumPy")
         # the compiled pass takes this layout (it is not the NumPy path under another name)
-        assert ops._compiled(r, theta, omega, e0.copy(), np.empty((k, d), dtype=dtype), k,
-                             d) is (path == "compiled" and k > 0)
+        assert ops._compiled_steps(r, theta, omega, e0.copy()[None, :],
+                                   np.empty((k, d), dtype=dtype), k, d) is (
+            path == "compiled" and k > 0)
         np.testing.assert_array_equal(e, want_e, err_msg=path)
         np.testing.assert_array_equal(out, want_out, err_msg=path)
