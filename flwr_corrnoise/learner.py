@@ -327,9 +327,10 @@ def attempt_datum(compute: Callable[[], _T], where: str = "the gradient") -> tup
 
 def datum_gradient(compute: Callable[[], Any], size: int,
                    dtype: Any = np.float64) -> tuple[np.ndarray, str]:
-    """One datum's flat float64 gradient for a model of ``size`` parameters, or zeros (and
-    why, see :func:`attempt_datum`) if it cannot be computed: an exception, a result that
-    is not ``size`` numbers, or a non-finite one. The NumPy front ends'
+    """One datum's flat gradient (in ``dtype``: float64, or a float32 step's float32) for
+    a model of ``size`` parameters, or zeros (and why, see :func:`attempt_datum`) if it
+    cannot be computed: an exception, a result that is not ``size`` numbers, or a
+    non-finite one. The NumPy front ends'
     (:func:`local_round`, :meth:`~flwr_corrnoise.flower.PrivateSteps.step`) one place for
     the rule."""
     def flat() -> np.ndarray:
