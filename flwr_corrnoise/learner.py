@@ -218,13 +218,20 @@ def clip_margin(size: int, release_dtype: Any = np.float64) -> float:
     return 3.0 * u_out + (int(size) + 8) * 2.0**-52
 
 
+def clip_target(bound: float, size: int, release_dtype: Any = np.float64) -> float:
+    """The norm a vector of ``size`` numbers is scaled to when it is clipped to ``bound``:
+    ``bound·(1 − clip_margin(size, release_dtype))`` — the one rule of every clip in the
+    library (NumPy and torch steps, the decentralized tasks' projections and clips)."""
+    return bound * (1.0 - clip_margin(size, release_dtype))
+
+
 def clip_by_global_norm(g: np.ndarray, clip_norm: float,
                         release_dtype: Any = np.float64) -> tuple[np.ndarray, float]:
     """Scale ``g`` to norm at most ``clip_norm`` (over all parameters) — exactly, once
     rounded to ``release_dtype`` (:func:`clip_margin`); return it and its norm
     (:func:`row_norms`, the norm of the private step's clipping)."""
     norm = float(row_norms(np.reshape(np.asarray(g, dtype=np.float64), (1, -1)))[0])
-    target = clip_norm * (1.0 - clip_margin(np.size(g), release_dtype))
+    target = clip_target(clip_norm, np.size(g), release_dtype)
     if norm > target:
         g = g * (target / norm)
     return g, norm
@@ -428,8 +435,8 @@ def private_steps(
                 else np.full(len(states), settings.clip_norm))
         # each row to its clip norm less the margin of its release's dtype: the released
         # vector's exact norm is then at most the clip norm (clip_margin)
-        target = clip * (1.0 - np.array([clip_margin(size, _release_dtype(s))
-                                         for s in states]))
+        target = np.array([clip_target(c, size, _release_dtype(s))
+                           for c, s in zip(clip.tolist(), states, strict=True)])
         norms = row_norms(g)
         over = norms > target
         if over.any():

@@ -452,11 +452,7 @@ class NoiseStream:
         the default mechanism)."""
         self._release()
         count = int(count)
-        if count < 0 or self.step + count > self.horizon:
-            raise HorizonExhaustedError(
-                f"the {self.mechanism} noise stream is calibrated for {self.horizon} steps; "
-                f"{count} more from step {self.step} would exceed the privacy budget (or "
-                "reuse noise)")
+        self._check_step(count)
         if not self.draws_blocks:
             raise ValueError("next_block is for NumPy streams drawing from the kernel")
         rows = np.empty((count, self.dim), dtype=self.noise_dtype)
@@ -470,13 +466,13 @@ class NoiseStream:
         (:meth:`next_block`): what :meth:`add_next` forms with :meth:`next`'s."""
         return self._add(value, increment)
 
-    def _check_step(self) -> None:
-        """Refuse a step past the horizon, before anything is drawn."""
-        if self.step >= self.horizon:
+    def _check_step(self, count: int = 1) -> None:
+        """Refuse a step (or ``count`` steps) past the horizon, before anything is drawn."""
+        if count < 0 or self.step + count > self.horizon:
             raise HorizonExhaustedError(
                 f"the {self.mechanism} noise stream is calibrated for {self.horizon} steps and "
-                f"all of them have been used; adding more noisy steps would exceed the privacy "
-                f"budget (or reuse noise)"
+                f"{self.step} of them have been used; adding {count} more noisy steps would "
+                f"exceed the privacy budget (or reuse noise)"
             )
 
     def _scaled(self, unit: np.ndarray) -> np.ndarray:

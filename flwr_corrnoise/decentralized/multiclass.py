@@ -36,7 +36,7 @@ from flwr_corrnoise.decentralized.tasks import (
     usable_samples,
     zero_unusable,
 )
-from flwr_corrnoise.learner import clip_margin
+from flwr_corrnoise.learner import clip_target
 
 __all__ = ["MulticlassTask", "synthetic_multiclass"]
 
@@ -130,7 +130,7 @@ class MulticlassTask(Task):
             prob[np.arange(k)[:, None], np.arange(m)[None, :], yy.astype(np.int64)] -= 1.0
             if clip is not None:
                 norms = row_norms(prob)[..., 0] * xnorms[..., 0]
-                target = clip * (1.0 - clip_margin(prob.shape[-1] * X.shape[-1]))
+                target = clip_target(clip, prob.shape[-1] * X.shape[-1])
                 prob = prob * np.minimum(1.0, target / np.maximum(norms, 1e-300))[..., None]
         # a huge example can overflow its scores: that example's gradient is not computable
         prob, zeroed = zero_unusable(prob, ok)

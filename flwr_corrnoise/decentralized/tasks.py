@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from flwr_corrnoise.learner import attempt_datum, clip_margin
+from flwr_corrnoise.learner import attempt_datum, clip_target
 
 __all__ = ["TASKS", "LogisticTask", "Task", "build_task", "clean_rows", "data_gradient",
            "project_rows", "register_task", "row_norms", "synthetic_shards", "usable_samples",
@@ -76,14 +76,14 @@ def project_rows(X: np.ndarray, bound: float, norms: np.ndarray | None = None) -
     with a non-finite value stays non-finite: :func:`usable_samples` zeroes it.) ``norms``:
     the rows' :func:`row_norms`, if already known.
 
-    "Inside" means a computed norm within ``bound`` less the float64 margin of
-    :func:`~flwr_corrnoise.learner.clip_margin`, and a row outside is scaled to that radius:
+    "Inside" means a computed norm within :func:`~flwr_corrnoise.learner.clip_target` of
+    ``bound`` (``bound`` less a float64 margin), and a row outside is scaled to that radius:
     every row returned then has an **exact** norm of at most ``bound`` (a computed norm,
     and the scaled coordinates, are off by rounding; the accountants take ``bound`` as
     exact)."""
     X = np.asarray(X, dtype=float)
     norms = row_norms(X) if norms is None else norms
-    radius = bound * (1.0 - clip_margin(X.shape[-1]))
+    radius = clip_target(bound, X.shape[-1])
     outside = norms > radius
     if not np.any(outside):
         return X
@@ -399,10 +399,10 @@ class LogisticTask(Task):
         with np.errstate(all="ignore"):
             z = np.einsum("kmd,kd->km", X, theta)
             coef = 0.5 * (1.0 + np.tanh(0.5 * z)) - y  # sigmoid, overflow-free
-            if clip is not None:  # to clip less the float64 margin (learner.clip_margin):
+            if clip is not None:  # to clip less the float64 margin (learner.clip_target):
                 # each sample's term is then within ``clip`` exactly, not just to rounding
                 size = np.abs(coef) * norms[..., 0]
-                target = clip * (1.0 - clip_margin(X.shape[-1]))
+                target = clip_target(clip, X.shape[-1])
                 coef = coef * np.minimum(1.0, target / np.maximum(size, 1e-300))
         coef, zeroed = zero_unusable(coef, ok)
         return np.einsum("km,kmd->kd", coef, X) / X.shape[1] + self.reg * theta, zeroed

@@ -117,9 +117,9 @@ class NumpyOps:
         """The recurrence in one fixed order of IEEE operations, each rounded to the
         stream's dtype: ``s = ω₀r₀``, ``s = s + ωᵢrᵢ`` for ``i = 1 … k−1``, ``e = e − s``,
         ``outᵢ = θᵢrᵢ + e``. The compiled kernel (``cn_blt_steps32``/``64`` in
-        ``noise_kernel.c``, one step) runs exactly these operations in one pass over the buffers (at
-        d = 10⁵ the NumPy passes, even in cache-sized chunks, were ≈ 14 % of a float32
-        learner message); without it, or for a layout it does not take, NumPy runs them in
+        ``noise_kernel.c``, one step) runs exactly these operations in one pass over the
+        buffers (at d = 10⁵ the NumPy passes, even in cache-sized chunks, were ≈ 14 % of a
+        float32 learner message); without it, or for a layout it does not take, NumPy runs them in
         cache-sized column chunks. Either way the same floats on every machine — a BLAS
         ``ω @ r`` would sum in an order of its own (and with FMA where it likes)."""
         k, dim = r.shape

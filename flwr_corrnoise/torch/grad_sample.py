@@ -26,12 +26,13 @@ layer whose output for example ``i`` depends on example ``i`` alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
-from ..learner import clip_margin
+from ..learner import clip_target
 from ..settings import PrivacyConfigError
 from .params import LossFn
 
@@ -94,8 +95,8 @@ def clip_factors(pieces: list[PerExample], losses: torch.Tensor, clip_norm: floa
         return norms, ok, ok.to(norms.dtype)
     # to B_g less the margin of the model's dtype: each example's clipped gradient, formed
     # in that dtype, then has an exact norm of at most B_g (its sensitivity)
-    size = sum(piece.numel() for piece in pieces)
-    target = clip_norm * (1.0 - clip_margin(size, torch.finfo(losses.dtype)))
+    target = clip_target(clip_norm, sum(piece.numel() for piece in pieces),
+                         torch.finfo(losses.dtype))
     return norms, ok, torch.where(ok, (target / norms).clamp(max=1.0), 0.0)
 
 
@@ -112,7 +113,7 @@ class Materialized(PerExample):
         return torch.linalg.vector_norm(self.g.flatten(1), dim=1, dtype=torch.float64).square()
 
     def numel(self) -> int:
-        return self.g[0].numel() if self.g.shape[0] else 0
+        return math.prod(self.g.shape[1:])
 
     def weighted_sum(self, c: torch.Tensor, ok: torch.Tensor, clean: bool) -> torch.Tensor:
         g = self.g

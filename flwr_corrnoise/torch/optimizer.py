@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..adaptive_clipping import CLIP_STATE, AdaptiveClipState
-from ..learner import attempt_datum, check_horizon, check_round, clip_margin
+from ..learner import attempt_datum, check_horizon, check_round, clip_target
 from ..learner_state import LearnerState
 from ..settings import PrivacyConfigError, PrivacySettings, privacy_metrics
 from ..streams import HorizonExhaustedError, split_flat
@@ -528,8 +528,8 @@ class PrivateOptimizer:
         ok = torch.isfinite(norm) if loss is None else torch.isfinite(norm) & torch.isfinite(loss)
         clip_norm = self.clip_norm
         if self.settings.private:
-            target = clip_norm * (1.0 - clip_margin(
-                sum(g.numel() for g in grads), torch.finfo(grads[0].dtype)))
+            target = clip_target(clip_norm, sum(g.numel() for g in grads),
+                                 torch.finfo(grads[0].dtype))
             factor = torch.where(ok, (target / norm).clamp(max=1.0), 0.0)
             self._clipped += (ok & (norm > clip_norm)).long()
         else:
