@@ -1,6 +1,7 @@
 """Cost of one private step of the paper's CNN, as ratios to a bare SGD step, in one run.
 
     python benchmarks/torch_step.py --batch-sizes 1 64 --steps 20 --repeats 7
+    python benchmarks/torch_step.py --device cuda --batch-sizes 64 --no-host   # on a GPU
 
 For every batch size ``b``, blocks of ``--steps × max(1, 16 // b)`` steps of each method
 run in rotation on the same batches (so every method sees the same machine load; blocks
@@ -75,11 +76,12 @@ def methods(model: torch.nn.Module, b: int, steps: int, repeats: int, mechanisms
         for pos in range(steps):
             bare_step(pos)
 
-    gen = torch.Generator().manual_seed(0)
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(0)
 
     def draw_and_bare() -> None:
         for pos in range(steps):
-            torch.randn(d, generator=gen)
+            torch.randn(d, generator=gen, device=device)
             bare_step(pos)
 
     out["bare SGD"] = bare
@@ -152,21 +154,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--mechanisms", nargs="+", default=DEFAULT, choices=mechanism_names())
     p.add_argument("--no-host", action="store_true", help="skip the host reference rows")
+    p.add_argument("--device", default="cpu", help="the model's device (cpu, cuda)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the table, torch.profiler's top operators of one block of "
+                        "each 'ours' method (where a step's time goes)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = PaperCNN()
+    device = torch.device(args.device)
+    model = PaperCNN().to(device)
     d = sum(q.numel() for q in model.parameters())
-    print(f"paper CNN, d = {d:,}, CPU, {args.threads} thread(s), torch {torch.__version__}; "
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"CPU, {args.threads} thread(s)")
+    print(f"paper CNN, d = {d:,}, {where}, torch {torch.__version__}; "
           f"blocks of {args.steps} steps, median of {args.repeats} rotations")
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     print("| batch | method | ms per step | ÷ bare SGD | ÷ (draw d Gaussians + bare) | "
           "÷ Opacus |")
     print("|---|---|---|---|---|---|")
     for b in args.batch_sizes:
         steps = args.steps * max(1, 16 // b)
         g = torch.Generator().manual_seed(1)
-        x = torch.rand(steps * b, 1, 28, 28, generator=g)
-        y = torch.randint(0, 10, (steps * b,), generator=g)
+        x = torch.rand(steps * b, 1, 28, 28, generator=g).to(device)
+        y = torch.randint(0, 10, (steps * b,), generator=g).to(device)
 
         def data(pos: int, b: int = b, x: torch.Tensor = x, y: torch.Tensor = y):
             return x[pos * b : (pos + 1) * b], y[pos * b : (pos + 1) * b]
@@ -178,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         times: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(args.repeats):
             for name, fn in fns.items():
+                sync()
                 start = time.perf_counter()
                 fn()
+                sync()
                 times[name].append((time.perf_counter() - start) / steps)
 
         def ratio(ts: list[float], ref: str, times: dict[str, list[float]] = times) -> str:
@@ -192,7 +207,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {b} | {name} | {1e3 * statistics.median(ts):.2f} | "
                   f"{ratio(ts, 'bare SGD')} | {ratio(ts, 'draw d Gaussians + bare')} | "
                   f"{ratio(ts, 'Opacus (i.i.d. noise)')} |", flush=True)
+        if args.profile:
+            profile(fns, device, sync)
     return 0
+
+
+def profile(fns: dict[str, Callable[[], None]], device: torch.device,
+            sync: Callable[[], None]) -> None:
+    """torch.profiler's operators of one block of each ``ours`` method and the bare step,
+    by self time on the device (CPU time on the CPU)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as run_profile
+
+    activities = [ProfilerActivity.CPU]
+    key = "self_cpu_time_total"
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+        key = "self_cuda_time_total"
+    for name, fn in fns.items():
+        if not (name.startswith("ours") or name == "bare SGD"):
+            continue
+        with run_profile(activities=activities) as prof:
+            fn()
+            sync()
+        print(f"\n{name}: top operators by {key}")
+        print(prof.key_averages().table(sort_by=key, row_limit=15), flush=True)
 
 
 if __name__ == "__main__":

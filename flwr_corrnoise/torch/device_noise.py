@@ -50,8 +50,9 @@ device's ``log``/``cos``/``sin``, whose last bit may differ between CPU and GPU;
 bit-reproducible on one device type. The floating-point attack (Mironov 2012) is the host
 kernel's question too; the grid defence applies to the final increment whatever produced it.
 
-What was not run: a CUDA device (none was lent the session that wrote this); the CUDA run
-of the same code is untested.
+**On CUDA** the keystream is one fused Triton kernel (:mod:`.chacha_triton`, where Triton
+imports): the same words as the torch ops below, bit for bit, without their ≈ 600 launches a
+row. Both, and the rows, ran on an H200 (``benchmarks/device_check.sh``; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -114,16 +115,40 @@ def _quarter_rounds(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
     return a, b, c, d
 
 
+def fused_available(device: torch.device | str) -> bool:
+    """Whether :func:`chacha20_blocks` runs the fused Triton kernel on ``device``: on a CUDA
+    device where Triton imports (PyTorch's CUDA builds ship it); elsewhere the torch ops."""
+    if torch.device(device).type != "cuda":
+        return False
+    try:
+        from . import chacha_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def chacha20_blocks(key: bytes, nonce_words: Sequence[int], first: int, count: int,
-                    device: torch.device | str = "cpu") -> torch.Tensor:
+                    device: torch.device | str = "cpu",
+                    fused: bool | None = None) -> torch.Tensor:
     """Keystream blocks ``first … first + count − 1`` of ``(key, nonce)`` as a
     ``count × 16`` int64 tensor of 32-bit words (little-endian order of RFC 8439's
-    serialization: word ``i`` of a block is bytes ``4i … 4i + 3``)."""
+    serialization: word ``i`` of a block is bytes ``4i … 4i + 3``).
+
+    ``fused``: ``None`` — the fused Triton kernel (:mod:`.chacha_triton`) where
+    :func:`fused_available`, else the torch ops below; ``True``/``False`` force one (tests,
+    benchmarks). The same words either way."""
     if not (first >= 0 and first + count <= _MAX_BLOCKS):
         raise ValueError(f"blocks {first}…{first + count - 1} outside the 32-bit counter")
     if len(nonce_words) != 3 or any(not 0 <= int(w) <= _MASK for w in nonce_words):
         raise ValueError("a ChaCha20 nonce is three 32-bit words")
     head = [*_CONSTANTS, *_key_words(key)]
+    if fused is None:
+        fused = fused_available(device)
+    if fused:
+        from . import chacha_triton
+
+        return chacha_triton.chacha20_blocks(head, [int(w) for w in nonce_words], first,
+                                             count, torch.device(device))
     state = torch.empty((16, count), dtype=torch.int64, device=device)
     state[:12] = torch.tensor(head, dtype=torch.int64, device=device)[:, None]
     state[12] = torch.arange(first, first + count, dtype=torch.int64, device=device)

@@ -11,7 +11,8 @@ tolerance (``tests/torch/test_torch_streams.py``).
 Where the normals come from, by the stream's device (issue 34, item 3):
 
 * **on a CUDA device: on the device** — :class:`~flwr_corrnoise.torch.device_noise.DeviceGaussian`,
-  ChaCha20 (RFC 8439) in torch integer ops and Box–Muller in torch float ops, so no row
+  ChaCha20 (RFC 8439; on CUDA one fused Triton kernel, elsewhere torch integer ops, the same
+  words) and Box–Muller in torch float ops, so no row
   crosses the bus; the same key policy (256 bits of OS entropy, or for a reproducible
   simulation a hash of every bit of the seed) and rows by counter (row ``t`` of the
   generator is step ``t``'s ``ξ``, so a regenerating mechanism, ``banded-inverse``, goes
@@ -30,8 +31,8 @@ outputs reveal its state, the CUDA one (Philox4x32) takes a 64-bit key; a learne
 was recovered from one release by a 2³² search. So a torch stream and a NumPy stream of
 the same seed and dtype draw the same ``ξ`` (float64: bit for bit; a test checks it), and
 a host-drawn stream's state holds no device-specific generator: it continues on the CPU or
-a GPU. No GPU figure of either path was taken yet (no GPU was lent the sessions that wrote
-them; ``tests/noise/test_device_noise.py`` has the CUDA test, skipped without one). The
+a GPU. Both paths ran on an H200 (``benchmarks/device_check.sh``: the CUDA tests of
+``tests/noise/test_device_noise.py`` and the torch suites; docs/benchmarks.md). The
 buffers and counters serialize to the same array dict as the NumPy stream's (plus
 ``backend``, ``dtype`` and ``device`` keys), and a restored stream continues bit for bit.
 
@@ -105,6 +106,18 @@ class TorchOps:
         torch.addcmul(e, r, theta, out=out)  # one pass over the buffers instead of two
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are the same device when 0 is the current one (torch compares
+    them unequal: a tensor made on ``cuda`` reports ``cuda:0``)."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        current = torch.cuda.current_device() if a.type == "cuda" else None
+        return (a.index if a.index is not None else current) == (
+            b.index if b.index is not None else current)
+    return a.index == b.index
+
+
 class TorchNoiseStream(NoiseStream):
     """A noise stream whose increments are tensors on ``device`` in ``dtype``.
 
@@ -153,7 +166,7 @@ class TorchNoiseStream(NoiseStream):
         kernel that keeps its rows as one array (BLT)."""
         return (self._kernel.adopts_rows and isinstance(rows, torch.Tensor) and rows.ndim == 2
                 and rows.shape[1] == self.dim and rows.dtype == self.dtype
-                and rows.device == self.device and rows.is_contiguous())
+                and _same_device(rows.device, self.device) and rows.is_contiguous())
 
     @classmethod
     def create(  # type: ignore[override]
@@ -190,7 +203,11 @@ class TorchNoiseStream(NoiseStream):
         return cls(mechanism, horizon, normalize_shapes(dim), std, gen, device=device,
                    dtype=dtype, factorization=factorization)
 
-    def _as_row(self, row: np.ndarray) -> torch.Tensor:  # type: ignore[override]
+    def _as_row(self, row: np.ndarray | torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if isinstance(row, torch.Tensor):  # a row of restored rows already on a device
+            if row.dtype != self.dtype:
+                raise ValueError(f"a {self.dtype} stream got a {row.dtype} state row")
+            return row.to(self.device, copy=True)
         arr = np.asarray(row)
         if arr.dtype != np.dtype(str(self.dtype).removeprefix("torch.")):
             raise ValueError(f"a {self.dtype} stream got a {arr.dtype} state row")

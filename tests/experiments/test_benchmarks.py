@@ -106,6 +106,19 @@ def test_torch_step() -> None:
                for r in rows[1:])
 
 
+def test_device_noise() -> None:
+    """The device-noise table at toy size on the CPU (no fused kernel there: Triton runs on
+    CUDA devices); every row a positive time per normal."""
+    pytest.importorskip("torch")
+    rows = run("device_noise.py", "--device", "cpu", "--dims", "3000", "--repeats", "1")
+    names = {r[1] for r in rows[1:]}
+    assert {"keystream, torch ops", "DeviceGaussian row, float32",
+            "DeviceGaussian row, float64", "torch.randn float32",
+            "TorchNoiseStream blt float32, next()"} <= names
+    assert "keystream, fused Triton" not in names
+    assert all(r[0] == "3,000" and float(r[2]) > 0 for r in rows[1:])
+
+
 @pytest.mark.slow
 def test_toeplitz_stream() -> None:
     """The regenerated Toeplitz increment equals the stored one (the script checks it and

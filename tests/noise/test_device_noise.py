@@ -147,6 +147,37 @@ def test_moments_and_ks_against_the_normal() -> None:
         assert stats.kstest(z, "norm").pvalue > 1e-3
 
 
+_FUSED_CHECK = """
+import torch
+from flwr_corrnoise.torch import device_noise as dn
+from flwr_corrnoise.torch import chacha_triton
+key = bytes(range(32))
+cases = [((0, 0, 0), 0, 1), ((1, 5, 0), 0, 700), ((2, 2**32 - 1, 2**31), 3, 40),
+         ((0x101, 17, 9), 2**32 - 5, 5), ((9, 9, 9), 2**31 - 3, 6), ((3, 3, 3), 0, 0)]
+for nonce, first, count in cases:
+    fused = dn.chacha20_blocks(key, nonce, first, count, fused=True)
+    ops = dn.chacha20_blocks(key, nonce, first, count, fused=False)
+    assert fused.shape == (count, 16) and torch.equal(fused, ops), (nonce, first, count)
+print("same words")
+"""
+
+
+def test_the_fused_triton_keystream_equals_the_torch_ops_bit_for_bit() -> None:
+    """The CUDA path's fused kernel (torch/chacha_triton.py), run by Triton's interpreter on
+    the CPU (a process of its own: the interpreter is chosen when Triton compiles), gives the
+    torch ops' words — which equal OpenSSL's above — over several programs, a ragged last
+    program and counters that cross 2³¹ and end at 2³²."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", _FUSED_CHECK], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and "same words" in run.stdout, run.stderr[-3000:]
+
+
 # -- the device path wired into TorchNoiseStream (torch/streams.py) ------------------------------
 def device_rows(key: bytes, count: int, d: int, dtype: torch.dtype) -> torch.Tensor:
     """Rows 0 … count − 1 as the device path must make them: the transform
@@ -233,8 +264,13 @@ def test_on_cuda_the_noise_is_made_on_the_device() -> None:
     increments are CUDA tensors that restore and continue bit for bit."""
     from flwr_corrnoise.torch.streams import TorchNoiseStream
 
-    got = dn.chacha20_blocks(KEY, (1, 5, 0), 3, 40, "cuda").reshape(-1).cpu().numpy()
-    np.testing.assert_array_equal(got, openssl_words(KEY, (1, 5, 0), 3, 40))
+    for fused in (None, False):  # the default (fused Triton kernel where Triton is), the ops
+        got = dn.chacha20_blocks(KEY, (1, 5, 0), 3, 40, "cuda", fused).reshape(-1).cpu()
+        np.testing.assert_array_equal(got.numpy(), openssl_words(KEY, (1, 5, 0), 3, 40))
+    if dn.fused_available("cuda"):  # many programs, a ragged last one, a counter near 2³²
+        for first, count in ((0, 70_001), (2**32 - 3000, 3000), (2**31 - 5, 10)):
+            assert torch.equal(dn.chacha20_blocks(KEY, (7, 1, 2), first, count, "cuda", True),
+                               dn.chacha20_blocks(KEY, (7, 1, 2), first, count, "cuda", False))
     for dtype, tol in ((torch.float32, 2e-6), (torch.float64, 1e-13)):
         gpu = DeviceGaussian(KEY, device="cuda").row(2, 100_001, dtype)
         assert gpu.device.type == "cuda"

@@ -135,3 +135,31 @@ def test_different_seeds_differ_and_std_scales() -> None:
     c = TorchNoiseStream.create("independent", 2, 1000, 3.0, seed=1).next()
     assert not torch.equal(a, b)
     torch.testing.assert_close(c, 3.0 * a)
+
+
+def test_restored_rows_may_be_tensors_and_cuda_is_cuda_0() -> None:
+    """A restored stream's rows may arrive as tensors already on a device (a CUDA BLT state:
+    from_bytes moves the rows there first); they are taken as rows of the stream's dtype (a
+    wrong dtype is refused), and a device named without an index is the current one — a
+    tensor made on ``cuda`` reports ``cuda:0``, which torch compares unequal to ``cuda``
+    (on a GPU this failed the restore of every BLT device stream)."""
+    from flwr_corrnoise.torch.streams import TorchNoiseStream, _same_device
+
+    s = TorchNoiseStream.create("blt", 8, 5, 1.0, seed=2)
+    for _ in range(3):
+        s.next()
+    rows = torch.stack([torch.as_tensor(r) for r in s.state_dict()["rows"]])
+    again = TorchNoiseStream.from_state_dict({**s.state_dict(), "rows": rows.numpy()})
+    as_tensors = TorchNoiseStream(s.mechanism, s.horizon, s.shapes, s.std,
+                                  TorchNoiseStream.from_bytes(s.to_bytes())._rng,
+                                  step=s.step, rows=list(rows))
+    for _ in range(3):
+        x = s.next()
+        assert torch.equal(x, again.next()) and torch.equal(x, as_tensors.next())
+    with pytest.raises(ValueError, match="state row"):
+        TorchNoiseStream(s.mechanism, s.horizon, s.shapes, s.std, s._rng, step=3,
+                         rows=list(rows.double()))
+    assert _same_device(torch.device("cpu"), torch.device("cpu"))
+    assert not _same_device(torch.device("cpu"), torch.device("meta"))
+    if torch.cuda.is_available():
+        assert _same_device(torch.device("cuda"), torch.device("cuda", 0))
