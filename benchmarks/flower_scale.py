@@ -126,6 +126,27 @@ def linear_gradient(dim: int, learner: int, seed: int = 0
     return gradient
 
 
+def plain_train(dim: int, tau: int, eta: float) -> Callable[[Any, Any], Any]:
+    """The ``plain`` variant's train function: τ local SGD steps of :func:`linear_gradient`
+    on the received model, in its dtype, and the model back — what a Flower user runs
+    without privacy (the simulations' ClientApp and :func:`message_cpu` both use it)."""
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+    def inner(msg: Any, context: Any) -> Any:
+        learner = int(context.node_config["partition-id"])
+        grad = linear_gradient(dim, learner)
+        pos = int(context.state["pos"]["p"]) if "pos" in context.state else 0
+        x = msg.content["arrays"].to_numpy_ndarrays()[0]  # in the model's dtype, as ours
+        for t in range(tau):
+            x = x - eta * grad([x], pos + t)[0]
+        context.state["pos"] = MetricRecord({"p": pos + tau})
+        return Message(RecordDict({"arrays": ArrayRecord([x]),
+                                   "metrics": MetricRecord({"num-examples": tau})}),
+                       reply_to=msg)
+
+    return inner
+
+
 # ---------------------------------------------------------------- one run (the subprocess)
 
 @dataclass
@@ -223,7 +244,7 @@ def trim() -> None:
 
 def child(spec: RunSpec, result_path: Path) -> None:
     """Run one simulation and write a :class:`RunResult` to ``result_path``."""
-    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.app import ArrayRecord, Context, Message
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
@@ -255,19 +276,7 @@ def child(spec: RunSpec, result_path: Path) -> None:
     initial = ArrayRecord([np.zeros(spec.dim, dtype=spec.dtype)])
 
     if spec.variant == "plain":
-        def inner(msg: Message, context: Context) -> Message:
-            learner = int(context.node_config["partition-id"])
-            grad = linear_gradient(spec.dim, learner)
-            pos = int(context.state["pos"]["p"]) if "pos" in context.state else 0
-            received = msg.content["arrays"].to_numpy_ndarrays()[0]
-            x = received  # in the model's dtype, as ours computes
-            for t in range(spec.tau):
-                x = x - spec.eta * grad([x], pos + t)[0]
-            context.state["pos"] = MetricRecord({"p": pos + spec.tau})
-            return Message(RecordDict({"arrays": ArrayRecord([x]),
-                                       "metrics": MetricRecord({"num-examples": spec.tau})}),
-                           reply_to=msg)
-
+        inner = plain_train(spec.dim, spec.tau, spec.eta)
         strategy = _tracking(FedAvg)(fraction_train=spec.fraction, fraction_evaluate=0.0,
                                      min_available_nodes=spec.learners)
     else:
@@ -553,9 +562,9 @@ class LearnerMessages:
     tau = 4
 
     def __init__(self, dim: int, dtype: str, rounds: int, learners: int = 1,
-                 offload: str = "on") -> None:
+                 offload: str = "on", plain: bool = False) -> None:
         self.dim, self.dtype, self.rounds = dim, dtype, rounds
-        self.learners, self.offload = learners, offload
+        self.learners, self.offload, self.plain = learners, offload, plain
 
     def __enter__(self) -> LearnerMessages:
         from flwr.app import Context, RecordDict
@@ -572,9 +581,15 @@ class LearnerMessages:
                     "learning-rate": 0.05, "seed": 0, "calibration": "exact",
                     "state-offload": self.offload, "state-offload-dir": self._tmp.name}
         dim = self.dim
-        self.app = make_client_app(
-            lambda c: linear_gradient(dim, int(c.node_config["partition-id"])),
-            config_defaults=defaults)
+        if self.plain:  # the plain variant's ClientApp, as its simulation runs it
+            from flwr.clientapp import ClientApp
+
+            self.app = ClientApp()
+            self.app.train()(plain_train(dim, self.tau, 0.05))
+        else:
+            self.app = make_client_app(
+                lambda c: linear_gradient(dim, int(c.node_config["partition-id"])),
+                config_defaults=defaults)
         self.contexts = [Context(run_id=1, node_id=7 + i, node_config={"partition-id": 3 + i},
                                  state=RecordDict(), run_config={})
                          for i in range(self.learners)]
@@ -640,19 +655,41 @@ def message_cpu(dim: int, dtype: str, rounds: int, learners: int = 4) -> dict[st
     versions compared): the median CPU ms (``thread_time``) and wall ms per message, the
     learners' first messages left out. The learners are at the same step count in every
     round, as most of an actor's learners are, so ε spent is computed once per round
-    (memoized), as in an actor."""
-    with LearnerMessages(dim, dtype, 4 * rounds + 4, learners=learners) as m:
+    (memoized), as in an actor.
+
+    Side by side in the same rounds (one of each after every message of ours, so that load
+    swings hit all three alike): the **plain** variant's message (its ClientApp, the same
+    task, no privacy) and the message's **τ·d draws alone** (the library's noise kernel,
+    :class:`~flwr_corrnoise.cipher_noise.CipherGaussian`, τ rows of ``d`` in the model's
+    dtype) — the issue-34 target is (ours − plain) ≤ 2 × draws."""
+    from flwr_corrnoise.cipher_noise import CipherGaussian
+
+    gen = CipherGaussian.from_seed(1)
+    tau = LearnerMessages.tau
+    with (LearnerMessages(dim, dtype, 4 * rounds + 4, learners=learners) as m,
+          LearnerMessages(dim, dtype, 4 * rounds + 4, learners=learners, plain=True) as p):
         for i in range(learners):
             m.send(1, i)
-        cpu, wall = [], []
+            p.send(1, i)
+        cpu, wall, plain, draws = [], [], [], []
         for r in range(2, 2 + rounds):
             for i in range(learners):
                 c0, t0 = time.thread_time(), time.perf_counter()
                 m.send(r, i)
                 cpu.append(time.thread_time() - c0)
                 wall.append(time.perf_counter() - t0)
-    return {"CPU ms": 1e3 * statistics.median(cpu), "wall ms": 1e3 * statistics.median(wall),
-            "messages": float(len(cpu))}
+                c0 = time.thread_time()
+                p.send(r, i)
+                plain.append(time.thread_time() - c0)
+                c0 = time.thread_time()
+                for _ in range(tau):
+                    gen.next_row(dim, dtype)
+                draws.append(time.thread_time() - c0)
+    out = {"CPU ms": 1e3 * statistics.median(cpu), "wall ms": 1e3 * statistics.median(wall),
+           "plain CPU ms": 1e3 * statistics.median(plain),
+           "draws CPU ms": 1e3 * statistics.median(draws), "messages": float(len(cpu))}
+    out["extra / draws"] = (out["CPU ms"] - out["plain CPU ms"]) / out["draws CPU ms"]
+    return out
 
 
 def message_table(dims: list[int], dtypes: list[str], messages: int) -> str:
@@ -717,12 +754,13 @@ def main() -> None:
         return
     if args.message_cpu:
         print(f"load average {os.getloadavg()[0]:.1f}\n")
-        print("| d | dtype | messages | CPU ms / message | wall ms / message |\n"
-              "|---|---|---|---|---|")
+        print("| d | dtype | messages | CPU ms / message | wall ms / message | plain CPU ms "
+              "| τ·d draws CPU ms | (ours − plain) ÷ draws |\n|---|---|---|---|---|---|---|---|")
         for d in args.dims:
             r = message_cpu(d, args.dtype, args.message_cpu)
             print(f"| {d:,} | {args.dtype} | {r['messages']:.0f} | {r['CPU ms']:.2f} | "
-                  f"{r['wall ms']:.2f} |")
+                  f"{r['wall ms']:.2f} | {r['plain CPU ms']:.2f} | {r['draws CPU ms']:.2f} | "
+                  f"{r['extra / draws']:.2f}× |")
         return
     if args.rounds < 3:
         p.error("--rounds must be ≥ 3 (the median is over rounds 2..R)")

@@ -323,13 +323,21 @@ def test_flower_overhead() -> None:
 
 def test_flower_scale_message_cpu() -> None:
     """benchmarks/flower_scale.py --message-cpu at toy size: one row per d, 4 learners ×
-    ROUNDS messages counted, positive CPU and wall ms. Timings are not compared."""
+    ROUNDS messages counted, positive CPU and wall ms for ours, plain's message and the
+    τ·d draws beside them, and the issue's ratio (ours − plain) ÷ draws computed from the
+    printed figures. Timings are not compared."""
     rows = run("flower_scale.py", "--message-cpu", "2", "--dims", "3000", "5000")
     header, body = rows[0], rows[1:]
-    assert header == ["d", "dtype", "messages", "CPU ms / message", "wall ms / message"]
+    assert header == ["d", "dtype", "messages", "CPU ms / message", "wall ms / message",
+                      "plain CPU ms", "τ·d draws CPU ms", "(ours − plain) ÷ draws"]
     assert [(r[0], r[1], r[2]) for r in body] == [("3,000", "float64", "8"),
                                                   ("5,000", "float64", "8")]
-    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in body)
+    for r in body:
+        ours, wall, plain, draws = (float(x) for x in r[3:7])
+        assert ours > 0 and wall > 0 and plain > 0 and draws > 0
+        ratio = (ours - plain) / draws  # from figures printed to 0.005 ms
+        slack = 0.01 + (0.01 + 0.005 * abs(ratio)) / max(draws - 0.005, 1e-3)
+        assert abs(float(r[7].rstrip("×")) - ratio) <= slack
 
 
 def test_message_shares_reads_py_spy_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
