@@ -4,7 +4,9 @@
 # root, with the wheels of flwr, cryptography, pycryptodome, grpcio-health-checking,
 # iterators, tomli, tomli-w and opacus in .whl/ (that machine has no registry):
 #
-#     bash benchmarks/device_check.sh      # writes to $OUT (default ./device-out)
+#     bash benchmarks/device_check.sh       # writes to $OUT (default ./device-out)
+#     bash benchmarks/device_check.sh host  # instead: that machine's CPU figures (draws,
+#                                           # a learner message beside plain's and its draws)
 set -o pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -18,6 +20,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
     2>&1 | tee -a "$OUT/gpu.txt"
 status=0
+if [ "${1:-}" = host ]; then
+    lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed -E 's/(Flags:).*(avx512f).*/\1 ... \2 .../' \
+        | tee "$OUT/host-cpu.txt"
+    timeout 200 python3 benchmarks/cipher_noise.py --dims 100000 1000000 --repeats 20 \
+        --cpu-time 2>&1 | tee "$OUT/host-draws.txt" || status=1
+    OPENBLAS_NUM_THREADS=1 timeout 200 python3 benchmarks/flower_scale.py --message-cpu 40 \
+        --dims 100000 --dtype float32 2>&1 | tee "$OUT/host-message.txt" || status=1
+    exit $status
+fi
 timeout 240 python3 -m pytest -q -rs -o addopts="" -p no:cacheprovider -n 8 \
     tests/noise/test_device_noise.py tests/torch/test_torch_private.py \
     tests/torch/test_pytorch.py tests/torch/test_torch_streams.py 2>&1 \
