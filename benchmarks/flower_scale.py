@@ -73,7 +73,6 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 import numpy as np
-from flower_overhead import backend
 
 try:
     import psutil
@@ -326,6 +325,8 @@ def child(spec: RunSpec, result_path: Path) -> None:
         wait_for_nodes(grid, spec.learners, timeout=1800)
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=spec.rounds,
                        evaluate_fn=evaluate)
+
+    from flower_overhead import backend  # here: flwr.simulation, not needed in-process
 
     run_simulation(server_app=server, client_app=client, num_supernodes=spec.learners,
                    backend_config=backend(spec.ray_address, num_cpus=spec.actors,
