@@ -57,6 +57,7 @@ row. Both, and the rows, ran on an H200 (``benchmarks/device_check.sh``; docs/be
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 from collections.abc import Sequence
@@ -115,6 +116,18 @@ def _quarter_rounds(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
     return a, b, c, d
 
 
+#: set when the fused kernel failed to build or run in this process: the torch ops from then on
+_FUSED_FAILED = False
+
+
+def _fused_failed(err: Exception) -> None:
+    global _FUSED_FAILED
+    _FUSED_FAILED = True
+    logging.getLogger(__name__).warning(
+        "flwr-corrnoise: the fused Triton ChaCha20 kernel failed (%s: %s); the device noise "
+        "uses the torch ops from now on (the same words, slower)", type(err).__name__, err)
+
+
 def fused_available(device: torch.device | str) -> bool:
     """Whether :func:`chacha20_blocks` runs the fused Triton kernel on ``device``: on a CUDA
     device where Triton imports (PyTorch's CUDA builds ship it); elsewhere the torch ops."""
@@ -142,13 +155,19 @@ def chacha20_blocks(key: bytes, nonce_words: Sequence[int], first: int, count: i
     if len(nonce_words) != 3 or any(not 0 <= int(w) <= _MASK for w in nonce_words):
         raise ValueError("a ChaCha20 nonce is three 32-bit words")
     head = [*_CONSTANTS, *_key_words(key)]
+    forced = fused is not None
     if fused is None:
-        fused = fused_available(device)
+        fused = fused_available(device) and not _FUSED_FAILED
     if fused:
         from . import chacha_triton
 
-        return chacha_triton.chacha20_blocks(head, [int(w) for w in nonce_words], first,
-                                             count, torch.device(device))
+        try:
+            return chacha_triton.chacha20_blocks(head, [int(w) for w in nonce_words], first,
+                                                 count, torch.device(device))
+        except Exception as err:  # Triton imports but cannot build here (no ptxas, …)
+            if forced:
+                raise
+            _fused_failed(err)  # the torch ops below give the same words
     state = torch.empty((16, count), dtype=torch.int64, device=device)
     state[:12] = torch.tensor(head, dtype=torch.int64, device=device)[:, None]
     state[12] = torch.arange(first, first + count, dtype=torch.int64, device=device)

@@ -178,6 +178,28 @@ def test_the_fused_triton_keystream_equals_the_torch_ops_bit_for_bit() -> None:
     assert run.returncode == 0 and "same words" in run.stdout, run.stderr[-3000:]
 
 
+def test_a_fused_kernel_that_cannot_build_falls_back_to_the_same_words(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Where Triton imports but cannot build or run (no ptxas, a driver it does not know),
+    the default way warns once and uses the torch ops — the same words — for the rest of
+    the process; a caller who forces the fused kernel gets the error."""
+    pytest.importorskip("triton")
+    from flwr_corrnoise.torch import chacha_triton
+
+    def broken(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("ptxas not found")
+
+    monkeypatch.setattr(dn, "_FUSED_FAILED", False)
+    monkeypatch.setattr(dn, "fused_available", lambda device: True)
+    monkeypatch.setattr(chacha_triton, "chacha20_blocks", broken)
+    with caplog.at_level("WARNING"):
+        got = dn.chacha20_blocks(KEY, (1, 5, 0), 3, 40).reshape(-1).numpy()
+    np.testing.assert_array_equal(got, openssl_words(KEY, (1, 5, 0), 3, 40))
+    assert dn._FUSED_FAILED and "ptxas not found" in caplog.text
+    with pytest.raises(RuntimeError, match="ptxas"):
+        dn.chacha20_blocks(KEY, (1, 5, 0), 3, 40, fused=True)
+
+
 # -- the device path wired into TorchNoiseStream (torch/streams.py) ------------------------------
 def device_rows(key: bytes, count: int, d: int, dtype: torch.dtype) -> torch.Tensor:
     """Rows 0 … count − 1 as the device path must make them: the transform
