@@ -282,7 +282,8 @@ def test_a_device_noise_stream_restores_forks_and_keys() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_noise_is_made_on_the_device() -> None:
     """On a CUDA device (the default there): the keystream equals OpenSSL's bit for bit, the
-    rows are the CPU device path's to float tolerance (CUDA's log/cos/sin), and a stream's
+    rows are the CPU device path's to float tolerance (CUDA's log/cos/sin), 10⁷ draws of
+    each dtype pass the moments, a KS test against N(0, 1) and the 4σ tail, and a stream's
     increments are CUDA tensors that restore and continue bit for bit."""
     from flwr_corrnoise.torch.streams import TorchNoiseStream
 
@@ -299,6 +300,14 @@ def test_on_cuda_the_noise_is_made_on_the_device() -> None:
         cpu = DeviceGaussian(KEY).row(2, 100_001, dtype)
         np.testing.assert_allclose(gpu.cpu().double().numpy(), cpu.double().numpy(),
                                    rtol=tol, atol=tol)
+    for dtype in (torch.float32, torch.float64):  # the law at 10⁷ draws, made on the device
+        z = DeviceGaussian(KEY, device="cuda").row(7, 10_000_000, dtype).cpu().double().numpy()
+        se = 1 / math.sqrt(z.size)
+        assert abs(z.mean()) < 5 * se and abs(z.var() - 1) < 5 * math.sqrt(2) * se
+        assert stats.kstest(z, "norm").pvalue > 1e-3
+        tail = float(np.mean(np.abs(z) > 4.0))  # P(|Z| > 4) = 6.33·10⁻⁵: ≈ 633 of 10⁷
+        expected = 2 * stats.norm.sf(4.0)
+        assert abs(tail - expected) < 5 * math.sqrt(expected / z.size)
     s = TorchNoiseStream.create("blt", 8, 1000, 1.0, seed=3, device="cuda")
     assert s.device_noise and s.next().device.type == "cuda"
     again = TorchNoiseStream.from_bytes(s.to_bytes())
