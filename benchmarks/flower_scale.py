@@ -58,6 +58,7 @@ import importlib
 import json
 import logging
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -303,11 +304,16 @@ def child(spec: RunSpec, result_path: Path) -> None:
     @client.train()
     def train(msg: Message, context: Context) -> Message:
         t0 = time.perf_counter()
+        u0 = resource.getrusage(resource.RUSAGE_THREAD)
         try:
             return inner(msg, context)
         finally:
+            u1 = resource.getrusage(resource.RUSAGE_THREAD)
             with open(times / f"{os.getpid()}.txt", "a") as fh:
                 fh.write(f"{time.perf_counter() - t0}\n")
+            with open(times / f"{os.getpid()}.cpu", "a") as fh:  # the thread's own work
+                fh.write(f"{u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime} "
+                         f"{u1.ru_minflt - u0.ru_minflt}\n")
             with open(times / f"{os.getpid()}.state", "a") as fh:  # what stays per learner
                 fh.write(f"{state_bytes(context)}\n")
             kernel = times / f"{os.getpid()}.kernel"  # which noise kernel the actor ran
@@ -487,6 +493,11 @@ def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dic
     if client_s:
         row["client_ms"] = 1e3 * statistics.median(client_s)
         row["messages"] = len(client_s)
+    cpu = [line.split() for f in Path(spec.times_dir).glob("*.cpu")
+           for line in f.read_text().splitlines() if line.strip()]
+    if cpu:  # wall ≫ CPU: the message waited for a core; CPU up: it did more work
+        row["client_cpu_ms"] = 1e3 * statistics.median(float(c) for c, _ in cpu)
+        row["client_faults"] = statistics.median(int(n) for _, n in cpu)
     kernels = sorted({f.read_text().split(" (")[0] for f in Path(spec.times_dir).glob("*.kernel")})
     if kernels:
         row["kernel"] = "; ".join(kernels)
@@ -504,7 +515,7 @@ def fmt(value: Any, spec: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| learners × d | fraction | variant | s/round | × plain | learner ms/msg "
-            "| aggregate s | peak tree RSS / PSS GiB "
+            "| learner CPU ms / page faults per msg | aggregate s | peak tree RSS / PSS GiB "
             "| driver RSS r2 → R MiB | growth MiB (per new learner) | trained r2 → R "
             "| offload files | "
             "offload MiB | context.state B per learner (max) | load | status |")
@@ -516,7 +527,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {row['fraction']:g} | {row['variant']}"
             f"{'' if row['variant'] != 'ours' else ' (' + row['state_offload'] + ')'} "
             f"| {fmt(row.get('s_per_round'), '.2f')} | {fmt(row.get('ratio'), '.2f')} "
-            f"| {fmt(row.get('client_ms'), '.1f')} | {fmt(row.get('aggregate_s'), '.2f')} "
+            f"| {fmt(row.get('client_ms'), '.1f')} "
+            f"| {fmt(row.get('client_cpu_ms'), '.1f')} / {fmt(row.get('client_faults'), '.0f')} "
+            f"| {fmt(row.get('aggregate_s'), '.2f')} "
             f"| {fmt(row['peak_tree_rss_gib'], '.2f')} / {fmt(row['peak_tree_pss_gib'], '.2f')} "
             f"| {fmt(row.get('driver_rss_r2_mib'), '.0f')} → "
             f"{fmt(row.get('driver_rss_end_mib'), '.0f')} "

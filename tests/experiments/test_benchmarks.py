@@ -227,6 +227,9 @@ def test_flower_scale(tmp_path: Path) -> None:
     by = {r[2]: dict(zip(header, r, strict=True)) for r in rows[1:]}
     assert set(by) == {"plain", "ours (on)"}
     assert all(r["status"] == "ok" and float(r["s/round"]) > 0 for r in by.values())
+    for r in by.values():  # each message's own CPU and page faults, from inside the actor
+        cpu_ms, faults = r["learner CPU ms / page faults per msg"].split(" / ")
+        assert float(cpu_ms) > 0 and int(faults) >= 0
     trained = int(by["ours (on)"]["trained r2 → R"].split("→")[1])
     assert trained <= int(by["ours (on)"]["offload files"]) <= 2 * trained
     assert by["plain"]["offload files"] == "–"
