@@ -286,12 +286,12 @@ _KEY_SLOTS = {int(CIPHER_TAG): [0, 1, 2], int(PHILOX_TAG): [0, 5, 6],
               int(SECURE_TAG): [0, 1, 2, 3, 4]}
 
 
-
 @functools.lru_cache(maxsize=16)
 def _noise_dtype(ops_dtype: Any) -> np.dtype:
     """A namespace's dtype (NumPy's, or torch's ``torch.float32``) as a NumPy dtype. Cached:
     parsing the name on every call was ≈ 1 % of a learner message (called per step)."""
     return np.dtype(str(ops_dtype).removeprefix("torch."))
+
 
 class NoiseStream:
     """Hands out ``e[0], e[1], …, e[N−1]`` for one learner, one call at a time.
