@@ -13,6 +13,7 @@ is present). Imported only where Triton is (PyTorch's CUDA builds ship it)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -104,6 +105,9 @@ def chacha20_blocks(head: Sequence[int], nonce_words: Sequence[int], first: int,
     state = torch.from_numpy(words).to(device)
     out = torch.empty((count, 16), dtype=torch.int64, device=device)
     if count:
-        _chacha20_kernel[(triton.cdiv(count, BLOCK),)](out, state, int(first), int(count),
-                                                      BLOCK=BLOCK)
+        # Triton launches on the *current* CUDA device, not the tensors': on a model on
+        # cuda:1 with cuda:0 current, the kernel would address another device's memory
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            _chacha20_kernel[(triton.cdiv(count, BLOCK),)](out, state, int(first),
+                                                          int(count), BLOCK=BLOCK)
     return out
