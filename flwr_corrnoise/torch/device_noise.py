@@ -135,7 +135,7 @@ def fused_available(device: torch.device | str) -> bool:
         return False
     try:
         from . import chacha_triton  # noqa: F401
-    except ImportError:
+    except Exception:  # no Triton, or one that fails on import (a broken install)
         return False
     return True
 
