@@ -599,7 +599,7 @@ class LearnerMessages:
             from flwr.clientapp import ClientApp
 
             self.app = ClientApp()
-            self.app.train()(plain_train(dim, self.tau, 0.05))
+            self.app.train()(plain_train(dim, self.tau, defaults["learning-rate"]))
         else:
             self.app = make_client_app(
                 lambda c: linear_gradient(dim, int(c.node_config["partition-id"])),

@@ -157,7 +157,10 @@ class NumpyOps:
 
     def _compiled_steps(self, r: np.ndarray, theta: np.ndarray, omega: np.ndarray,
                         rows: np.ndarray, out: np.ndarray, k: int, dim: int) -> bool:
-        from .. import compiled_kernel
+        """The compiled steps (``cn_blt_steps32``/``64``) when the kernel is built and the
+        layout is its own (unit column strides, ``out`` apart from ``r`` and ``rows``);
+        ``False``: the NumPy path runs."""
+        from .. import compiled_kernel  # the noise kernel's library (no Flower, no torch)
 
         dll = compiled_kernel.kernel()
         item = self.dtype.itemsize
