@@ -303,17 +303,20 @@ def child(spec: RunSpec, result_path: Path) -> None:
 
     @client.train()
     def train(msg: Message, context: Context) -> Message:
+        fresh = len(context.state) == 0  # the learner's first message (nothing kept yet)
         t0 = time.perf_counter()
-        u0 = resource.getrusage(resource.RUSAGE_THREAD)
+        # the thread's CPU from its clock: getrusage's utime + stime of one thread is
+        # split by timer ticks, and on some kernels moves by 4 ms or 0 over a 2 ms message
+        # (medians of 0.0 seen on 2026-11-28); page faults from getrusage (exact counts)
+        c0, u0 = time.thread_time(), resource.getrusage(resource.RUSAGE_THREAD)
         try:
             return inner(msg, context)
         finally:
-            u1 = resource.getrusage(resource.RUSAGE_THREAD)
+            c1, u1 = time.thread_time(), resource.getrusage(resource.RUSAGE_THREAD)
             with open(times / f"{os.getpid()}.txt", "a") as fh:
                 fh.write(f"{time.perf_counter() - t0}\n")
             with open(times / f"{os.getpid()}.cpu", "a") as fh:  # the thread's own work
-                fh.write(f"{u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime} "
-                         f"{u1.ru_minflt - u0.ru_minflt}\n")
+                fh.write(f"{c1 - c0} {u1.ru_minflt - u0.ru_minflt} {int(fresh)}\n")
             with open(times / f"{os.getpid()}.state", "a") as fh:  # what stays per learner
                 fh.write(f"{state_bytes(context)}\n")
             kernel = times / f"{os.getpid()}.kernel"  # which noise kernel the actor ran
@@ -476,6 +479,8 @@ def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dic
     trained = [len(set().union(*res.sampled[:r])) for r in range(1, len(res.sampled) + 1)]
     row.update({
         "s_per_round": statistics.median(np.diff(res.marks[1:])),
+        # the later half of the rounds: fewer learners that train for the first time
+        "s_per_round_late": statistics.median(np.diff(res.marks)[len(res.marks) // 2:]),
         "driver_rss_r2_mib": res.driver_rss[2] / MIB,
         "driver_rss_end_mib": res.driver_rss[-1] / MIB,
         "driver_growth_mib": (res.driver_rss[-1] - res.driver_rss[2]) / MIB,
@@ -496,8 +501,15 @@ def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dic
     cpu = [line.split() for f in Path(spec.times_dir).glob("*.cpu")
            for line in f.read_text().splitlines() if line.strip()]
     if cpu:  # wall ≫ CPU: the message waited for a core; CPU up: it did more work
-        row["client_cpu_ms"] = 1e3 * statistics.median(float(c) for c, _ in cpu)
-        row["client_faults"] = statistics.median(int(n) for _, n in cpu)
+        row["client_cpu_ms"] = 1e3 * statistics.median(float(c[0]) for c in cpu)
+        row["client_faults"] = statistics.median(int(c[1]) for c in cpu)
+        # a learner's first message (it creates its state: a new file, new buffers) and
+        # the later ones, apart: a short run is mostly first messages, a long one is not
+        for label, flag in (("first", "1"), ("later", "0")):
+            part = [float(c[0]) for c in cpu if c[2:3] == [flag]]
+            row[f"client_cpu_{label}_ms"] = 1e3 * statistics.median(part) if part else None
+            row[f"messages_{label}"] = len(part)
+    row["round_s_series"] = " ".join(f"{v:.3f}" for v in np.diff(res.marks))
     kernels = sorted({f.read_text().split(" (")[0] for f in Path(spec.times_dir).glob("*.kernel")})
     if kernels:
         row["kernel"] = "; ".join(kernels)
@@ -515,7 +527,9 @@ def fmt(value: Any, spec: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| learners × d | fraction | variant | s/round | × plain | learner ms/msg "
-            "| learner CPU ms / page faults per msg | aggregate s | peak tree RSS / PSS GiB "
+            "| s/round, later half | × plain, later half "
+            "| learner CPU ms / page faults per msg | learner CPU ms, first / later msgs "
+            "| aggregate s | peak tree RSS / PSS GiB "
             "| driver RSS r2 → R MiB | growth MiB (per new learner) | trained r2 → R "
             "| offload files | "
             "offload MiB | context.state B per learner (max) | load | status |")
@@ -528,7 +542,10 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{'' if row['variant'] != 'ours' else ' (' + row['state_offload'] + ')'} "
             f"| {fmt(row.get('s_per_round'), '.2f')} | {fmt(row.get('ratio'), '.2f')} "
             f"| {fmt(row.get('client_ms'), '.1f')} "
+            f"| {fmt(row.get('s_per_round_late'), '.2f')} | {fmt(row.get('ratio_late'), '.2f')} "
             f"| {fmt(row.get('client_cpu_ms'), '.1f')} / {fmt(row.get('client_faults'), '.0f')} "
+            f"| {fmt(row.get('client_cpu_first_ms'), '.1f')} / "
+            f"{fmt(row.get('client_cpu_later_ms'), '.1f')} "
             f"| {fmt(row.get('aggregate_s'), '.2f')} "
             f"| {fmt(row['peak_tree_rss_gib'], '.2f')} / {fmt(row['peak_tree_pss_gib'], '.2f')} "
             f"| {fmt(row.get('driver_rss_r2_mib'), '.0f')} → "
@@ -809,9 +826,13 @@ def main() -> None:
                     group.append(row)
                 plain = next((r.get("s_per_round") for r in group if r["variant"] == "plain"),
                              None)
+                late = next((r.get("s_per_round_late") for r in group
+                             if r["variant"] == "plain"), None)
                 for row in group:
                     if plain and row.get("s_per_round"):
                         row["ratio"] = row["s_per_round"] / plain
+                    if late and row.get("s_per_round_late"):
+                        row["ratio_late"] = row["s_per_round_late"] / late
                 rows.extend(group)
     print(table(rows))
     if args.out:

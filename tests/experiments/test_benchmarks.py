@@ -230,6 +230,9 @@ def test_flower_scale(tmp_path: Path) -> None:
     for r in by.values():  # each message's own CPU and page faults, from inside the actor
         cpu_ms, faults = r["learner CPU ms / page faults per msg"].split(" / ")
         assert float(cpu_ms) > 0 and int(faults) >= 0
+        first, later = r["learner CPU ms, first / later msgs"].split(" / ")
+        assert float(first) > 0 and float(later) > 0  # 3 rounds of 10 of 20: both kinds
+        assert float(r["s/round, later half"]) > 0
     trained = int(by["ours (on)"]["trained r2 → R"].split("→")[1])
     assert trained <= int(by["ours (on)"]["offload files"]) <= 2 * trained
     assert by["plain"]["offload files"] == "–"
