@@ -9,9 +9,10 @@ message loop, then read them here:
     python benchmarks/message_shares.py spy.txt
 
 Only samples inside ``LearnerMessages.send`` count (a learner's train message), less those
-of the one-time BLT build and imports of the learners' first messages. Each sample goes to
-the first part in :data:`PARTS` that one of its frames names (the draws before BLT's step
-that calls them, the release before the private step that forms it), else to "rest".
+of the one-time BLT build, calibration and imports of the learners' first messages. Each
+sample goes to the first part in :data:`PARTS` that one of its frames names (the draws
+before BLT's step that calls them, the release before the private step that forms it), else
+to "rest".
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 REST = "the rest (session, config check, reply, …)"
 MESSAGE = "LearnerMessages.send "
-ONE_TIME = ("optimize_blt ", "_find_and_load ")
+ONE_TIME = ("optimize_blt ", "_find_and_load ", "_calibration ")
 
 
 def shares(lines: list[str]) -> tuple[int, dict[str, float]]:

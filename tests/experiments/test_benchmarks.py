@@ -189,6 +189,38 @@ def test_cipher_noise_stream_steps() -> None:
     assert steps[("2", "Philox stream (format 2)", "float32")][4] == "1.00×"
 
 
+def test_offload_pages() -> None:
+    """benchmarks/offload_pages.py at toy size: a commit timed in each of a learner's first
+    three rounds (new folder and file, new file, stale file reused), with one writer and
+    with two processes at once; the third round is the ratios' base."""
+    rows = run("offload_pages.py", "--dims", "2000", "--learners", "5", "--writers", "1", "2")
+    by = {(r[1], r[2]): r for r in rows[1:]}
+    labels = ("1: new folder and file", "2: new file (the loaded one kept)",
+              "3: the stale file's pages reused")
+    assert set(by) == {(w, label) for w in ("1", "2") for label in labels}
+    assert all(r[0] == "2,000" and float(r[3]) > 0 and r[4].endswith("×") for r in by.values())
+    assert by[("1", labels[2])][4] == "1.00×"
+
+
+def test_message_parts() -> None:
+    """benchmarks/message_parts.py at toy size: every part timed in each of a learner's
+    first three rounds, a fresh state only in round 1, a file read only from round 2; and
+    the library's functions are its own again after the run (the timers unwrapped)."""
+    from flwr_corrnoise import learner, state_offload
+    from flwr_corrnoise.flower import session
+    from flwr_corrnoise.learner_state import LearnerState
+
+    rows = run("message_parts.py", "--learners", "3", "--dims", "2000")
+    by = {r[0]: [float(v) for v in r[1:]] for r in rows[1:]}
+    assert len(by) == 14 and all(len(v) == 3 for v in by.values())
+    assert all(v > 0 for v in by["the whole message"] + by["plain Flower's message"])
+    fresh, read = by["a fresh state (first message)"], by["the offloaded file's read and MAC"]
+    assert fresh[0] > 0 and fresh[2] == 0 and read[0] == 0 and read[2] > 0
+    for fn in (state_offload.read, state_offload.write, learner.local_rounds,
+               session.LearnerTransaction.open, LearnerState.create):
+        assert not hasattr(fn, "__wrapped__")
+
+
 def test_noise_keys() -> None:
     rows = run("noise_keys.py", "--dims", "100", "2000", "--repeats", "2",
                "--block-elements", "20000")
