@@ -40,7 +40,11 @@ files and disk use are counted after the last round.
 
 Where the time goes: "learner ms/msg" is the median time a train message spends in the
 learner's code inside its actor (the same thin wrapper around both ClientApps; state load
-and commit included, Ray's transfer of the message and ``Context`` not); "aggregate s" is
+and commit included, Ray's transfer of the message and ``Context`` not); "learner CPU ms"
+the median of the same message's thread CPU time (``time.thread_time``; the page faults from
+``getrusage``), also apart for a learner's first message (it creates its state and file)
+and its later ones; "s/round, later half" and its "× plain" the median over the later half
+of the rounds (a short run is mostly learners' first messages); "aggregate s" is
 the median time of the strategy's ``aggregate_train`` in the driver. "load" is the 1-minute
 load average when the run started (the machine is shared). A run whose tree passes
 ``--max-rss-gib`` is killed (its row says so), so that a run cannot take the shared machine
