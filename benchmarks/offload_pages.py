@@ -46,9 +46,9 @@ def commits(dim: int, learners: int, pretouch_gib: float, start: object | None =
         block = np.ones(int(pretouch_gib * 2**30) // 8)
         del block
     rng = np.random.default_rng(0)
-    states = [{"blt": rng.standard_normal(4 * dim).astype(np.float32),
-               "identity": np.array(f"learner-{i}"), "generation": np.array(0)}
-              for i in range(4)]  # four states in turn: the arrays are not the point
+    # four buffers in turn (their values are not the point), each file's identity and
+    # generation those of its handle, as a learner's state_dict holds them
+    buffers = [rng.standard_normal(4 * dim).astype(np.float32) for _ in range(4)]
     with tempfile.TemporaryDirectory(prefix="offload-pages-") as tmp:
         folders = [Path(tmp) / f"node-{i}" / "k" for i in range(learners)]
         kept: list[str | None] = [None] * learners
@@ -58,9 +58,11 @@ def commits(dim: int, learners: int, pretouch_gib: float, start: object | None =
         for generation in (1, 2, 3):
             times = []
             for i, folder in enumerate(folders):
+                state = {"blt": buffers[i % 4], "identity": np.array(f"learner-{i}"),
+                         "generation": np.array(generation)}
                 c0 = time.thread_time()
                 folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-                handle = state_offload.write(folder, states[i % 4], identity=f"learner-{i}",
+                handle = state_offload.write(folder, state, identity=f"learner-{i}",
                                              generation=generation, keep=kept[i])
                 times.append(time.thread_time() - c0)
                 kept[i] = handle.path
