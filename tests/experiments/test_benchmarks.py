@@ -355,7 +355,12 @@ def test_flower_overhead() -> None:
     ours = float(pair.split("(blt) ")[1].split()[0])
     assert plain > 0 and ours > 0
     ratio = float(next(line for line in lines if line.startswith("median ratio")).split()[-1])
-    assert ratio == pytest.approx(ours / plain, abs=0.01)
+    # Both times are printed to 3 decimals and the ratio to 2: at toy size (≈ 0.05 s a
+    # round) that rounding alone moves ours / plain by ≈ 0.02, so the check is that the
+    # printed ratio lies within the range the printed times' rounding allows.
+    low = (ours - 5e-4) / (plain + 5e-4) - 0.005
+    high = (ours + 5e-4) / (plain - 5e-4) + 0.005
+    assert low <= ratio <= high, (ratio, ours, plain)
     assert any(line.startswith("learner code per learner-round") for line in lines)
 
 
