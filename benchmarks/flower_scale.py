@@ -193,6 +193,48 @@ class RunResult:
     aggregate_s: list[float] = field(default_factory=list)
     offload_files: int = 0
     offload_bytes: int = 0
+    #: at each mark, the CPU seconds (user + system) used so far by each part of the run's
+    #: process tree (:func:`tree_cpu`)
+    cpu: list[dict[str, float]] = field(default_factory=list)
+
+
+#: the parts of a simulation's process tree whose CPU is reported apart
+CPU_PARTS = ("driver", "actors", "ray")
+
+
+class TreeCpu:
+    """CPU seconds used so far by each part of a simulation's process tree: ``driver`` (this
+    process: the ServerApp, Flower's in-memory link state, the Ray driver), ``actors``
+    (Flower's ClientApp actors: the learners' work and Ray's per-task handling) and ``ray``
+    (raylet, GCS, agents, idle workers). Why: on a 2-core machine a round is as long as the
+    busiest of them allows, and what ours adds lands on the actors; a process that exited
+    keeps the last value seen. The tree is listed anew at each call (a scan of /proc:
+    a few ms a round)."""
+
+    def __init__(self, root: psutil.Process) -> None:
+        self.root = root
+        self._kind: dict[int, str] = {}
+        self._last: dict[int, float] = {}
+
+    def __call__(self) -> dict[str, float]:
+        try:
+            procs = [self.root, *self.root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
+            try:
+                if p.pid not in self._kind:
+                    name = " ".join(p.cmdline()[:1]) or p.name()
+                    self._kind[p.pid] = ("driver" if p.pid == self.root.pid else
+                                         "actors" if "ClientAppActor" in name else "ray")
+                t = p.cpu_times()
+                self._last[p.pid] = t.user + t.system
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                continue
+        out = dict.fromkeys(CPU_PARTS, 0.0)
+        for pid, used in self._last.items():
+            out[self._kind[pid]] += used
+        return out
 
 
 def dir_usage(path: Path) -> tuple[int, int]:
@@ -262,9 +304,11 @@ def child(spec: RunSpec, result_path: Path) -> None:
     me = psutil.Process()
     res = RunResult()
     start = time.perf_counter()
+    tree_cpu = TreeCpu(me)
 
     def evaluate(r: int, arrays: Any) -> None:
         res.marks.append(time.perf_counter())
+        res.cpu.append(tree_cpu())
         trim()  # live memory, not the allocator's high-water of the round's replies
         res.driver_rss.append(me.memory_info().rss)
         if r == spec.rounds and spec.variant != "plain":
@@ -497,6 +541,13 @@ def run_one(spec: RunSpec, workdir: Path, max_rss: float, timeout: float) -> dic
         "offload_files": res.offload_files, "offload_mib": res.offload_bytes / MIB,
         "aggregate_s": statistics.median(res.aggregate_s[1:] or res.aggregate_s),
     })
+    # CPU s a round of each part over the later half of the rounds (not on an existing
+    # cluster: its actors and Ray's processes are not this run's descendants)
+    if len(res.cpu) >= 3 and not spec.ray_address:
+        half = len(res.cpu) // 2
+        for part in CPU_PARTS:
+            row[f"cpu_{part}_s_late"] = ((res.cpu[-1][part] - res.cpu[half][part])
+                                         / (len(res.cpu) - 1 - half))
     client_s = [float(v) for f in Path(spec.times_dir).glob("*.txt")
                 for v in f.read_text().split()]
     if client_s:
@@ -533,6 +584,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = ("| learners × d | fraction | variant | s/round | × plain | learner ms/msg "
             "| s/round, later half | × plain, later half "
             "| learner CPU ms / page faults per msg | learner CPU ms, first / later msgs "
+            "| CPU s/round, later half: driver / actors / Ray "
             "| aggregate s | peak tree RSS / PSS GiB "
             "| driver RSS r2 → R MiB | growth MiB (per new learner) | trained r2 → R "
             "| offload files | "
@@ -550,6 +602,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {fmt(row.get('client_cpu_ms'), '.1f')} / {fmt(row.get('client_faults'), '.0f')} "
             f"| {fmt(row.get('client_cpu_first_ms'), '.1f')} / "
             f"{fmt(row.get('client_cpu_later_ms'), '.1f')} "
+            f"| {fmt(row.get('cpu_driver_s_late'), '.2f')} / "
+            f"{fmt(row.get('cpu_actors_s_late'), '.2f')} / {fmt(row.get('cpu_ray_s_late'), '.2f')} "
             f"| {fmt(row.get('aggregate_s'), '.2f')} "
             f"| {fmt(row['peak_tree_rss_gib'], '.2f')} / {fmt(row['peak_tree_pss_gib'], '.2f')} "
             f"| {fmt(row.get('driver_rss_r2_mib'), '.0f')} → "

@@ -265,6 +265,11 @@ def test_flower_scale(tmp_path: Path) -> None:
         first, later = r["learner CPU ms, first / later msgs"].split(" / ")
         assert float(first) > 0 and float(later) > 0  # 3 rounds of 10 of 20: both kinds
         assert float(r["s/round, later half"]) > 0
+        parts = r["CPU s/round, later half: driver / actors / Ray"].split(" / ")
+        if head:  # an existing cluster's actors are not the run's descendants: not shown
+            assert parts == ["–"] * 3
+        else:
+            assert float(parts[0]) > 0 and float(parts[1]) > 0 and float(parts[2]) >= 0
     trained = int(by["ours (on)"]["trained r2 → R"].split("→")[1])
     assert trained <= int(by["ours (on)"]["offload files"]) <= 2 * trained
     assert by["plain"]["offload files"] == "–"
@@ -277,6 +282,32 @@ def test_flower_scale(tmp_path: Path) -> None:
     assert ours["dtype"] == "float32"
     per_file = float(ours["offload_mib"]) * 2**20 / int(ours["offload_files"])  # on disk
     assert 4 * dim * 4 <= per_file < 4 * dim * 4 + 16 * 2**10
+
+
+def test_tree_cpu_gives_each_part_of_the_tree_its_own_cpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flower_scale.TreeCpu``: a descendant whose command is a ClientApp actor's (Ray
+    names its processes ``ray::ClientAppActor...``) counts as ``actors``, with the CPU it
+    used, and the root as ``driver``; the value seen last stays after the process exits."""
+    import psutil
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from flower_scale import TreeCpu
+
+    tree_cpu = TreeCpu(psutil.Process())
+    burn = ("import sys, time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\nprint('done', flush=True)\n"
+            "sys.stdin.read()")
+    proc = subprocess.Popen(["ray::ClientAppActor.run", "-c", burn], executable=sys.executable,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "done\n"
+        seen = tree_cpu()
+    finally:
+        proc.communicate("")
+    after = tree_cpu()
+    assert seen["actors"] >= 0.25 and seen["driver"] > 0
+    assert after["actors"] == seen["actors"]  # the exited actor keeps its last value
 
 
 def test_a_profiled_part_is_its_outermost_function_counted_once(
