@@ -44,7 +44,9 @@ and commit included, Ray's transfer of the message and ``Context`` not); "learne
 the median of the same message's thread CPU time (``time.thread_time``; the page faults from
 ``getrusage``), also apart for a learner's first message (it creates its state and file)
 and its later ones; "s/round, later half" and its "× plain" the median over the later half
-of the rounds (a short run is mostly learners' first messages); "aggregate s" is
+of the rounds (a short run is mostly learners' first messages); "CPU s/round, later half"
+the CPU seconds a round, over the same half, of the driver process, the ClientApp actors and
+Ray's other processes (:class:`TreeCpu`; "–" on an existing cluster); "aggregate s" is
 the median time of the strategy's ``aggregate_train`` in the driver. "load" is the 1-minute
 load average when the run started (the machine is shared). A run whose tree passes
 ``--max-rss-gib`` is killed (its row says so), so that a run cannot take the shared machine

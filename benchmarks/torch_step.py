@@ -24,12 +24,17 @@ plus drawing ``d`` Gaussians (the batch-1 target is ≤ 1.5× that) and Opacus:
 * ``Opacus`` — Opacus' ``GradSampleModule`` + ``DPOptimizer`` (hook-based per-example
   gradients, clipping, i.i.d. Gaussian noise), if ``opacus`` is installed (optional: it is
   a benchmark-only comparison, never a dependency).
+
+Each row also gives the thread's minor page faults per step (median over the rotations,
+``getrusage(RUSAGE_THREAD)``): on a VM a step's time moves with them, and the bare step's
+move the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import resource
 import statistics
 import sys
 import time
@@ -173,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     print("| batch | method | ms per step | ÷ bare SGD | ÷ (draw d Gaussians + bare) | "
-          "÷ Opacus |")
-    print("|---|---|---|---|---|---|")
+          "÷ Opacus | page faults per step |")
+    print("|---|---|---|---|---|---|---|")
     for b in args.batch_sizes:
         steps = args.steps * max(1, 16 // b)
         g = torch.Generator().manual_seed(1)
@@ -189,13 +194,19 @@ def main(argv: list[str] | None = None) -> int:
         for fn in fns.values():  # warm-up (allocations, vmap tracing)
             fn()
         times: dict[str, list[float]] = {name: [] for name in fns}
+        # the kernel's minor page faults in the block (this thread's): on some machines a
+        # step's time moves with them (memory the allocator gave back and takes again)
+        faults: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(args.repeats):
             for name, fn in fns.items():
                 sync()
+                before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
                 start = time.perf_counter()
                 fn()
                 sync()
                 times[name].append((time.perf_counter() - start) / steps)
+                faults[name].append(
+                    (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before) / steps)
 
         def ratio(ts: list[float], ref: str, times: dict[str, list[float]] = times) -> str:
             if ref not in times:
@@ -206,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, ts in times.items():
             print(f"| {b} | {name} | {1e3 * statistics.median(ts):.2f} | "
                   f"{ratio(ts, 'bare SGD')} | {ratio(ts, 'draw d Gaussians + bare')} | "
-                  f"{ratio(ts, 'Opacus (i.i.d. noise)')} |", flush=True)
+                  f"{ratio(ts, 'Opacus (i.i.d. noise)')} | "
+                  f"{statistics.median(faults[name]):,.0f} |", flush=True)
         if args.profile:
             profile(fns, device, sync)
     return 0

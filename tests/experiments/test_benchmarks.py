@@ -103,7 +103,21 @@ def test_torch_step() -> None:
         assert by[(b, "bare SGD")][3] == "1.00×"
     assert ("1", "ours, blt, whole-batch clip") in by
     assert all(float(r[2]) > 0 and r[3].endswith("×") and r[4].endswith("×")
-               for r in rows[1:])
+               and float(r[6].replace(",", "")) >= 0 for r in rows[1:])
+    assert rows[0][6] == "page faults per step"
+
+
+def test_conv_per_example() -> None:
+    """benchmarks/conv_per_example.py at toy size: every alternative gave the library's
+    per-example gradients (the script checks each against them and exits non-zero
+    otherwise), and the batch-summed row is the base. Timings are not compared."""
+    pytest.importorskip("torch")
+    rows = run("conv_per_example.py", "--batch", "3", "--repeats", "1")
+    assert rows[0] == ["per-example weight gradients", "ms", "× batch-summed"]
+    names = [r[0] for r in rows[1:]]
+    assert names[0].startswith("the library's") and len(names) == 8
+    assert rows[-1][0].startswith("batch-summed") and rows[-1][2] == "1.00×"
+    assert all(float(r[1]) > 0 for r in rows[1:])
 
 
 def test_device_noise() -> None:
@@ -484,7 +498,8 @@ def test_offload_mac() -> None:
     rows = run("offload_mac.py", "--dims", "2000", "20000", "--repeats", "2")
     body = {(r[0], r[2]): r for r in rows[1:]}
     operations = {"write (no MAC)", "read (no MAC)", "MAC: Poly1305 (one-time key)",
-                  "MAC: HMAC-SHA256", "MAC: SHA-256 digest", "MAC: BLAKE2b-256 digest",
+                  "MAC: HMAC-SHA256", "MAC: AES-256-GMAC (one-time key)",
+                  "MAC: SHA-256 digest", "MAC: BLAKE2b-256 digest",
                   f"LearnerStorage commit (write + {MAC})",
                   f"LearnerStorage load (read + checks + {MAC})"}
     assert set(body) == {(d, op) for d in ("2,000", "20,000") for op in operations}
