@@ -303,10 +303,8 @@ def test_tree_cpu_gives_each_part_of_the_tree_its_own_cpu(
     """``flower_scale.TreeCpu``: a descendant whose command is a ClientApp actor's (Ray
     names its processes ``ray::ClientAppActor...``) counts as ``actors``, with the CPU it
     used, and the root as ``driver``; the value seen last stays after the process exits."""
-    import psutil
-
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    from flower_scale import TreeCpu
+    from flower_scale import TreeCpu, psutil  # Ray's vendored copy where none is installed
 
     tree_cpu = TreeCpu(psutil.Process())
     burn = ("import sys, time\nt = time.process_time()\n"
@@ -322,6 +320,35 @@ def test_tree_cpu_gives_each_part_of_the_tree_its_own_cpu(
     after = tree_cpu()
     assert seen["actors"] >= 0.25 and seen["driver"] > 0
     assert after["actors"] == seen["actors"]  # the exited actor keeps its last value
+
+
+def test_the_scale_task_draws_its_data_once_a_process_even_shipped_by_value(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flower_scale.base_direction``: the simulation's child runs the script as
+    ``__main__``, so Ray's cloudpickle ships the task to its actors by value, anew for every
+    message. Two such copies of the task, unpickled apart, must share one d-vector (drawn
+    once a process, as a real app's data), not draw it again per message."""
+    import pickle
+
+    import cloudpickle
+    import numpy as np
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import flower_scale
+
+    monkeypatch.delitem(sys.modules, flower_scale.CACHE_MODULE, raising=False)
+    cloudpickle.register_pickle_by_value(flower_scale)
+    try:
+        shipped = cloudpickle.dumps(flower_scale.linear_gradient)
+    finally:
+        cloudpickle.unregister_pickle_by_value(flower_scale)
+    first, second = pickle.loads(shipped), pickle.loads(shipped)
+    assert first is not second and first is not flower_scale.linear_gradient  # by value
+    x = [np.ones(500)]
+    first(500, 3)(x, 0), second(500, 3)(x, 0)
+    cache = sys.modules[flower_scale.CACHE_MODULE].base
+    assert list(cache) == [(500, 0)]  # drawn once for both copies
+    assert np.isclose(np.linalg.norm(cache[(500, 0)]), 1.0)
 
 
 def test_a_profiled_part_is_its_outermost_function_counted_once(
