@@ -108,8 +108,8 @@ def process_cache() -> dict[tuple[int, int], np.ndarray]:
     child runs this file as ``__main__``, so Ray ships the ClientApp's functions to its
     actors by value (cloudpickle), each message with fresh copies of the globals they use; a
     global cache was empty at every message, and every message of *both* variants drew the
-    task's d-vector again (≈ 1.3 ms a message at d = 10⁵ before 2026-11-29). A module in
-    ``sys.modules`` is looked up by name when called, so it stays, as a real app's would."""
+    task's d-vector again (until the ninth pass of issue 34). A module in ``sys.modules`` is
+    looked up by name when called, so it stays, as a real app's would."""
     mod = sys.modules.get(CACHE_MODULE)
     if mod is None:
         mod = types.ModuleType(CACHE_MODULE)
