@@ -663,17 +663,18 @@ def part_seconds(stats: dict[tuple[str, int, str], tuple], filename: str, functi
 
 
 class LearnerMessages:
-    """Train messages through ``make_client_app`` in this process (BLT, τ = 4, the state
-    offloaded to a file, the simulation rules), to ``learners`` learners of one app: the
-    ClientApp call a Ray actor makes, without Ray. Use as a context manager (the offload
-    folder is a temporary directory)."""
+    """Train messages through ``make_client_app`` in this process (BLT, ``tau`` local steps,
+    4 by default, the state offloaded to a file, the simulation rules), to ``learners``
+    learners of one app: the ClientApp call a Ray actor makes, without Ray. Use as a context
+    manager (the offload folder is a temporary directory)."""
 
-    tau = 4
+    tau = 4  # the default
 
     def __init__(self, dim: int, dtype: str, rounds: int, learners: int = 1,
-                 offload: str = "on", plain: bool = False) -> None:
+                 offload: str = "on", plain: bool = False, tau: int = 4) -> None:
         self.dim, self.dtype, self.rounds = dim, dtype, rounds
         self.learners, self.offload, self.plain = learners, offload, plain
+        self.tau = int(tau)
 
     def __enter__(self) -> LearnerMessages:
         from flwr.app import Context, RecordDict
@@ -711,8 +712,8 @@ class LearnerMessages:
         session.in_simulation = self._in_simulation
         self._tmp.cleanup()
 
-    def send(self, r: int, learner: int = 0) -> None:
-        """Learner ``learner``'s train message of server round ``r``."""
+    def send(self, r: int, learner: int = 0) -> Any:
+        """Learner ``learner``'s train message of server round ``r``; its reply."""
         from flwr.app import ArrayRecord, ConfigRecord, Message, Metadata, RecordDict
         from flwr.common import MessageType
 
@@ -726,6 +727,7 @@ class LearnerMessages:
                       metadata=md)
         reply = self.app(msg, ctx)
         assert not reply.has_error(), reply.error
+        return reply
 
 
 def profile_message(dim: int, dtype: str, messages: int, offload: str = "on"
@@ -758,7 +760,8 @@ def profile_message(dim: int, dtype: str, messages: int, offload: str = "on"
     return out
 
 
-def message_cpu(dim: int, dtype: str, rounds: int, learners: int = 4) -> dict[str, float]:
+def message_cpu(dim: int, dtype: str, rounds: int, learners: int = 4, tau: int = 4
+                ) -> dict[str, float]:
     """``learners`` learners' train messages in turn for ``rounds`` rounds, nothing traced
     (so that a sampling profiler such as py-spy can be put around it, and two library
     versions compared): the median CPU ms (``thread_time``) and wall ms per message, the
@@ -770,13 +773,14 @@ def message_cpu(dim: int, dtype: str, rounds: int, learners: int = 4) -> dict[st
     swings hit all three alike): the **plain** variant's message (its ClientApp, the same
     task, no privacy) and the message's **τ·d draws alone** (the library's noise kernel,
     :class:`~flwr_corrnoise.cipher_noise.CipherGaussian`, τ rows of ``d`` in the model's
-    dtype) — the issue-34 target is (ours − plain) ≤ 2 × draws."""
+    dtype) — the issue-34 target is (ours − plain) ≤ 2 × draws. ``tau``: the local steps of
+    a message (the state's round trip is once a message, the draws τ rows)."""
     from flwr_corrnoise.cipher_noise import CipherGaussian
 
     gen = CipherGaussian.from_seed(1)
-    tau = LearnerMessages.tau
-    with (LearnerMessages(dim, dtype, 4 * rounds + 4, learners=learners) as m,
-          LearnerMessages(dim, dtype, 4 * rounds + 4, learners=learners, plain=True) as p):
+    with (LearnerMessages(dim, dtype, 4 * rounds + 4, learners=learners, tau=tau) as m,
+          LearnerMessages(dim, dtype, 4 * rounds + 4, learners=learners, plain=True,
+                          tau=tau) as p):
         for i in range(learners):
             m.send(1, i)
             p.send(1, i)
@@ -863,11 +867,13 @@ def main() -> None:
         return
     if args.message_cpu:
         print(f"load average {os.getloadavg()[0]:.1f}\n")
-        print("| d | dtype | messages | CPU ms / message | wall ms / message | plain CPU ms "
-              "| τ·d draws CPU ms | (ours − plain) ÷ draws |\n|---|---|---|---|---|---|---|---|")
+        print("| d | dtype | τ | messages | CPU ms / message | wall ms / message "
+              "| plain CPU ms | τ·d draws CPU ms | (ours − plain) ÷ draws |\n"
+              "|---|---|---|---|---|---|---|---|---|")
         for d in args.dims:
-            r = message_cpu(d, args.dtype, args.message_cpu)
-            print(f"| {d:,} | {args.dtype} | {r['messages']:.0f} | {r['CPU ms']:.2f} | "
+            r = message_cpu(d, args.dtype, args.message_cpu, tau=args.tau)
+            print(f"| {d:,} | {args.dtype} | {args.tau} | {r['messages']:.0f} | "
+                  f"{r['CPU ms']:.2f} | "
                   f"{r['wall ms']:.2f} | {r['plain CPU ms']:.2f} | {r['draws CPU ms']:.2f} | "
                   f"{r['extra / draws']:.2f}× |")
         return

@@ -441,18 +441,33 @@ def test_flower_scale_message_cpu() -> None:
     ROUNDS messages counted, positive CPU and wall ms for ours, plain's message and the
     τ·d draws beside them, and the issue's ratio (ours − plain) ÷ draws computed from the
     printed figures. Timings are not compared."""
-    rows = run("flower_scale.py", "--message-cpu", "2", "--dims", "3000", "5000")
+    rows = run("flower_scale.py", "--message-cpu", "2", "--dims", "3000", "5000", "--tau", "6")
     header, body = rows[0], rows[1:]
-    assert header == ["d", "dtype", "messages", "CPU ms / message", "wall ms / message",
+    assert header == ["d", "dtype", "τ", "messages", "CPU ms / message", "wall ms / message",
                       "plain CPU ms", "τ·d draws CPU ms", "(ours − plain) ÷ draws"]
-    assert [(r[0], r[1], r[2]) for r in body] == [("3,000", "float64", "8"),
-                                                  ("5,000", "float64", "8")]
+    assert [(r[0], r[1], r[2], r[3]) for r in body] == [("3,000", "float64", "6", "8"),
+                                                        ("5,000", "float64", "6", "8")]
     for r in body:
-        ours, wall, plain, draws = (float(x) for x in r[3:7])
+        ours, wall, plain, draws = (float(x) for x in r[4:8])
         assert ours > 0 and wall > 0 and plain > 0 and draws > 0
         ratio = (ours - plain) / draws  # from figures printed to 0.005 ms
         slack = 0.01 + (0.01 + 0.005 * abs(ratio)) / max(draws - 0.005, 1e-3)
-        assert abs(float(r[7].rstrip("×")) - ratio) <= slack
+        assert abs(float(r[8].rstrip("×")) - ratio) <= slack
+
+
+def test_learner_messages_take_the_local_steps_they_are_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flower_scale.LearnerMessages(tau=…)`` (what ``--message-cpu --tau`` times): each
+    message of ours runs that many private steps (its reply's step count), and plain's
+    message the same number of SGD steps (its ``num-examples``)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from flower_scale import LearnerMessages
+
+    with LearnerMessages(50, "float32", 10, tau=6) as ours:
+        ours.send(1)
+        assert ours.send(2).content["metrics"]["steps"] == 12
+    with LearnerMessages(50, "float32", 10, tau=6, plain=True) as plain:
+        assert plain.send(1).content["metrics"]["num-examples"] == 6
 
 
 def test_message_shares_reads_py_spy_stacks(monkeypatch: pytest.MonkeyPatch) -> None:
