@@ -243,7 +243,9 @@ class TreeCpu:
             procs = []
         for p in procs:
             try:
-                if p.pid not in self._kind:
+                # read again until it is an actor: Ray may start a worker as ray::IDLE and
+                # make it a ClientApp actor later
+                if self._kind.get(p.pid) not in ("driver", "actors"):
                     name = " ".join(p.cmdline()[:1]) or p.name()
                     self._kind[p.pid] = ("driver" if p.pid == self.root.pid else
                                          "actors" if "ClientAppActor" in name else "ray")
