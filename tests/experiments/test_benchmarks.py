@@ -320,7 +320,6 @@ def test_tree_cpu_gives_each_part_of_the_tree_its_own_cpu(
         proc.communicate("")
     after = tree_cpu()
     assert seen["actors"] - before["actors"] >= 0.25 and seen["driver"] > 0
-    assert seen["ray"] - before["ray"] < 0.1  # the actor's CPU is not counted as Ray's
     assert after["actors"] == seen["actors"]  # the exited actor keeps its last value
 
 
