@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from flwr_corrnoise.torch.grad_sample import Materialized, conv2d_grad_sample
+from flwr_corrnoise.torch.grad_sample import _conv2d_weight_per_example, conv2d_grad_sample
 
 
 def alternatives(m: torch.nn.Conv2d, a: torch.Tensor, d: torch.Tensor
@@ -32,24 +32,18 @@ def alternatives(m: torch.nn.Conv2d, a: torch.Tensor, d: torch.Tensor
     conv_bwd = torch.ops.aten.convolution_backward
     weight = m.weight.detach()  # no autograd record in any row (the library's detaches)
 
-    def grouped(x: torch.Tensor, y: torch.Tensor, groups: int) -> torch.Tensor:
-        return conv_bwd(y.reshape(1, groups * out_ch, h, w),
-                        x.reshape(1, groups * m.in_channels, *x.shape[2:]),
-                        m.weight.detach().repeat(groups, 1, 1, 1), None, m.stride,
-                        m.padding, m.dilation, False, (0, 0), groups,
-                        (False, True, False))[1].view(groups, *m.weight.shape)
-
-    def library() -> torch.Tensor:
+    def library() -> torch.Tensor:  # the layer's grad sampler (its weight and bias)
         piece = conv2d_grad_sample(m, a, d)["weight"]
-        return piece.g if isinstance(piece, Materialized) else piece  # type: ignore[return-value]
+        assert isinstance(piece, torch.Tensor)
+        return piece
 
-    def chunks() -> torch.Tensor:
-        return torch.cat([grouped(a[i:i + 8], d[i:i + 8], len(a[i:i + 8]))
+    def chunks() -> torch.Tensor:  # the sampler's grouped call on 8 examples at a time
+        return torch.cat([_conv2d_weight_per_example(m, a[i:i + 8], d[i:i + 8])
                           for i in range(0, b, 8)])
 
     def no_onednn() -> torch.Tensor:
         with torch.backends.mkldnn.flags(enabled=False):
-            return grouped(a, d, b)
+            return _conv2d_weight_per_example(m, a, d)
 
     def loop() -> torch.Tensor:
         return torch.stack([conv_bwd(d[i:i + 1], a[i:i + 1], weight, None, m.stride,
@@ -61,7 +55,7 @@ def alternatives(m: torch.nn.Conv2d, a: torch.Tensor, d: torch.Tensor
         return conv_bwd(d.reshape(1, b * out_ch, h, w).contiguous(memory_format=cl),
                         a.reshape(1, b * m.in_channels, *a.shape[2:]).contiguous(
                             memory_format=cl),
-                        m.weight.detach().repeat(b, 1, 1, 1), None, m.stride, m.padding,
+                        weight.repeat(b, 1, 1, 1), None, m.stride, m.padding,
                         m.dilation, False, (0, 0), b,
                         (False, True, False))[1].view(b, *m.weight.shape)
 
