@@ -293,6 +293,19 @@ def _noise_dtype(ops_dtype: Any) -> np.dtype:
     return np.dtype(str(ops_dtype).removeprefix("torch."))
 
 
+def float32_at_least(value: float) -> float:
+    """The float32 number nearest ``value`` from above (as a Python float, which a float32
+    multiply in NumPy or torch then uses exactly). Why: a float32 stream scales its unit
+    noise by its std, and rounding the std to the nearest float32 could make the noise up
+    to 2⁻²⁴ of it smaller than the calibration — an ε that does not hold, however
+    slightly. Until 2026-11-29 only the NumPy stream rounded up; the torch stream and the
+    torch optimizer's adaptive clip (noise × ``C_t``) rounded to nearest."""
+    factor = np.float32(value)
+    if float(factor) < value:
+        factor = np.nextafter(factor, np.float32(np.inf))
+    return float(factor)
+
+
 class NoiseStream:
     """Hands out ``e[0], e[1], …, e[N−1]`` for one learner, one call at a time.
 
@@ -520,12 +533,9 @@ class NoiseStream:
     def _std_factor(self) -> float | np.floating:
         """``V`` as the stream multiplies by it: itself (float64), or the float32 number
         nearest it from above (a float32 stream's noise is never below the calibration)."""
-        if self._ops is not NUMPY_OPS32:
+        if self.noise_dtype != np.float32:  # any float32 stream, NumPy's or torch's
             return self.std
-        factor = np.float32(self.std)
-        if float(factor) < self.std:
-            factor = np.nextafter(factor, np.float32(np.inf))
-        return factor
+        return float32_at_least(self.std)
 
     def next_arrays(self) -> list[np.ndarray]:
         """The increment split into the stream's array shapes."""

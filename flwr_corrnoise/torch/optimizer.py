@@ -22,6 +22,7 @@ that sum and the step uses ``(sum + e)/b``, post-processing of the calibrated re
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -436,8 +437,10 @@ class PrivateOptimizer:
             views = self.noise.split(self.noise.next())
             if views[0].dtype != grads[0].dtype:
                 views = [v.to(grads[0].dtype) for v in views]
-            if self.settings.adaptive is not None:  # unit-clip noise × C_t (not in place)
-                views = [v * self.clip_norm for v in views]
+            if self.settings.adaptive is not None:  # unit-clip noise × C_t (not in place),
+                # C_t rounded up in the noise's dtype: never less noise than calibrated
+                scale = _at_least(self.clip_norm, views[0].dtype)
+                views = [v * scale for v in views]
             torch._foreach_add_(grads, views)
             if self.settings.adaptive is not None:
                 self._next_clip_norm(1 if self._batch is None else self._batch)
@@ -591,6 +594,16 @@ class PrivateOptimizer:
         settings it was made with), for ``context.state`` or disk. The wrapped optimizer's
         own state (momentum buffers) is yours to keep (``optimizer.state_dict()``)."""
         return self.state.to_bytes()
+
+
+def _at_least(value: float, dtype: torch.dtype) -> float:
+    """The ``dtype`` number nearest ``value`` from above, as a Python float (which a multiply
+    in ``dtype`` then uses exactly): a factor that scales noise must not round it below
+    its calibration (:func:`~flwr_corrnoise.streams.float32_at_least`, any float dtype)."""
+    t = torch.tensor(value, dtype=torch.float64).to(dtype)
+    if float(t) < value:
+        t = torch.nextafter(t, torch.tensor(math.inf, dtype=dtype))
+    return float(t)
 
 
 def effective_momentum(group: dict[str, Any]) -> tuple[float, float]:

@@ -56,6 +56,7 @@ import torch
 from .. import arraypack
 from ..cipher_noise import CipherGaussian
 from ..mechanisms import Factorization
+from ..mechanisms.streaming import numpy_ops
 from ..streams import (
     NoiseStream,
     Shapes,
@@ -102,8 +103,28 @@ class TorchOps:
 
     def blt_step(self, r: torch.Tensor, theta: torch.Tensor, omega: torch.Tensor,
                  e: torch.Tensor, out: torch.Tensor) -> None:
+        """On the CPU, the host stream's recurrence on the tensors' memory
+        (:meth:`~flwr_corrnoise.mechanisms.streaming.NumpyOps.blt_step`: the compiled
+        kernel's one pass over the buffers, or NumPy's chunks, the same floats either way),
+        so a torch stream's increments equal the NumPy stream's bit for bit in either
+        dtype. Why: torch's ``addmv`` + ``addcmul`` took ≈ 0.47 ms a step of the paper CNN
+        (d = 305,194, float32) against ≈ 0.15 for the compiled pass (docs/benchmarks.md,
+        "Issue 34, tenth pass"). On another device: ``e −= ω·r`` as one gemv, then
+        ``out = θ⊙r + e``."""
+        if self.device.type == "cpu" and _host_layout(r, theta, omega, e, out):
+            numpy_ops(r.numpy().dtype).blt_step(r.numpy(), theta.numpy(), omega.numpy(),
+                                                e.numpy(), out.numpy())
+            return
         self.sub_matvec(e, omega, r)
         torch.addcmul(e, r, theta, out=out)  # one pass over the buffers instead of two
+
+
+def _host_layout(*tensors: torch.Tensor) -> bool:
+    """Whether NumPy can work on the tensors' memory in place: CPU tensors of the host
+    stream's dtypes, no autograd, no conjugate or negative views."""
+    return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+               and not t.requires_grad and not t.is_conj() and not t.is_neg()
+               for t in tensors)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -108,8 +108,12 @@ def test_float32_std_is_never_below_the_calibration() -> None:
     for std in (0.1, 1 / 3, 2.718281828459045, 1e3 + 1e-9):
         stream = NoiseStream.create("blt", 8, 3, std, seed=1, dtype=np.float32)
         factor = stream._std_factor()
-        assert isinstance(factor, np.float32) and float(factor) >= std
-        assert float(factor) - std <= 2.0**-23 * std  # the nearest float32 from above
+        assert float(np.float32(factor)) == factor and factor >= std  # a float32, ≥ V
+        assert factor - std <= 2.0**-23 * std  # the nearest float32 from above
+        # and the increments are the unit draws times exactly that float32
+        twin = NoiseStream.create("independent", 8, 1000, std, seed=2, dtype=np.float32)
+        unit = NoiseStream.create("independent", 8, 1000, 1.0, seed=2, dtype=np.float32)
+        np.testing.assert_array_equal(twin.next(), unit.next() * np.float32(factor))
     # a float64 stream multiplies by V itself
     assert NoiseStream.create("blt", 8, 3, 1 / 3, seed=1)._std_factor() == 1 / 3
 

@@ -3,6 +3,8 @@ covariance V²·B·Bᵀ, bit-for-bit restore, the horizon, dtypes."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -76,6 +78,36 @@ def test_torch_and_numpy_streams_release_the_same_law(name: str) -> None:
     var = (np.outer(np.diag(e_np), np.diag(e_np)) + e_np**2) / dim
     assert np.all(np.abs(e_np - e_t) <= 5 * np.sqrt(2 * var))
     assert abs(P_t.mean()) < 5 * np.sqrt(np.diag(e_np).max() / dim)
+
+
+@pytest.mark.parametrize("name", ["independent", "blt", "tree"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_torch_stream_releases_the_numpy_streams_floats(name: str, dtype) -> None:
+    """On the CPU a torch stream draws the NumPy stream's rows, scales them by the same
+    factor (a float32 stream: V's nearest float32 from above, never below it) and runs the
+    same recurrence (BLT: the host kernel on the tensors' memory): the same floats, bit for
+    bit, at a std that float32 rounds down (1.3 → 1.29999995 to nearest)."""
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    n, std = 12, 1.3
+    t = TorchNoiseStream.create(name, n, [(300,), (7,)], std, seed=5, dtype=dtype)
+    h = NoiseStream.create(name, n, [(300,), (7,)], std, seed=5, dtype=np_dtype)
+    for _ in range(n):
+        np.testing.assert_array_equal(t.next().numpy(), h.next())
+    if dtype == torch.float32:
+        assert t._std_factor() >= std > float(np.float32(std))
+
+
+def test_adaptive_noise_scale_rounds_up_in_the_noise_dtype() -> None:
+    """The torch optimizer's adaptive step multiplies unit noise by ``C_t``; in float32 (or
+    a half type) that factor is ``C_t`` rounded up, never to nearest below it."""
+    from flwr_corrnoise.torch.optimizer import _at_least
+
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for value in (1.3, 0.1, 1e-3, 2.0):
+            up = _at_least(value, dtype)
+            t = torch.tensor(up, dtype=dtype)
+            assert float(t) == up >= value
+            assert float(torch.nextafter(t, torch.tensor(-math.inf, dtype=dtype))) < value
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
