@@ -198,3 +198,37 @@ def test_the_blt_step_is_one_order_of_ieee_operations_on_both_paths(
             path == "compiled" and k > 0)
         np.testing.assert_array_equal(e, want_e, err_msg=path)
         np.testing.assert_array_equal(out, want_out, err_msg=path)
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [1, 3, 5, 6, 7])
+@pytest.mark.parametrize("tau", [1, 2, 3, 5])
+def test_the_compiled_blt_steps_are_the_steps_one_by_one(dtype: type, k: int, tau: int
+                                                          ) -> None:
+    """``cn_blt_steps32/64`` over τ steps — a block of columns stepped τ times while in
+    cache: k ≤ 5 buffers kept in registers with two scratch blocks between steps, more
+    buffers row by row in place — equal the scalar reference step after step, on buffers
+    that are a view of wider ones, at a d that ends mid-block (the blocks are 128
+    columns)."""
+    from flwr_corrnoise.mechanisms.streaming import numpy_ops
+
+    d = 300
+    rng = np.random.default_rng(10 * k + tau)
+    wide = rng.standard_normal((k, d + 11)).astype(dtype)
+    r = wide[:, 3:3 + d]
+    theta = rng.uniform(0.5, 1.0, (k, 1)).astype(dtype)
+    omega = rng.standard_normal(k).astype(dtype)
+    rows0 = rng.standard_normal((tau, d)).astype(dtype)
+    want_rows, cur = [], r
+    for t in range(tau):
+        e, cur = blt_reference(cur, theta, omega, rows0[t])
+        want_rows.append(e)
+    ck.select("compiled")
+    try:
+        rows, out = rows0.copy(), np.empty((k, d), dtype=dtype)
+        assert numpy_ops(dtype)._compiled_steps(r, theta, omega, rows, out, k, d)
+    finally:
+        ck.select(None)
+    np.testing.assert_array_equal(rows, np.stack(want_rows))
+    np.testing.assert_array_equal(out, cur)
