@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import importlib.util
 import io
 import os
 import runpy
@@ -118,6 +119,28 @@ def test_conv_per_example() -> None:
     assert names[0].startswith("the library's") and len(names) == 8
     assert rows[-1][0].startswith("batch-summed") and rows[-1][2] == "1.00×"
     assert all(float(r[1]) > 0 for r in rows[1:])
+
+
+def test_blt_recurrence() -> None:
+    """benchmarks/blt_recurrence.py at toy size (docs/benchmarks.md quotes it): every way
+    gave the library's floats (the script checks them and exits non-zero otherwise), the
+    compiled row is the base, torch's row only at τ = 1. Timings are not compared."""
+    from flwr_corrnoise import compiled_kernel
+
+    if compiled_kernel.kernel() is None:
+        pytest.skip("no compiled kernel here")
+    rows = run("blt_recurrence.py", "--dims", "300", "--buffers", "4", "7", "--taus", "1", "3",
+               "--repeats", "1")
+    assert rows[0] == ["d", "k", "τ", "way", "µs per step", "× library (compiled)"]
+    body = {(r[1], r[2], r[3]): r for r in rows[1:]}
+    for k in ("4", "7"):
+        for tau in ("1", "3"):
+            assert body[(k, tau, "library (compiled)")][5] == "1.00×"
+            assert (k, tau, "library (NumPy path)") in body
+    has_torch = importlib.util.find_spec("torch") is not None
+    assert (("4", "1", "torch addmv + addcmul") in body) == has_torch
+    assert ("4", "3", "torch addmv + addcmul") not in body
+    assert all(float(r[4]) > 0 for r in rows[1:])
 
 
 def test_device_noise() -> None:
