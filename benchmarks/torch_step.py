@@ -61,7 +61,7 @@ CE = torch.nn.functional.cross_entropy
 
 def methods(model: torch.nn.Module, b: int, steps: int, repeats: int, mechanisms: list[str],
             data: Callable[[int], tuple[torch.Tensor, torch.Tensor]], host: bool,
-            ) -> dict[str, Callable[[], None]]:
+            with_opacus: bool = True) -> dict[str, Callable[[], None]]:
     """name → a function running one block of ``steps`` steps of that method."""
     d = sum(p.numel() for p in model.parameters())
     horizon = steps * (repeats + 2)
@@ -131,10 +131,12 @@ def methods(model: torch.nn.Module, b: int, steps: int, repeats: int, mechanisms
 
             out[f"host reference (v0.x), {mech}"] = reference
     try:
+        if not with_opacus:
+            raise ImportError
         from opacus import GradSampleModule
         from opacus.optimizers import DPOptimizer
     except ImportError:
-        print("(opacus not installed: no Opacus row)")
+        print("(opacus not installed or --no-opacus: no Opacus row)")
     else:
         gsm = GradSampleModule(copy.deepcopy(model))
         dp = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=ETA), noise_multiplier=1.0,
@@ -160,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mechanisms", nargs="+", default=DEFAULT, choices=mechanism_names())
     p.add_argument("--no-host", action="store_true", help="skip the host reference rows")
     p.add_argument("--device", default="cpu", help="the model's device (cpu, cuda)")
+    p.add_argument("--no-opacus", action="store_true", help="leave Opacus out (its "
+                   "allocations change how often the others' steps page-fault)")
+    p.add_argument("--parts", action="store_true",
+                   help="after the table, ours (BLT) and the bare step part by part, each "
+                        "part's ms a step over a block (where ours' extra goes)")
     p.add_argument("--profile", action="store_true",
                    help="after the table, torch.profiler's top operators of one block of "
                         "each 'ours' method (where a step's time goes)")
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             return x[pos * b : (pos + 1) * b], y[pos * b : (pos + 1) * b]
 
         fns = methods(model, b, steps, args.repeats, args.mechanisms, data,
-                      host=not args.no_host)
+                      host=not args.no_host, with_opacus=not args.no_opacus)
         for fn in fns.values():  # warm-up (allocations, vmap tracing)
             fn()
         times: dict[str, list[float]] = {name: [] for name in fns}
@@ -221,7 +228,98 @@ def main(argv: list[str] | None = None) -> int:
                   f"{statistics.median(faults[name]):,.0f} |", flush=True)
         if args.profile:
             profile(fns, device, sync)
+        if args.parts:
+            parts(model, data, steps, args.repeats, sync)
     return 0
+
+
+def parts(model: torch.nn.Module, data: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+          steps: int, repeats: int, sync: Callable[[], None]) -> None:
+    """Ours (BLT) and the bare step part by part: each part's wall ms a step, the median
+    over ``repeats`` blocks of ``steps`` steps, the parts timed by wrapping the library's
+    functions in place (restored after). Ours' parts: the model's forward, the backward to
+    the layers' outputs, the per-example conv weight gradients, the per-example norms and
+    clip factors, the weighted sums, the noise increment, the rest of the private backward
+    and step; the bare step's: forward, backward, update."""
+    from flwr_corrnoise.torch import grad_sample as gs
+    from flwr_corrnoise.torch import optimizer as opt
+
+    settings = PrivacySettings(mechanism="blt", horizon=steps * (repeats + 2))
+    m = copy.deepcopy(model)
+    private = PrivateOptimizer(torch.optim.SGD(m.parameters(), lr=ETA), m, settings, seed=0)
+    spent: dict[str, float] = {}
+    patched: list[tuple[object, str, object]] = []
+
+    def timed(owner: object, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+
+        def run(*a, **k):  # type: ignore[no-untyped-def]
+            sync()
+            start = time.perf_counter()
+            out = inner(*a, **k)
+            sync()
+            spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+            return out
+        patched.append((owner, name, owner.__dict__.get(name, None)))
+        setattr(owner, name, run)
+
+    timed(m, "forward", "forward")
+    timed(torch.autograd, "grad", "backward to the layers' outputs")
+    timed(gs, "_conv2d_weight_per_example", "per-example conv weight gradients")
+    timed(opt, "clip_factors", "per-example norms and clip factors")
+    timed(gs.Materialized, "weighted_sum", "weighted sums")
+    timed(gs.Outer, "weighted_sum", "weighted sums")
+    assert private.noise is not None
+    timed(private.noise, "next", "noise increment (draws, recurrence, scaling)")
+    bare_model = copy.deepcopy(model)
+    try:
+        per_block: dict[str, list[float]] = {}
+        for _ in range(repeats + 1):  # the first block warms up
+            spent.clear()
+            start = time.perf_counter()
+            for pos in range(steps):
+                private.zero_grad()
+                private.backward(*data(pos))
+                private.step()
+            sync()
+            spent["ours: step"] = time.perf_counter() - start
+            for pos in range(steps):
+                x, y = data(pos)
+                bare_model.zero_grad(set_to_none=True)
+                t0 = time.perf_counter()
+                loss = CE(bare_model(x), y)
+                sync()
+                t1 = time.perf_counter()
+                loss.backward()
+                sync()
+                t2 = time.perf_counter()
+                with torch.no_grad():
+                    for q in bare_model.parameters():
+                        q -= ETA * q.grad
+                sync()
+                t3 = time.perf_counter()
+                for label, dt in (("bare: forward", t1 - t0), ("bare: backward", t2 - t1),
+                                  ("bare: update", t3 - t2), ("bare: step", t3 - t0)):
+                    spent[label] = spent.get(label, 0.0) + dt
+            for label, total in spent.items():
+                per_block.setdefault(label, []).append(total / steps)
+    finally:
+        for owner, name, before in reversed(patched):
+            if before is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
+    # the rest: the private backward and step less the parts inside them
+    inside = ("forward", "backward to the layers' outputs",
+              "per-example conv weight gradients", "per-example norms and clip factors",
+              "weighted sums", "noise increment (draws, recurrence, scaling)")
+    med = {label: statistics.median(v[1:]) for label, v in per_block.items()}
+    med["rest of ours (losses, hooks, sums, update)"] = (
+        med["ours: step"] - sum(med.get(label, 0.0) for label in inside))
+    print("\n| part | ms a step |\n|---|---|")
+    for label in ("ours: step", *inside, "rest of ours (losses, hooks, sums, update)",
+                  "bare: step", "bare: forward", "bare: backward", "bare: update"):
+        print(f"| {label} | {1e3 * med.get(label, 0.0):.2f} |")
 
 
 def profile(fns: dict[str, Callable[[], None]], device: torch.device,

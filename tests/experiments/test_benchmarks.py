@@ -108,6 +108,30 @@ def test_torch_step() -> None:
     assert rows[0][6] == "page faults per step"
 
 
+def test_torch_step_parts() -> None:
+    """``torch_step.py --parts --no-opacus`` at toy size: no Opacus row, then ours (BLT)
+    and the bare step part by part. Ours' parts run inside its step, so their sum is at
+    most the step (a part counted twice, or one outside the step, fails here); the wrapped
+    functions are the library's own again afterwards. Timings are not compared."""
+    pytest.importorskip("torch")
+    from flwr_corrnoise.torch import grad_sample, optimizer
+
+    before = (optimizer.clip_factors, grad_sample.Materialized.weighted_sum)
+    rows = run("torch_step.py", "--batch-sizes", "4", "--steps", "2", "--repeats", "1",
+               "--mechanisms", "blt", "--no-host", "--no-opacus", "--parts")
+    assert (optimizer.clip_factors, grad_sample.Materialized.weighted_sum) == before
+    methods = {r[1] for r in rows if len(r) == 7}
+    assert {"bare SGD", "ours, blt"} <= methods and "Opacus (i.i.d. noise)" not in methods
+    parts = {r[0]: float(r[1]) for r in rows if len(r) == 2 and r[0] != "part"}
+    inside = ["forward", "backward to the layers' outputs",
+              "per-example conv weight gradients", "per-example norms and clip factors",
+              "weighted sums", "noise increment (draws, recurrence, scaling)"]
+    assert set(inside) <= set(parts) and all(parts[p] > 0 for p in inside)
+    assert parts["rest of ours (losses, hooks, sums, update)"] >= -0.02
+    assert sum(parts[p] for p in inside) <= parts["ours: step"] + 0.02
+    assert parts["bare: forward"] + parts["bare: backward"] <= parts["bare: step"] + 0.02
+
+
 def test_conv_per_example() -> None:
     """benchmarks/conv_per_example.py at toy size: every alternative gave the library's
     per-example gradients (the script checks each against them and exits non-zero
