@@ -5,8 +5,9 @@
 (float32 by default, float64 on request). The recurrence is not re-implemented: both
 streams run the mechanism's one :class:`~flwr_corrnoise.mechanisms.streaming.StreamKernel`
 over their array namespace (:class:`TorchOps` here), so the NumPy and the torch stream
-release the same law — and, fed the same standard normals, the same values to float
-tolerance (``tests/torch/test_torch_streams.py``).
+release the same law — and on the CPU the same floats, bit for bit (the same draws, the
+same float32 std rounded up, BLT's recurrence by the host kernel on the tensors' memory;
+``tests/torch/test_torch_streams.py``).
 
 Where the normals come from, by the stream's device (issue 34, item 3):
 
