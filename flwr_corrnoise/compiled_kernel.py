@@ -148,6 +148,9 @@ def _build() -> tuple[ctypes.CDLL, bool]:
     for name in ("cn_blt_steps32", "cn_blt_steps64"):
         getattr(dll, name).argtypes = [p, size, p, size, p, size, p, p, size, size, size]
         getattr(dll, name).restype = None
+    for name in ("cn_sumsq32", "cn_sumsq64"):
+        getattr(dll, name).argtypes = [p, size, size, size, p]
+        getattr(dll, name).restype = None
     has_row = hasattr(dll, "cn_row")
     if has_row:
         dll.cn_row.argtypes = [ctypes.c_char_p, ctypes.c_char_p, size, ctypes.c_int, p,

@@ -237,13 +237,103 @@ def clip_by_global_norm(g: np.ndarray, clip_norm: float,
     return g, norm
 
 
+#: ``(library, itemsize)`` → its ``cn_sumsq32``/``64`` (a ctypes attribute lookup costs
+#: about a microsecond: a small step's whole norm)
+_SUMSQ: dict[tuple[int, int], Any] = {}
+
+
+def _sumsq_function(dll: Any, item: int) -> Any:
+    key = (id(dll), item)
+    fn = _SUMSQ.get(key)
+    if fn is None:
+        fn = _SUMSQ[key] = dll.cn_sumsq32 if item == 4 else dll.cn_sumsq64
+    return fn
+
+
+#: the lanes of :func:`row_sums_of_squares`' order (``SUMSQ_LANES`` in ``noise_kernel.c``)
+SUMSQ_LANES = 64
+
+
 def row_norms(g: np.ndarray) -> np.ndarray:
     """The L2 norm of every row of the 2-D ``g``. Why one function: the private step clips
     ``L`` learners' rows at once, and a release clipped alone (:func:`clip_by_global_norm`)
     must be clipped by the same floats. Summed in float64 whatever ``g``'s dtype (the
-    bound behind :func:`clip_margin`; a float32 row's squares are exact in float64)."""
-    g = np.asarray(g, dtype=np.float64)
-    return np.sqrt(np.einsum("ij,ij->i", g, g))
+    bound behind :func:`clip_margin`, which holds in any order; a float32 row's squares
+    are exact in float64), in one defined order (:func:`row_sums_of_squares`), so that a
+    learner with the compiled kernel and one without clip by the same floats."""
+    return np.sqrt(row_sums_of_squares(g))
+
+
+def row_sums_of_squares(g: np.ndarray) -> np.ndarray:
+    """Each row's sum of squares in float64, in this order: :data:`SUMSQ_LANES` (64) lanes,
+    lane ``l`` the running sum of the squares of elements ``l, l + 64, l + 128, …`` (as if
+    the row were padded with zeros to a multiple of 64: a lane past its end adds nothing),
+    then the lanes added left to right.
+
+    Why this order: the compiled kernel (``cn_sumsq32``/``64``) runs it as vectorized
+    float64 lanes straight from a float32 row, where NumPy's ``einsum`` first made a float64
+    copy of it (at d = 10⁵, ≈ 16 µs a step against 60–78; docs/benchmarks.md, "Issue 34,
+    tenth pass"). Without the kernel NumPy runs the same additions: its reduction down the
+    middle axis of ``(rows, n/64, 64)`` adds the 64-wide blocks one after another into the
+    64 sums, and ``cumsum`` adds the lanes one after another (a test checks both paths
+    against a scalar reference of the order), in chunks of rows that keep its temporaries
+    near 8 MB, at about einsum's speed."""
+    g = np.asarray(g)
+    if g.dtype not in (np.float32, np.float64):
+        g = g.astype(np.float64)
+    if g.ndim != 2:
+        raise ValueError(f"rows of a 2-D array, not of shape {g.shape}")
+    rows, n = g.shape
+    out = np.empty(rows, dtype=np.float64)
+    if not rows:
+        return out
+    if n <= SUMSQ_LANES and rows * n <= 256:  # a few short rows: each lane one square or
+        for i, row in enumerate(g.tolist()):  # none, so the squares left to right, in
+            total = 0.0  # Python's float64 (faster here than any array call)
+            for v in row:
+                total += v * v
+            out[i] = total
+        return out
+    item = g.itemsize
+    if (n and g.strides[1] == item and g.strides[0] % item == 0 and g.strides[0] >= 0
+            and g.flags.aligned):
+        from . import compiled_kernel
+
+        dll = compiled_kernel.kernel()
+        if dll is not None:
+            fn = _sumsq_function(dll, item)
+            fn(g.__array_interface__["data"][0], rows, g.strides[0] // item, n,
+               out.__array_interface__["data"][0])
+            return out
+    lanes = SUMSQ_LANES
+    body = n // lanes * lanes
+    step = max(1, (1 << 20) // max(n, 1))
+    for lo in range(0, rows, step):
+        sq = np.square(g[lo:lo + step], dtype=np.float64)  # each element cast, then squared
+        if n <= lanes:  # each lane one square or none: the squares left to right
+            total = np.zeros(len(sq))
+            for j in range(n):
+                total += sq[:, j]
+            out[lo:lo + step] = total
+            continue
+        blocks = body // lanes
+        if blocks > 32:  # a reduction down the middle axis: block after block into the lanes
+            acc = np.add.reduce(sq[:, :body].reshape(len(sq), blocks, lanes), axis=1)
+        else:  # the same additions, a block at a time (NumPy's reduction is slow on few)
+            acc = sq[:, :lanes].copy()
+            for b in range(1, blocks):
+                acc += sq[:, b * lanes:(b + 1) * lanes]
+        if n > body:  # the last, partial block (0 + x is x: the same as not padded)
+            acc[:, :n - body] += sq[:, body:]
+        if len(acc) < lanes:  # the lanes left to right: cumsum adds them one by one
+            out[lo:lo + step] = np.cumsum(acc, axis=1)[:, -1]
+        else:  # the same additions over many rows at once (cumsum is slow across them)
+            by_lane = np.ascontiguousarray(acc.T)
+            total = by_lane[0].copy()
+            for j in range(1, lanes):
+                total += by_lane[j]
+            out[lo:lo + step] = total
+    return out
 
 
 def _flatten(arrays: Sequence[np.ndarray], dtype: Any = np.float64) -> np.ndarray:

@@ -278,6 +278,49 @@ int cn_rows(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, void *oc
 BLT_STEPS(cn_blt_steps32, float)
 BLT_STEPS(cn_blt_steps64, double)
 
+/* Each of `rows` rows' sum of squares in double (row i at g + i*stride, n elements), in
+ * the one order learner.row_sums_of_squares defines, so that its NumPy path gives the same
+ * doubles: 64 lanes, lane l the running sum of the squares of elements l, l+64, l+128, ...
+ * of the row (as if it were padded with zeros to a multiple of 64: a lane past the row's
+ * end adds nothing); then the 64 lanes added left to right. A float's square is exact in
+ * double; a double's is rounded once (IEEE, no FMA: -ffp-contract=off). Why: NumPy's einsum
+ * first converted a float32 row to float64 (a new array: at d = 10^5 the norm took 60-78
+ * us, this 16; docs/benchmarks.md, "Issue 34, tenth pass"); the lanes vectorize, and 64 of
+ * them keep NumPy's own reduction down them near its einsum's speed. */
+#define SUMSQ_LANES 64
+#define SUMSQ(NAME, T)                                                                      \
+    void NAME(const T *restrict g, size_t rows, size_t stride, size_t n,                   \
+              double *restrict out) {                                                      \
+        size_t m = n / SUMSQ_LANES * SUMSQ_LANES;                                          \
+        for (size_t r = 0; r < rows; r++) {                                                \
+            const T *x = g + r * stride;                                                   \
+            if (n <= SUMSQ_LANES) { /* each lane one square or none: left to right */      \
+                double total = 0;                                                          \
+                for (size_t i = 0; i < n; i++) {                                           \
+                    double v = (double)x[i];                                               \
+                    total = total + v * v;                                                 \
+                }                                                                          \
+                out[r] = total;                                                            \
+                continue;                                                                  \
+            }                                                                              \
+            double acc[SUMSQ_LANES] = {0};                                                 \
+            for (size_t i = 0; i < m; i += SUMSQ_LANES)                                    \
+                for (size_t l = 0; l < SUMSQ_LANES; l++) {                                 \
+                    double v = (double)x[i + l];                                           \
+                    acc[l] = acc[l] + v * v;                                               \
+                }                                                                          \
+            for (size_t l = 0; l < n - m; l++) {                                           \
+                double v = (double)x[m + l];                                               \
+                acc[l] = acc[l] + v * v;                                                   \
+            }                                                                              \
+            double total = acc[0];                                                         \
+            for (size_t l = 1; l < SUMSQ_LANES; l++) total = total + acc[l];               \
+            out[r] = total;                                                                \
+        }                                                                                  \
+    }
+SUMSQ(cn_sumsq32, float)
+SUMSQ(cn_sumsq64, double)
+
 #ifndef CN_NO_OPENSSL
 /* A whole long row in C: the AES-128-CTR keystream from the system's OpenSSL (libcrypto, the
  * library `cryptography` also wraps; declared here so that no OpenSSL headers are needed),

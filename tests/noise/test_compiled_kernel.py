@@ -232,3 +232,59 @@ def test_the_compiled_blt_steps_are_the_steps_one_by_one(dtype: type, k: int, ta
         ck.select(None)
     np.testing.assert_array_equal(rows, np.stack(want_rows))
     np.testing.assert_array_equal(out, cur)
+
+
+def sumsq_reference(row: np.ndarray) -> float:
+    """A row's sum of squares in the order learner.row_sums_of_squares defines, in Python's
+    float64 scalars: 64 lanes (element i into lane i mod 64, in order), then the lanes
+    left to right."""
+    acc = [0.0] * 64
+    for i, v in enumerate(float(x) for x in row):
+        acc[i % 64] = acc[i % 64] + v * v
+    total = acc[0]
+    for lane in acc[1:]:
+        total = total + lane
+    return total
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [1, 3, 70])
+@pytest.mark.parametrize("n", [0, 1, 15, 64, 65, 200, 2113, 5003])
+def test_row_norms_are_one_order_on_both_paths(dtype: type, rows: int, n: int) -> None:
+    """learner.row_sums_of_squares (the clip's norms): the compiled ``cn_sumsq32/64`` and
+    the NumPy path give the same doubles as the scalar reference of the defined order, on
+    rows that are a view of wider ones, across the short-row, few-block and many-block
+    NumPy ways — so a learner with a compiler and one without clip by the same floats."""
+    from flwr_corrnoise.learner import row_norms, row_sums_of_squares
+
+    rng = np.random.default_rng(rows * 10_000 + n)
+    wide = rng.standard_normal((rows, n + 7)) * rng.uniform(0.01, 100.0, (rows, 1))
+    g = wide.astype(dtype)[:, 3:3 + n]
+    want = np.array([sumsq_reference(r) for r in g])
+    paths = ["numpy", "compiled"] if HAVE_CC else ["numpy"]
+    for path in paths:
+        ck.select(path)
+        try:
+            got = row_sums_of_squares(g)
+            ck.kernel()  # (a few short rows never ask for it)
+            assert ck.status().startswith("compiled" if path == "compiled" else "NumPy")
+        finally:
+            ck.select(None)
+        np.testing.assert_array_equal(got, want, err_msg=path)
+    np.testing.assert_array_equal(row_norms(g), np.sqrt(want))
+
+
+def test_row_norms_of_non_finite_rows_are_not_finite() -> None:
+    """A NaN or an infinity anywhere in a row makes its norm non-finite on both paths (the
+    private step zeroes such a row; a float32 row's squares cannot overflow float64)."""
+    from flwr_corrnoise.learner import row_norms
+
+    g = np.ones((4, 300), dtype=np.float32)
+    g[1, 5], g[2, 299], g[3, 130] = np.nan, np.inf, -np.inf
+    for path in (["numpy", "compiled"] if HAVE_CC else ["numpy"]):
+        ck.select(path)
+        try:
+            norms = row_norms(g)
+        finally:
+            ck.select(None)
+        assert norms[0] == np.sqrt(300) and not np.isfinite(norms[1:]).any(), path
