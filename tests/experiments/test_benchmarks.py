@@ -167,6 +167,24 @@ def test_blt_recurrence() -> None:
     assert all(float(r[4]) > 0 for r in rows[1:])
 
 
+def test_clip_norms() -> None:
+    """benchmarks/clip_norms.py at toy size: both library paths gave the same floats and
+    einsum agreed within the bound (the script exits non-zero otherwise); the compiled row
+    is the base. Timings are not compared."""
+    from flwr_corrnoise import compiled_kernel
+
+    if compiled_kernel.kernel() is None:
+        pytest.skip("no compiled kernel here")
+    rows = run("clip_norms.py", "--shapes", "1x300", "20x70", "--repeats", "1")
+    assert rows[0] == ["rows × d", "dtype", "way", "µs per call", "× compiled"]
+    body = {(r[0], r[1], r[2]): r for r in rows[1:]}
+    ways = ("compiled", "NumPy path", "einsum over a float64 copy (before)")
+    assert set(body) == {(shape, dt, way) for shape in ("1 × 300", "20 × 70")
+                         for dt in ("float32", "float64") for way in ways}
+    assert all(body[(shape, dt, "compiled")][4] == "1.00×"
+               for shape in ("1 × 300", "20 × 70") for dt in ("float32", "float64"))
+
+
 def test_device_noise() -> None:
     """The device-noise table at toy size on the CPU (no fused kernel there: Triton runs on
     CUDA devices); every row a positive time per normal."""
