@@ -12,7 +12,11 @@ Why it can be optional without changing a single noise value: the transform
 performs the same way, in the same order, with no FMA contraction and no libm call, so the C
 loop and the NumPy passes give the same floats bit for bit (tests check both against a
 scalar reference). A learner without a C compiler (an edge device, a locked-down
-container) runs the NumPy path and sends exactly the noise it would have sent with one.
+container) runs the NumPy path and sends exactly the noise it would have sent with one. The
+same holds for the library's two other loops here: BLT's recurrence (``cn_blt_steps32/64``,
+:meth:`~flwr_corrnoise.mechanisms.streaming.NumpyOps.blt_step`) and the clip's norms
+(``cn_sumsq32/64``, :func:`~flwr_corrnoise.learner.row_sums_of_squares`), each one defined
+order of IEEE operations on both paths.
 
 How it is built: the first process that needs it compiles ``noise_kernel.c`` with the
 system's C compiler (``$CC``, else ``cc``/``gcc``; ``-O3 -march=native -ffp-contract=off``)
