@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..learner import clip_target
+from ..learner import clip_target, row_sums_of_squares
 from ..settings import PrivacyConfigError
 from .params import LossFn
 
@@ -73,6 +73,22 @@ class PerExample:
         raise NotImplementedError
 
 
+def _host_sums_of_squares(rows: torch.Tensor) -> torch.Tensor | None:
+    """Each row's float64 sum of squares by the host's
+    :func:`~flwr_corrnoise.learner.row_sums_of_squares` (the NumPy learner's norms: the
+    compiled kernel straight from float32, no float64 copy) when the tensor is a 2-D CPU
+    float32/64 tensor NumPy can read in place; ``None`` otherwise (a GPU: torch's own
+    float64 reduction). Why: for the paper CNN's 64 examples torch's ``vector_norm(dtype=
+    float64)`` converted each per-example gradient to float64 first (≈ 0.26 ms for the second
+    conv layer's 64 × 9,216 weights; docs/benchmarks.md, "Issue 34, tenth pass"). Any
+    summation order is within the clip margin's bound."""
+    if (rows.device.type != "cpu" or rows.dim() != 2
+            or rows.dtype not in (torch.float32, torch.float64) or rows.requires_grad
+            or rows.is_conj() or rows.is_neg()):
+        return None
+    return torch.from_numpy(row_sums_of_squares(rows.detach().numpy()))
+
+
 def clip_factors(pieces: list[PerExample], losses: torch.Tensor, clip_norm: float | None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each example's gradient norm over all parameters, whether it counts, and its clip
@@ -107,6 +123,9 @@ class Materialized(PerExample):
         self.g = g
 
     def sq(self) -> torch.Tensor:
+        host = _host_sums_of_squares(self.g.flatten(1))
+        if host is not None:
+            return host
         # vector_norm sums in float64 without a slow float64 reduction over dim 1 (8 ms
         # against 1 ms for 64 examples of a conv's 8k weights); squaring its root costs
         # two roundings more, within the clip margin's slack
@@ -130,6 +149,9 @@ class Outer(PerExample):
         self.delta, self.a = delta, a
 
     def sq(self) -> torch.Tensor:
+        d2, a2 = _host_sums_of_squares(self.delta), _host_sums_of_squares(self.a)
+        if d2 is not None and a2 is not None:
+            return d2 * a2  # ‖δ_i‖²·‖a_i‖², one rounding
         f64 = torch.float64
         return (torch.linalg.vector_norm(self.delta, dim=1, dtype=f64)
                 * torch.linalg.vector_norm(self.a, dim=1, dtype=f64)).square()
@@ -333,8 +355,6 @@ class PerExampleGradients:
                        ) -> tuple[list[PerExample], torch.Tensor]:
         """One batched forward with hooks on the layers, one backward to their outputs (no
         weight gradient is formed), each layer's sampler on its ``(a, δ)``."""
-        from torch.func import vmap
-
         assert self._layers is not None
         acts: dict[torch.nn.Module, torch.Tensor] = {}
         outs: dict[torch.nn.Module, torch.Tensor] = {}
@@ -352,7 +372,7 @@ class PerExampleGradients:
                 h.remove()
         if len(outs) != len(self._layers):
             raise UnsupportedLayerError("a layer with parameters was not used in the forward")
-        losses = vmap(lambda o, t: self.loss_fn(o.unsqueeze(0), t.unsqueeze(0)))(logits, y)
+        losses = per_example_losses(self.loss_fn, logits, y)
         deltas = torch.autograd.grad(losses.sum(), [outs[m] for m, _ in self._layers])
         by_param: dict[int, PerExample] = {}
         for (m, sampler), delta in zip(self._layers, deltas, strict=True):
@@ -360,6 +380,44 @@ class PerExampleGradients:
             for name, p in m.named_parameters(recurse=False):
                 by_param[id(p)] = _checked(m, name, p, pieces.get(name), len(losses))
         return [by_param[id(p)] for _, p in self._named], losses.detach()
+
+
+def per_example_losses(loss_fn: LossFn, logits: torch.Tensor, y: torch.Tensor
+                       ) -> torch.Tensor:
+    """Each example's loss as its own batch of one: ``loss_fn(logits[i:i+1], y[i:i+1])``.
+
+    ``vmap`` does that for any loss. For cross-entropy with class-index targets and no class
+    weights (``F.cross_entropy`` with its defaults, or an ``nn.CrossEntropyLoss`` without
+    ``weight`` reducing by mean or sum) the same values come from one call with
+    ``reduction="none"``: a batch of one's mean (or sum) is its one value. The one difference
+    is a target equal to ``ignore_index`` under a mean: its batch of one averages over no
+    example (0/0, NaN) where ``"none"`` gives 0, so it is set to NaN — the example is then
+    counted non-finite and contributes zero, as before. Why: the ``vmap`` and its backward took ≈ 0.30 ms a step
+    of the paper CNN at batch 64 against 0.06 (docs/benchmarks.md, "Issue 34, tenth
+    pass"); tests check the losses and the gradients equal ``vmap``'s."""
+    ce = _plain_cross_entropy(loss_fn)
+    if ce is not None and logits.dim() == 2 and y.dim() == 1 and not y.is_floating_point():
+        ignore, smoothing, mean = ce
+        losses = torch.nn.functional.cross_entropy(logits, y, reduction="none",
+                                                   ignore_index=ignore,
+                                                   label_smoothing=smoothing)
+        return losses.masked_fill(y == ignore, math.nan) if mean else losses
+    from torch.func import vmap
+
+    return vmap(lambda o, t: loss_fn(o.unsqueeze(0), t.unsqueeze(0)))(logits, y)
+
+
+def _plain_cross_entropy(loss_fn: LossFn) -> tuple[int, float, bool] | None:
+    """``(ignore_index, label_smoothing, mean)`` if ``loss_fn`` is cross-entropy whose
+    one-example loss is its ``reduction="none"`` value (an ignored target's: NaN under a
+    mean, 0 under a sum), else ``None``."""
+    if loss_fn is torch.nn.functional.cross_entropy:
+        return -100, 0.0, True
+    if (type(loss_fn) is torch.nn.CrossEntropyLoss and loss_fn.weight is None
+            and loss_fn.reduction in ("mean", "sum")):
+        return (int(loss_fn.ignore_index), float(loss_fn.label_smoothing),
+                loss_fn.reduction == "mean")
+    return None
 
 
 def _checked(layer: torch.nn.Module, name: str, param: torch.Tensor,

@@ -189,7 +189,7 @@ class PrivateOptimizer:
         self.optimizer = optimizer
         self.model = model
         self.settings = settings
-        self.loss_fn = loss_fn
+        self._loss_fn = loss_fn
         self.params = list(model.parameters())
         if not self.params:
             raise ValueError("the model has no parameters")
@@ -209,9 +209,9 @@ class PrivateOptimizer:
                              "continue one; only one of them")
         #: the learner's state: counters, stream, the settings it was made with
         self.state = self._learner_state(seed, state, stream, dtype)
-        # per-example gradients of this optimizer's loss_fn (read at each call)
-        self._grads = PerExampleGradients(model, lambda out, y: self.loss_fn(out, y),
-                                          per_example)
+        # per-example gradients of this optimizer's loss_fn (kept in step by the setter;
+        # the loss function itself, so that cross-entropy's batched losses are recognized)
+        self._grads = PerExampleGradients(model, loss_fn, per_example)
         self._batch: int | None = None  # b after backward(), None in whole-batch mode
         self._round_sum: torch.Tensor | None = None
         self._round_steps = 0
@@ -231,6 +231,16 @@ class PrivateOptimizer:
         self._clipped_seen = 0
         if settings.adaptive is not None:
             self._adaptive_state(seed)
+
+    @property
+    def loss_fn(self) -> LossFn:
+        """The loss of one batch: ``loss_fn(model(x), y)`` (may be replaced between steps)."""
+        return self._loss_fn
+
+    @loss_fn.setter
+    def loss_fn(self, fn: LossFn) -> None:
+        self._loss_fn = fn
+        self._grads.loss_fn = fn
 
     # -- the loop ----------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:

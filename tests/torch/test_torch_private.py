@@ -370,6 +370,75 @@ def test_hook_path_equals_the_torch_func_path(private: bool) -> None:
                          per_example="hooks")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("loss", ["function", "module", "smoothed", "sum", "weighted"])
+def test_cross_entropys_batched_losses_are_the_one_example_losses(dtype, loss: str) -> None:
+    """grad_sample.per_example_losses: cross-entropy without class weights takes one call
+    with ``reduction="none"`` instead of ``vmap``; the losses (NaN for an ignored target
+    under a mean, as a batch of one gives) and their gradients equal ``vmap``'s bit for bit.
+    Class weights change a batch of one's mean (it divides by the target's weight), so a
+    weighted loss keeps ``vmap`` — and must equal it too."""
+    from torch.func import vmap
+
+    from flwr_corrnoise.torch.grad_sample import _plain_cross_entropy, per_example_losses
+
+    fn = {"function": torch.nn.functional.cross_entropy,
+          "module": torch.nn.CrossEntropyLoss(),
+          "smoothed": torch.nn.CrossEntropyLoss(label_smoothing=0.1, ignore_index=3),
+          "sum": torch.nn.CrossEntropyLoss(reduction="sum"),
+          "weighted": torch.nn.CrossEntropyLoss(weight=torch.rand(K, dtype=dtype) + 0.5)}[loss]
+    assert (_plain_cross_entropy(fn) is None) == (loss == "weighted")
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(40, K, generator=g, dtype=dtype, requires_grad=True)
+    y = torch.randint(0, K, (40,), generator=g)
+    y[5] = getattr(fn, "ignore_index", -100)
+    fast = per_example_losses(fn, logits, y)
+    slow = vmap(lambda o, t: fn(o.unsqueeze(0), t.unsqueeze(0)))(logits, y)
+    assert torch.equal(torch.isnan(fast), torch.isnan(slow))
+    assert bool(torch.isnan(fast[5])) == (loss in ("function", "module", "smoothed", "weighted"))
+    assert torch.equal(fast.nan_to_num(), slow.nan_to_num())
+    grads = [torch.autograd.grad(torch.where(torch.isfinite(v), v, 0.0).sum(), logits)[0]
+             for v in (fast, slow)]
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_a_replaced_loss_function_is_the_one_per_example_gradients_use() -> None:
+    """``PrivateOptimizer.loss_fn`` may be replaced between steps: the per-example
+    gradients follow it (a loss scaled by 2 doubles every unclipped example's gradient)."""
+    s = settings("none", clip=1e9)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 1, 7, 7, generator=g, dtype=torch.float64)
+    y = torch.randint(0, K, (5,), generator=g)
+    model = SmallCNN().double()
+    opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model, s, seed=0)
+    opt.backward(x, y)
+    once = summed(opt)
+    opt.zero_grad()
+    opt.loss_fn = lambda out, t: 2.0 * torch.nn.functional.cross_entropy(out, t)
+    opt.backward(x, y)
+    np.testing.assert_allclose(summed(opt), 2.0 * once, rtol=1e-12, atol=1e-14)
+
+
+def test_cpu_per_example_norms_equal_the_host_rule() -> None:
+    """On the CPU the per-example squared norms of materialized and outer-product gradients
+    are the host's row_sums_of_squares (one defined order, float64), within the clip
+    margin's bound of an exact float64 reduction."""
+    from flwr_corrnoise.learner import row_sums_of_squares
+    from flwr_corrnoise.torch.grad_sample import Materialized, Outer
+
+    g = torch.Generator().manual_seed(5)
+    m = torch.randn(6, 3, 4, 5, generator=g)
+    got = Materialized(m).sq()
+    want = row_sums_of_squares(m.flatten(1).numpy())
+    assert got.dtype == torch.float64 and np.array_equal(got.numpy(), want)
+    delta, a = torch.randn(6, 7, generator=g), torch.randn(6, 90, generator=g)
+    outer = Outer(delta, a).sq().numpy()
+    exact = np.einsum("bi,bj->b", delta.double().numpy() ** 2, a.double().numpy() ** 2)
+    np.testing.assert_allclose(outer, exact, rtol=1e-13)
+    np.testing.assert_array_equal(outer, row_sums_of_squares(delta.numpy())
+                                  * row_sums_of_squares(a.numpy()))
+
+
 def _exact_sq(t: torch.Tensor):
     """‖t‖² in exact rational arithmetic, one term per distinct value (fast on the
     equal-valued vectors below, exact on any)."""
