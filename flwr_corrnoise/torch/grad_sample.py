@@ -392,9 +392,10 @@ def per_example_losses(loss_fn: LossFn, logits: torch.Tensor, y: torch.Tensor
     ``reduction="none"``: a batch of one's mean (or sum) is its one value. The one difference
     is a target equal to ``ignore_index`` under a mean: its batch of one averages over no
     example (0/0, NaN) where ``"none"`` gives 0, so it is set to NaN — the example is then
-    counted non-finite and contributes zero, as before. Why: the ``vmap`` and its backward took ≈ 0.30 ms a step
-    of the paper CNN at batch 64 against 0.06 (docs/benchmarks.md, "Issue 34, tenth
-    pass"); tests check the losses and the gradients equal ``vmap``'s."""
+    counted non-finite and contributes zero, as before. Why: the ``vmap`` and its
+    backward took ≈ 0.30 ms a step of the paper CNN at batch 64 against 0.06
+    (docs/benchmarks.md, "Issue 34, tenth pass"); tests check the losses and the
+    gradients equal ``vmap``'s."""
     ce = _plain_cross_entropy(loss_fn)
     if ce is not None and logits.dim() == 2 and y.dim() == 1 and not y.is_floating_point():
         ignore, smoothing, mean = ce
