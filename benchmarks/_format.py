@@ -42,3 +42,21 @@ def interleaved(
         cand.append(c)
         ratios.append(c / r)
     return statistics.median(ref), statistics.median(cand), statistics.median(ratios)
+
+
+def rotated_medians(ways: dict[str, Callable[[], object]], repeats: int,
+                    calls: int) -> dict[str, float]:
+    """Each way's median seconds a call over ``repeats`` rotations, every way one block of
+    ``calls`` calls a rotation (so that a load swing hits all of them alike)."""
+    samples: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(repeats):
+        for name, fn in ways.items():
+            samples[name].append(time_block(fn, calls))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def ratio_rows(prefix: str, medians: dict[str, float], base: str,
+               scale: float = 1e6) -> list[str]:
+    """Markdown rows ``| prefix | way | scale·median | ÷ base |``, one per way."""
+    return [f"| {prefix} | {name} | {scale * m:.1f} | {m / medians[base]:.2f}× |"
+            for name, m in medians.items()]

@@ -28,12 +28,12 @@ are float32 (a float32 model's stream) unless ``--dtype float64``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
+from _format import ratio_rows, rotated_medians
 
 from flwr_corrnoise import compiled_kernel
 from flwr_corrnoise.mechanisms.streaming import numpy_ops
@@ -126,19 +126,11 @@ def table(dims: list[int], buffers: list[int], taus: list[int], dtype: np.dtype,
                 bufs = {name: (rows0.copy(), np.empty((k, d), dtype=dtype))
                         for name in ways}
                 calls = max(1, int(2e7 // (d * k * tau)))
-                samples: dict[str, list[float]] = {name: [] for name in ways}
-                for _ in range(repeats):
-                    for name, fn in ways.items():
-                        rows, out = bufs[name]
-                        start = time.perf_counter()
-                        for _ in range(calls):
-                            fn(r, rows, out)
-                        samples[name].append((time.perf_counter() - start) / (calls * tau))
-                base = statistics.median(samples["library (compiled)"])
-                for name, s in samples.items():
-                    m = statistics.median(s)
-                    lines.append(f"| {d:,} | {k} | {tau} | {name} | {1e6 * m:.1f} | "
-                                 f"{m / base:.2f}× |")
+                medians = rotated_medians(
+                    {name: partial(fn, r, *bufs[name]) for name, fn in ways.items()},
+                    repeats, calls)
+                lines += ratio_rows(f"{d:,} | {k} | {tau}", medians, "library (compiled)",
+                                    1e6 / tau)
     return "\n".join(lines), ok
 
 

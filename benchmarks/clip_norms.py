@@ -24,12 +24,12 @@ non-zero otherwise.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
+from _format import ratio_rows, rotated_medians
 
 from flwr_corrnoise import compiled_kernel
 from flwr_corrnoise.learner import row_norms
@@ -68,18 +68,9 @@ def table(shapes: list[tuple[int, int]], dtypes: list[str], repeats: int) -> tup
                       file=sys.stderr)
                 ok = False
             calls = max(1, int(2e6 // max(rows * d, 1)))
-            samples: dict[str, list[float]] = {name: [] for name in ways}
-            for _ in range(repeats):
-                for name, fn in ways.items():
-                    start = time.perf_counter()
-                    for _ in range(calls):
-                        fn(g)
-                    samples[name].append((time.perf_counter() - start) / calls)
-            base = statistics.median(samples["compiled"])
-            for name, s in samples.items():
-                m = statistics.median(s)
-                lines.append(f"| {rows:,} × {d:,} | {dtype} | {name} | {1e6 * m:.1f} | "
-                             f"{m / base:.2f}× |")
+            medians = rotated_medians({name: partial(fn, g) for name, fn in ways.items()},
+                                      repeats, calls)
+            lines += ratio_rows(f"{rows:,} × {d:,} | {dtype}", medians, "compiled")
     return "\n".join(lines), ok
 
 
