@@ -388,18 +388,20 @@ def per_example_losses(loss_fn: LossFn, logits: torch.Tensor, y: torch.Tensor
                        ) -> torch.Tensor:
     """Each example's loss as its own batch of one: ``loss_fn(logits[i:i+1], y[i:i+1])``.
 
-    ``vmap`` does that for any loss. For cross-entropy with class-index targets and no class
-    weights (``F.cross_entropy`` with its defaults, or an ``nn.CrossEntropyLoss`` without
-    ``weight`` reducing by mean or sum) the same values come from one call with
-    ``reduction="none"``: a batch of one's mean (or sum) is its one value. The one difference
-    is a target equal to ``ignore_index`` under a mean: its batch of one averages over no
-    example (0/0, NaN) where ``"none"`` gives 0, so it is set to NaN — the example is then
-    counted non-finite and contributes zero, as before. Why: the ``vmap`` and its
+    ``vmap`` does that for any loss. For cross-entropy with int64 class-index targets and no
+    class weights (``F.cross_entropy`` with its defaults, or an ``nn.CrossEntropyLoss``
+    without ``weight``, hooks or a replaced ``forward``, reducing by mean or sum) the same
+    values come from one call with ``reduction="none"``: a batch of one's mean (or sum) is
+    its one value. The one difference is a target equal to ``ignore_index`` under a mean:
+    its batch of one averages over no example (0/0, NaN) where ``"none"`` gives 0, so it
+    is set to NaN — the example is then counted non-finite and contributes zero, as
+    before. Why: the ``vmap`` and its
     backward took ≈ 0.30 ms a step of the paper CNN at batch 64 against 0.06
     (docs/benchmarks.md, "Issue 34, tenth pass"); tests check the losses and the
     gradients equal ``vmap``'s."""
     ce = _plain_cross_entropy(loss_fn)
-    if ce is not None and logits.dim() == 2 and y.dim() == 1 and not y.is_floating_point():
+    # int64 targets only: the batched call refuses int32 ones, which a batch of one takes
+    if ce is not None and logits.dim() == 2 and y.dim() == 1 and y.dtype == torch.int64:
         ignore, smoothing, mean = ce
         losses = torch.nn.functional.cross_entropy(logits, y, reduction="none",
                                                    ignore_index=ignore,
@@ -417,7 +419,12 @@ def _plain_cross_entropy(loss_fn: LossFn) -> tuple[int, float, bool] | None:
     if loss_fn is torch.nn.functional.cross_entropy:
         return -100, 0.0, True
     if (type(loss_fn) is torch.nn.CrossEntropyLoss and loss_fn.weight is None
-            and loss_fn.reduction in ("mean", "sum")):
+            and loss_fn.reduction in ("mean", "sum")
+            # a hook or a replaced forward would change what the module computes
+            and not (loss_fn._forward_hooks or loss_fn._forward_pre_hooks
+                     or torch.nn.modules.module._global_forward_hooks
+                     or torch.nn.modules.module._global_forward_pre_hooks
+                     or "forward" in loss_fn.__dict__)):
         return (int(loss_fn.ignore_index), float(loss_fn.label_smoothing),
                 loss_fn.reduction == "mean")
     return None

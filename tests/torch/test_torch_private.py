@@ -402,6 +402,33 @@ def test_cross_entropys_batched_losses_are_the_one_example_losses(dtype, loss: s
     assert torch.equal(grads[0], grads[1])
 
 
+def test_losses_outside_the_fast_path_keep_vmaps_rule() -> None:
+    """int32 class labels (the batched cross-entropy refuses them; a batch of one takes
+    them) and an ``nn.CrossEntropyLoss`` with a forward hook go through ``vmap``: the
+    labels still train (no example counted failed), the hook still runs."""
+    from torch.func import vmap
+
+    from flwr_corrnoise.torch.grad_sample import _plain_cross_entropy, per_example_losses
+
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(8, K, generator=g, dtype=torch.float64)
+    y32 = torch.randint(0, K, (8,), generator=g, dtype=torch.int32)
+    ce = torch.nn.functional.cross_entropy
+    want = vmap(lambda o, t: ce(o.unsqueeze(0), t.unsqueeze(0)))(logits, y32)
+    assert torch.equal(per_example_losses(ce, logits, y32), want)
+    hooked = torch.nn.CrossEntropyLoss()
+    hooked.register_forward_hook(lambda mod, inp, out: 2.0 * out)
+    assert _plain_cross_entropy(hooked) is None
+    assert torch.equal(per_example_losses(hooked, logits, y32.long()), 2.0 * want)
+    s = settings("none", clip=1e9)
+    model = SmallCNN().double()
+    opt = PrivateOptimizer(torch.optim.SGD(model.parameters(), lr=ETA), model, s, seed=0)
+    x = torch.randn(5, 1, 7, 7, generator=g, dtype=torch.float64)
+    opt.backward(x, torch.randint(0, K, (5,), generator=g, dtype=torch.int32))
+    assert opt.diagnostics().get("failed-examples", 0) == 0
+    assert float(np.abs(summed(opt)).sum()) > 0
+
+
 def test_a_replaced_loss_function_is_the_one_per_example_gradients_use() -> None:
     """``PrivateOptimizer.loss_fn`` may be replaced between steps: the per-example
     gradients follow it (a loss scaled by 2 doubles every unclipped example's gradient)."""
