@@ -237,19 +237,6 @@ def clip_by_global_norm(g: np.ndarray, clip_norm: float,
     return g, norm
 
 
-#: ``(library, itemsize)`` → its ``cn_sumsq32``/``64`` (a ctypes attribute lookup costs
-#: about a microsecond: a small step's whole norm)
-_SUMSQ: dict[tuple[int, int], Any] = {}
-
-
-def _sumsq_function(dll: Any, item: int) -> Any:
-    key = (id(dll), item)
-    fn = _SUMSQ.get(key)
-    if fn is None:
-        fn = _SUMSQ[key] = dll.cn_sumsq32 if item == 4 else dll.cn_sumsq64
-    return fn
-
-
 #: the lanes of :func:`row_sums_of_squares`' order (``SUMSQ_LANES`` in ``noise_kernel.c``)
 SUMSQ_LANES = 64
 
@@ -301,9 +288,9 @@ def row_sums_of_squares(g: np.ndarray) -> np.ndarray:
 
         dll = compiled_kernel.kernel()
         if dll is not None:
-            fn = _sumsq_function(dll, item)
-            fn(g.__array_interface__["data"][0], rows, g.strides[0] // item, n,
-               out.__array_interface__["data"][0])
+            fn = dll.cn_sumsq32 if item == 4 else dll.cn_sumsq64  # (ctypes caches it)
+            fn(compiled_kernel.addr(g), rows, g.strides[0] // item, n,
+               compiled_kernel.addr(out))
             return out
     lanes = SUMSQ_LANES
     body = n // lanes * lanes

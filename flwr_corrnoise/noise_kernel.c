@@ -185,14 +185,14 @@ int cn_rows(const uint8_t *ks, size_t ks_stride, size_t rows, size_t m, void *oc
  * t takes e = rows[t] (its draw, replaced by its increment), e -= sum_i omega_i r_i, then
  * r_i = theta_i r_i + e. The order is the NumPy path's (streaming.NumpyOps.blt_step), every
  * product and sum rounded on its own (no FMA: -ffp-contract=off), so both give the same
- * floats on every machine. In blocks of BLT_BLOCK columns, all tau steps of a block while it
- * is in cache, so a learner's round crosses the buffers
- * once, not once a step. For k <= 5 buffers (the library's BLTs have 4 by default) a
- * column's k values stay in registers through its step — each one loaded once and stored once, the loop over
- * columns vectorized with k unrolled: 1.4-2x the former version, which summed into a
- * scratch row and updated out in place after copying r into it (docs/benchmarks.md,
- * "Issue 34, tenth pass"); more buffers take that row-by-row way (GCC 12 does not
- * vectorize the register loop from k = 6 on: 3x slower there). r and out: k rows,
+ * floats on every machine. In blocks of BLT_BLOCK columns, all tau steps of a block while
+ * it is in cache, so a learner's round crosses the buffers once, not once a step. For
+ * k <= 5 buffers (the library's BLTs have 4 by default) a column's k values stay in
+ * registers through its step, each loaded once and stored once, the loop over columns
+ * vectorized with k unrolled: 1.4-2x the former version, which summed into a scratch row
+ * and updated out in place after copying r into it (docs/benchmarks.md, "Issue 34, tenth
+ * pass"); more buffers take that row-by-row way (GCC 12 does not vectorize the register
+ * loop from k = 6 on: 3x slower there). r and out: k rows,
  * r_stride and out_stride elements apart; rows: tau rows, rows_stride apart. One step
  * (tau = 1) is the single-step case, the same floats. */
 #define BLT_BLOCK 128

@@ -530,7 +530,7 @@ class NoiseStream:
             return np.asarray(value, dtype=np.float32) + noise
         return value + noise
 
-    def _std_factor(self) -> float | np.floating:
+    def _std_factor(self) -> float:
         """``V`` as the stream multiplies by it: itself (float64), or the float32 number
         nearest it from above (a float32 stream's noise is never below the calibration)."""
         if self.noise_dtype != np.float32:  # any float32 stream, NumPy's or torch's

@@ -34,7 +34,7 @@ import torch
 
 from ..learner import clip_target, row_sums_of_squares
 from ..settings import PrivacyConfigError
-from .params import LossFn
+from .params import LossFn, host_memory
 
 __all__ = [
     "GradSampler",
@@ -82,11 +82,9 @@ def _host_sums_of_squares(rows: torch.Tensor) -> torch.Tensor | None:
     float64)`` converted each per-example gradient to float64 first (≈ 0.26 ms for the second
     conv layer's 64 × 9,216 weights; docs/benchmarks.md, "Issue 34, tenth pass"). Any
     summation order is within the clip margin's bound."""
-    if (rows.device.type != "cpu" or rows.dim() != 2
-            or rows.dtype not in (torch.float32, torch.float64) or rows.requires_grad
-            or rows.is_conj() or rows.is_neg()):
+    if rows.dim() != 2 or not host_memory(rows):
         return None
-    return torch.from_numpy(row_sums_of_squares(rows.detach().numpy()))
+    return torch.from_numpy(row_sums_of_squares(rows.numpy()))
 
 
 def clip_factors(pieces: list[PerExample], losses: torch.Tensor, clip_norm: float | None

@@ -15,12 +15,23 @@ import torch
 
 from ..settings import PrivacyConfigError
 
-__all__ = ["BatchStream", "LossFn", "check_parameters", "get_parameters", "set_parameters"]
+__all__ = ["BatchStream", "LossFn", "check_parameters", "get_parameters", "host_memory",
+           "set_parameters"]
 
 #: a learner's data stream: position → (inputs, targets) of the batch used at that step
 BatchStream = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 #: ``loss_fn(outputs, targets)``, a scalar tensor
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def host_memory(*tensors: torch.Tensor) -> bool:
+    """Whether NumPy can work on the tensors' memory in place (``tensor.numpy()`` a view,
+    no copy): CPU tensors of the host's float dtypes, no autograd, no conjugate or
+    negative views. Where the torch side hands its CPU tensors to the host's compiled
+    loops (BLT's recurrence, the clip's norms) instead of running torch's own."""
+    return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+               and not t.requires_grad and not t.is_conj() and not t.is_neg()
+               for t in tensors)
 
 
 def get_parameters(model: torch.nn.Module) -> list[np.ndarray]:

@@ -68,6 +68,7 @@ from ..streams import (
 )
 from .device_noise import STATE_TAG as DEVICE_TAG
 from .device_noise import DeviceGaussian
+from .params import host_memory
 
 __all__ = ["TorchNoiseStream", "TorchOps"]
 
@@ -112,20 +113,13 @@ class TorchOps:
         (d = 305,194, float32) against ≈ 0.15 for the compiled pass (docs/benchmarks.md,
         "Issue 34, tenth pass"). On another device: ``e −= ω·r`` as one gemv, then
         ``out = θ⊙r + e``."""
-        if self.device.type == "cpu" and _host_layout(r, theta, omega, e, out):
-            numpy_ops(r.numpy().dtype).blt_step(r.numpy(), theta.numpy(), omega.numpy(),
-                                                e.numpy(), out.numpy())
+        if self.device.type == "cpu" and host_memory(r, theta, omega, e, out):
+            rn = r.numpy()
+            numpy_ops(rn.dtype).blt_step(rn, theta.numpy(), omega.numpy(), e.numpy(),
+                                         out.numpy())
             return
         self.sub_matvec(e, omega, r)
         torch.addcmul(e, r, theta, out=out)  # one pass over the buffers instead of two
-
-
-def _host_layout(*tensors: torch.Tensor) -> bool:
-    """Whether NumPy can work on the tensors' memory in place: CPU tensors of the host
-    stream's dtypes, no autograd, no conjugate or negative views."""
-    return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
-               and not t.requires_grad and not t.is_conj() and not t.is_neg()
-               for t in tensors)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
