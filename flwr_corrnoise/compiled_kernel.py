@@ -13,9 +13,10 @@ performs the same way, in the same order, with no FMA contraction and no libm ca
 loop and the NumPy passes give the same floats bit for bit (tests check both against a
 scalar reference). A learner without a C compiler (an edge device, a locked-down
 container) runs the NumPy path and sends exactly the noise it would have sent with one. The
-same holds for the library's two other loops here: BLT's recurrence (``cn_blt_steps32/64``,
-:meth:`~flwr_corrnoise.mechanisms.streaming.NumpyOps.blt_step`) and the clip's norms
-(``cn_sumsq32/64``, :func:`~flwr_corrnoise.learner.row_sums_of_squares`), each one defined
+same holds for the library's other loops here: BLT's recurrence (``cn_blt_steps32/64``,
+:meth:`~flwr_corrnoise.mechanisms.streaming.NumpyOps.blt_step`), the clip's norms
+(``cn_sumsq32/64``, :func:`~flwr_corrnoise.learner.row_sums_of_squares`) and its scaling
+(``cn_scale32/64``, :func:`~flwr_corrnoise.learner.scale_rows`), each one defined
 order of IEEE operations on both paths.
 
 How it is built: the first process that needs it compiles ``noise_kernel.c`` with the
@@ -152,7 +153,7 @@ def _build() -> tuple[ctypes.CDLL, bool]:
     for name in ("cn_blt_steps32", "cn_blt_steps64"):
         getattr(dll, name).argtypes = [p, size, p, size, p, size, p, p, size, size, size]
         getattr(dll, name).restype = None
-    for name in ("cn_sumsq32", "cn_sumsq64"):
+    for name in ("cn_sumsq32", "cn_sumsq64", "cn_scale32", "cn_scale64"):
         getattr(dll, name).argtypes = [p, size, size, size, p]
         getattr(dll, name).restype = None
     has_row = hasattr(dll, "cn_row")

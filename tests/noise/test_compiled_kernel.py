@@ -288,3 +288,43 @@ def test_row_norms_of_non_finite_rows_are_not_finite() -> None:
         finally:
             ck.select(None)
         assert norms[0] == np.sqrt(300) and not np.isfinite(norms[1:]).any(), path
+
+
+def scale_reference(row: np.ndarray, factor: float) -> np.ndarray:
+    """Each element of a row times ``factor`` in Python's float64, then rounded to the
+    row's dtype (one rounding, to nearest): the clip's scaling written out element by
+    element."""
+    return np.array([float(x) * factor for x in row], dtype=np.float64).astype(row.dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 15, 64, 2113])
+def test_scale_rows_is_one_product_and_one_rounding_on_both_paths(dtype: type, n: int) -> None:
+    """learner.scale_rows (the clip's scaling): the compiled ``cn_scale32/64`` and the NumPy
+    path give, on rows that are a view of wider ones, the floats of the masked
+    ``g[over] *= (target / norms)[:, None]`` the private step used before, and of a scalar
+    reference; a factor of 1 leaves its row (and its neighbours' columns) untouched."""
+    from flwr_corrnoise.learner import scale_rows
+
+    rng = np.random.default_rng(n)
+    wide = (rng.standard_normal((5, n + 7)) * 37.0).astype(dtype)
+    factors = np.array([0.3, 1.0, 1.0 / 3.0, 0.999999999, 1.0])
+    over = factors != 1.0
+    masked = wide.copy()
+    view = masked[:, 3:3 + n]
+    view[over] *= factors[over][:, None]
+    want = np.array([scale_reference(row, f)
+                     for row, f in zip(wide[:, 3:3 + n], factors, strict=True)])
+    np.testing.assert_array_equal(view, want)
+    for path in (["numpy", "compiled"] if HAVE_CC else ["numpy"]):
+        ck.select(path)
+        try:
+            got = wide.copy()
+            assert scale_rows(got[:, 3:3 + n], factors) is not None
+            if path == "compiled":
+                assert ck.status().startswith("compiled")
+        finally:
+            ck.select(None)
+        np.testing.assert_array_equal(got, masked, err_msg=path)
+    with pytest.raises(ValueError, match="one factor per row"):
+        scale_rows(wide, factors[:2])

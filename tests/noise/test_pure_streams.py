@@ -199,3 +199,26 @@ def test_a_round_on_blocks_is_the_round_step_by_step(dtype: type,
     assert (sa.step, sa.position) == (sb.step, sb.position) == (8, 8)
     for key, value in sa.noise.state_dict().items():
         np.testing.assert_array_equal(sb.noise.state_dict()[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("row_dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_release_into_its_row_is_the_release(dtype: type, row_dtype: type) -> None:
+    """NoiseStream.release(value, e, out=value) (a round's block added into its gradient
+    row in place): the same floats as the release it replaces (``out`` assigned the new
+    array), whether the row is in the noise's dtype (the in-place sum) or not (a float64
+    row with float32 noise: the float32 sum, then widened), and the row is what comes
+    back."""
+    from flwr_corrnoise.streams import NoiseStream
+
+    stream = NoiseStream.create("blt", horizon=8, dim=1001, std=1.3, seed=5, dtype=dtype)
+    block = stream.next_block(2)
+    value = (np.random.default_rng(1).standard_normal(1001) * 1e3).astype(row_dtype)
+    want = np.empty_like(value)
+    want[...] = stream.release(value, block[1])
+    row = value.copy()
+    assert stream.release(row, block[1], out=row) is row
+    np.testing.assert_array_equal(row, want)
+    other = np.empty_like(value)  # an ``out`` that is not the value: written, value kept
+    assert stream.release(value, block[1], out=other) is other
+    np.testing.assert_array_equal(other, want)
