@@ -2,6 +2,12 @@
 
     python benchmarks/torch_step.py --batch-sizes 1 64 --steps 20 --repeats 7
     python benchmarks/torch_step.py --device cuda --batch-sizes 64 --no-host   # on a GPU
+    python benchmarks/torch_step.py --batch-sizes 64 --no-host --no-opacus --isolated
+
+``--isolated`` runs every block in a fresh process of its own (a warm-up block, then the
+timed one; the processes in rotation), so that each method meets glibc's allocator as a
+user's training process would, alone: in one process a step's page faults depend on what
+the steps before it, of any method, freed.
 
 For every batch size ``b``, blocks of ``--steps × max(1, 16 // b)`` steps of each method
 run in rotation on the same batches (so every method sees the same machine load; blocks
@@ -36,6 +42,7 @@ import argparse
 import copy
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -167,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", action="store_true",
                    help="after the table, ours (BLT) and the bare step part by part, each "
                         "part's ms a step over a block (where ours' extra goes)")
+    p.add_argument("--isolated", action="store_true",
+                   help="each block of each method in a fresh process of its own (a "
+                        "warm-up block, then the timed one), the processes in rotation: "
+                        "every method meets the allocator as a user's training process "
+                        "would, alone, instead of after the others' frees")
+    p.add_argument("--only", default=None, help=argparse.SUPPRESS)  # one method (--isolated)
     p.add_argument("--profile", action="store_true",
                    help="after the table, torch.profiler's top operators of one block of "
                         "each 'ours' method (where a step's time goes)")
@@ -198,22 +211,30 @@ def main(argv: list[str] | None = None) -> int:
 
         fns = methods(model, b, steps, args.repeats, args.mechanisms, data,
                       host=not args.no_host, with_opacus=not args.no_opacus)
-        for fn in fns.values():  # warm-up (allocations, vmap tracing)
-            fn()
         times: dict[str, list[float]] = {name: [] for name in fns}
         # the kernel's minor page faults in the block (this thread's): on some machines a
         # step's time moves with them (memory the allocator gave back and takes again)
         faults: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(args.repeats):
-            for name, fn in fns.items():
-                sync()
-                before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-                start = time.perf_counter()
+        if args.only is not None:  # one method's warm-up and timed block (--isolated)
+            fn = fns[args.only]
+            fn()
+            t, f = timed_block(fn, steps, sync)
+            print(f"ONLY\t{t!r}\t{f!r}", flush=True)
+            return 0
+        if args.isolated:
+            for _ in range(args.repeats):
+                for name in fns:
+                    t, f = isolated_block(argv, b, name)
+                    times[name].append(t)
+                    faults[name].append(f)
+        else:
+            for fn in fns.values():  # warm-up (allocations, vmap tracing)
                 fn()
-                sync()
-                times[name].append((time.perf_counter() - start) / steps)
-                faults[name].append(
-                    (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before) / steps)
+            for _ in range(args.repeats):
+                for name, fn in fns.items():
+                    t, f = timed_block(fn, steps, sync)
+                    times[name].append(t)
+                    faults[name].append(f)
 
         def ratio(ts: list[float], ref: str, times: dict[str, list[float]] = times) -> str:
             if ref not in times:
@@ -231,6 +252,35 @@ def main(argv: list[str] | None = None) -> int:
         if args.parts:
             parts(model, data, steps, args.repeats, sync)
     return 0
+
+
+def timed_block(fn: Callable[[], None], steps: int, sync: Callable[[], None]
+                ) -> tuple[float, float]:
+    """One block of ``fn``: seconds a step, and this thread's minor page faults a step."""
+    sync()
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    start = time.perf_counter()
+    fn()
+    sync()
+    return ((time.perf_counter() - start) / steps,
+            (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before) / steps)
+
+
+def isolated_block(argv: list[str] | None, b: int, name: str) -> tuple[float, float]:
+    """:func:`timed_block` of method ``name`` at batch ``b`` in a fresh process of this
+    script (the same options, ``--only``): its seconds and faults a step."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for flag in ("--isolated", "--parts", "--profile"):
+        while flag in args:
+            args.remove(flag)
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args,
+                           "--batch-sizes", str(b), "--only", name],
+                          capture_output=True, text=True, check=False)
+    line = [r for r in done.stdout.splitlines() if r.startswith("ONLY\t")]
+    if done.returncode != 0 or not line:
+        raise SystemExit(f"{name} at batch {b} failed in its own process:\n{done.stderr}")
+    _, t, f = line[-1].split("\t")
+    return float(t), float(f)
 
 
 def parts(model: torch.nn.Module, data: Callable[[int], tuple[torch.Tensor, torch.Tensor]],

@@ -132,6 +132,19 @@ def test_torch_step_parts() -> None:
     assert parts["bare: forward"] + parts["bare: backward"] <= parts["bare: step"] + 0.02
 
 
+def test_torch_step_isolated() -> None:
+    """``torch_step.py --isolated`` at toy size: every method's block ran in a process of
+    its own (the parent runs none: a method that fails there fails the run) and came back
+    as a row with its time and page faults. Timings are not compared."""
+    pytest.importorskip("torch")
+    rows = run("torch_step.py", "--batch-sizes", "2", "--steps", "2", "--repeats", "1",
+               "--mechanisms", "blt", "--no-host", "--no-opacus", "--isolated")
+    by = {r[1]: r for r in rows[1:] if len(r) == 7}
+    assert set(by) == {"bare SGD", "draw d Gaussians + bare", "ours, blt"}
+    assert by["bare SGD"][3] == "1.00×"
+    assert all(float(r[2]) > 0 and float(r[6].replace(",", "")) >= 0 for r in by.values())
+
+
 def test_conv_per_example() -> None:
     """benchmarks/conv_per_example.py at toy size: every alternative gave the library's
     per-example gradients (the script checks each against them and exits non-zero
