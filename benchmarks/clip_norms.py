@@ -1,5 +1,5 @@
-"""The private step's norms: ``learner.row_norms`` compiled and on its NumPy path, against
-the einsum over a float64 copy it replaced, side by side in one run.
+"""The private step's norms and scaling: ``learner.row_norms`` and ``learner.scale_rows``
+compiled and on their NumPy paths, against what each replaced, side by side in one run.
 
     python benchmarks/clip_norms.py --shapes 1x100000 1x1000 1000x10 1000x200 64x4768 --repeats 15
 
@@ -19,6 +19,12 @@ compiled one:
 The two library paths are checked to give the same floats first, and the einsum to agree
 within the clip margin's float64 bound (it sums in its own order); the script exits
 non-zero otherwise.
+
+A second table times the clip's scaling (every row to its norm: each float32 element
+widened, times the row's float64 factor, rounded back), since 2026-11-29
+``learner.scale_rows`` (``cn_scale32/64``): ``compiled``, its ``NumPy path`` (row by row)
+and ``masked multiply (before)``, ``g[over] *= (target / norms)[over][:, None]``, each on
+its own copy with every row over its norm, checked to give the same floats first.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import numpy as np
 from _format import ratio_rows, rotated_medians
 
 from flwr_corrnoise import compiled_kernel
-from flwr_corrnoise.learner import row_norms
+from flwr_corrnoise.learner import row_norms, scale_rows
 
 
 def einsum_norms(g: np.ndarray) -> np.ndarray:
@@ -74,6 +80,47 @@ def table(shapes: list[tuple[int, int]], dtypes: list[str], repeats: int) -> tup
     return "\n".join(lines), ok
 
 
+def masked_scale(g: np.ndarray, factors: np.ndarray) -> None:
+    over = factors != 1.0
+    g[over] *= factors[over][:, None]
+
+
+def numpy_scale(g: np.ndarray, factors: np.ndarray) -> None:
+    with compiled_kernel.numpy_path():
+        scale_rows(g, factors)
+
+
+def scale_table(shapes: list[tuple[int, int]], dtypes: list[str], repeats: int
+                ) -> tuple[str, bool]:
+    ways: dict[str, Callable[[np.ndarray, np.ndarray], object]] = {
+        "compiled": scale_rows, "NumPy path": numpy_scale,
+        "masked multiply (before)": masked_scale}
+    lines = [f"the clip's scaling, µs per call (median of {repeats} rotations), every row "
+             "scaled", "", "| rows × d | dtype | way | µs per call | × compiled |",
+             "|---|---|---|---|---|"]
+    ok = True
+    rng = np.random.default_rng(1)
+    for rows, d in shapes:
+        for dtype in dtypes:
+            g = rng.standard_normal((rows, d)).astype(dtype)
+            # factors just below 1: repeated calls keep the rows' values normal floats
+            factors = 1.0 - rng.uniform(1e-7, 1e-6, rows)
+            copies = {name: g.copy() for name in ways}
+            for name, fn in ways.items():
+                fn(copies[name], factors)
+            if any(not np.array_equal(c, copies["masked multiply (before)"])
+                   for c in copies.values()):
+                print(f"the scaling ways gave other floats at {rows}×{d} {dtype}",
+                      file=sys.stderr)
+                ok = False
+            calls = max(1, int(2e6 // max(rows * d, 1)))
+            medians = rotated_medians(
+                {name: partial(fn, copies[name], factors) for name, fn in ways.items()},
+                repeats, calls)
+            lines += ratio_rows(f"{rows:,} × {d:,} | {dtype}", medians, "compiled")
+    return "\n".join(lines), ok
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
     text, ok = table(shapes, args.dtypes, args.repeats)  # type: ignore[arg-type]
-    print(text)
-    return 0 if ok else 1
+    scaled, scale_ok = scale_table(shapes, args.dtypes, args.repeats)  # type: ignore[arg-type]
+    print(text + "\n\n" + scaled)
+    return 0 if ok and scale_ok else 1
 
 
 if __name__ == "__main__":

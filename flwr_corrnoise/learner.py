@@ -333,8 +333,8 @@ def scale_rows(g: np.ndarray, factors: np.ndarray) -> np.ndarray:
     :func:`~flwr_corrnoise.privacy.clip_margin` bounds), and NumPy runs that through its
     buffered casting loop, ≈ 40 µs at d = 10⁵ (a boolean-masked ``g[over] *= …`` ≈ 63);
     the compiled kernel (``cn_scale32``/``64``) does the same products in ≈ 6. Without it
-    NumPy runs them row by row, the same floats (a test checks both against the masked
-    form)."""
+    NumPy runs that masked multiply, the same floats (a test checks both paths against a
+    scalar reference)."""
     factors = np.asarray(factors, dtype=np.float64)
     if g.ndim != 2 or factors.shape != (g.shape[0],):
         raise ValueError(f"one factor per row of a 2-D array, not {factors.shape} for "
@@ -353,8 +353,9 @@ def scale_rows(g: np.ndarray, factors: np.ndarray) -> np.ndarray:
             fn(compiled_kernel.addr(g), rows, g.strides[0] // item, n,
                compiled_kernel.addr(factors))
             return g
-    for i in np.flatnonzero(factors != 1.0).tolist():
-        g[i] *= factors[i]  # a NumPy float64: the product in float64, then rounded
+    over = factors != 1.0
+    if over.any():  # float64 factors: each product in float64, then rounded to g's dtype
+        g[over] *= factors[over][:, None]
     return g
 
 
