@@ -22,9 +22,10 @@ non-zero otherwise.
 
 A second table times the clip's scaling (every row to its norm: each float32 element
 widened, times the row's float64 factor, rounded back), since 2026-11-29
-``learner.scale_rows`` (``cn_scale32/64``): ``compiled``, its ``NumPy path`` (row by row)
-and ``masked multiply (before)``, ``g[over] *= (target / norms)[over][:, None]``, each on
-its own copy with every row over its norm, checked to give the same floats first.
+``learner.scale_rows`` (``cn_scale32/64``): ``compiled``; its ``NumPy path`` (the masked
+multiply, under ``compiled_kernel.numpy_path()``); and ``masked multiply (before)``,
+``g[over] *= (target / norms)[over][:, None]`` called directly. Each way runs on its own
+copy with every row over its norm, and the floats are checked equal first.
 """
 
 from __future__ import annotations

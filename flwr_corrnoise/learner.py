@@ -282,8 +282,7 @@ def row_sums_of_squares(g: np.ndarray) -> np.ndarray:
             out[i] = total
         return out
     item = g.itemsize
-    if (n and g.strides[1] == item and g.strides[0] % item == 0 and g.strides[0] >= 0
-            and g.flags.aligned):
+    if n and _kernel_rows(g):
         from . import compiled_kernel
 
         dll = compiled_kernel.kernel()
@@ -323,6 +322,15 @@ def row_sums_of_squares(g: np.ndarray) -> np.ndarray:
     return out
 
 
+def _kernel_rows(g: np.ndarray) -> bool:
+    """Whether the compiled kernel's row loops (``cn_sumsq``, ``cn_scale``) can take the
+    2-D ``g`` in place: unit column stride, a non-negative row stride of whole elements,
+    aligned."""
+    item = g.itemsize
+    return (g.strides[1] == item and g.strides[0] % item == 0 and g.strides[0] >= 0
+            and g.flags.aligned)
+
+
 def scale_rows(g: np.ndarray, factors: np.ndarray) -> np.ndarray:
     """Row ``i`` of ``g`` times ``factors[i]`` (float64), in place: each element widened to
     float64, multiplied, rounded back to ``g``'s dtype — what ``g[i] *= numpy.float64(f)``
@@ -330,19 +338,19 @@ def scale_rows(g: np.ndarray, factors: np.ndarray) -> np.ndarray:
     ``g``.
 
     Why a function: the clip scales a float32 row by a float64 factor (the rounding that
-    :func:`~flwr_corrnoise.privacy.clip_margin` bounds), and NumPy runs that through its
-    buffered casting loop, ≈ 40 µs at d = 10⁵ (a boolean-masked ``g[over] *= …`` ≈ 63);
-    the compiled kernel (``cn_scale32``/``64``) does the same products in ≈ 6. Without it
-    NumPy runs that masked multiply, the same floats (a test checks both paths against a
-    scalar reference)."""
+    :func:`clip_margin` bounds), and NumPy's masked
+    ``g[over] *= (target / norms)[over][:, None]`` runs it through a copy and its buffered
+    casting loop: 72 µs at 1 × 10⁵ float32, against 19 for the compiled kernel's same
+    products (``cn_scale32``/``64``; ``benchmarks/clip_norms.py``, docs/benchmarks.md,
+    "Issue 34, eleventh pass"). Without the kernel NumPy runs that masked multiply, the
+    same floats (a test checks both paths against a scalar reference)."""
     factors = np.asarray(factors, dtype=np.float64)
     if g.ndim != 2 or factors.shape != (g.shape[0],):
         raise ValueError(f"one factor per row of a 2-D array, not {factors.shape} for "
                          f"{g.shape}")
     rows, n = g.shape
     item = g.itemsize
-    if (g.dtype in (np.float32, np.float64) and rows and n and g.strides[1] == item
-            and g.strides[0] % item == 0 and g.strides[0] >= 0 and g.flags.aligned
+    if (g.dtype in (np.float32, np.float64) and rows and n and _kernel_rows(g)
             and g.flags.writeable):
         from . import compiled_kernel
 

@@ -488,7 +488,7 @@ class NoiseStream:
         (:meth:`next_block`): what :meth:`add_next` forms with :meth:`next`'s. ``out``:
         where the release is written (and returned); the sum is then formed in place when
         ``value`` is ``out`` in the noise's dtype (an ordinary stream: the same one
-        rounding), which saves a new d-vector and its copy (≈ 22 µs a step at d = 10⁵)."""
+        rounding as :meth:`_add`'s), which saves a new d-vector and its copy a step."""
         if out is None:
             return self._add(value, increment)
         if (value is out and not self.secure and out.dtype == increment.dtype
